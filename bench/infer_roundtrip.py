@@ -1,0 +1,120 @@
+"""Synchronous infer round trip of a tiny model through the daemon, against a bare gRPC
+echo over the same kind of socket, side by side in one run.
+
+    python bench/infer_roundtrip.py [--calls 2000] [--rounds 5]
+
+Both servers are separate processes on unix sockets; the echo server answers with the
+request's own bytes (the serialized infer request, so both carry the same payload).
+Calls alternate in rounds so machine noise hits both alike. Prints p50/p99 and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client.client import CHANNEL_OPTIONS
+from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.proto import pb, pb_grpc
+
+ECHO_METHOD = "/bench.Echo/echo"
+
+
+def serve_echo(address: str) -> None:
+    """Run a bare gRPC server whose one method returns the request bytes."""
+
+    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo", {"echo": grpc.unary_unary_rpc_method_handler(echo)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(16), options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(address)
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per side in all")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--serve-echo", metavar="ADDRESS", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_echo:
+        serve_echo(args.serve_echo)
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="nrt-bench-"))
+    echo_address = f"unix:{work}/echo.sock"
+    echo = subprocess.Popen([sys.executable, __file__, "--serve-echo", echo_address],
+                            stdout=subprocess.PIPE, text=True)
+    assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"
+    sample = build_mlp((16, 16, 4), batch=1, seed=0)
+    with DaemonProcess(sim_root=work / "sim", args=["-t", "0000:00:1c.0", "-l", "warning"]) as d:
+        daemon_ch = grpc.insecure_channel(d.address, options=CHANNEL_OPTIONS)
+        echo_ch = grpc.insecure_channel(echo_address, options=CHANNEL_OPTIONS)
+        stub = pb_grpc.nmgr_v1Stub(daemon_ch)
+        stream = [pb.load_request(neff_size=len(sample.neff)),
+                  pb.load_request(neff_chunk=pb.file_chunk(chunk=sample.neff))]
+        loaded = stub.load(iter(stream))
+        assert loaded.status.code == 0, loaded.status.details
+        x = sample.random_inputs()["x"].tobytes()
+        request = pb.infer_request(h_nn=loaded.h_nn, ifmap=[pb.infer_io(name="x", buf=x)])
+        payload = request.SerializeToString()
+        echo_call = echo_ch.unary_unary(ECHO_METHOD)
+
+        def time_calls(call: object, n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                response = call()  # type: ignore[operator]
+                out.append(time.perf_counter() - t0)
+            del response
+            return out
+
+        def infer() -> object:
+            response = stub.infer(request)
+            assert response.status.code == 0
+            return response
+
+        time_calls(infer, 200)  # warm-up both
+        time_calls(lambda: echo_call(payload), 200)
+        per_round = max(1, args.calls // args.rounds)
+        t_infer: list[float] = []
+        t_echo: list[float] = []
+        for _ in range(args.rounds):
+            t_echo += time_calls(lambda: echo_call(payload), per_round)
+            t_infer += time_calls(infer, per_round)
+        daemon_ch.close()
+        echo_ch.close()
+    echo.terminate()
+    echo.wait()
+
+    p50_i, p50_e = statistics.median(t_infer), statistics.median(t_echo)
+    print(f"tiny MLP 16-16-4 b1, request {len(payload)} bytes, {len(t_infer)} calls per side")
+    print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'daemon infer':24}{p50_i * 1e3:10.3f}{percentile(t_infer, 0.99) * 1e3:10.3f}")
+    print(f"{'bare gRPC echo':24}{p50_e * 1e3:10.3f}{percentile(t_echo, 0.99) * 1e3:10.3f}")
+    print(f"ratio infer/echo (p50): {p50_i / p50_e:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

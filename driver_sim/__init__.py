@@ -1,0 +1,72 @@
+"""The simulated Neuron kernel driver and hardware: the bottom layer of neuron-rtd.
+
+`Machine.open(root)` finds (or builds) the sysfs-like state tree of a simulated inf1
+machine; `Machine.devices()` reads it; `Machine.acquire(...)` owns devices, whose
+NeuronCores run `NcProgram`s for real with numpy kernels.
+"""
+
+from driver_sim.core import NeuronCore
+from driver_sim.cost import NC_CLOCK_HZ, Engine
+from driver_sim.device import Device
+from driver_sim.dram import DramBuffer
+from driver_sim.errors import (
+    DeviceBusy,
+    DeviceNotFound,
+    DramExhausted,
+    DriverError,
+    HwFault,
+    InitFailed,
+    KernelError,
+    MachineMismatch,
+)
+from driver_sim.faults import FaultSpec, parse_fault_spec
+from driver_sim.kernels import KERNELS, Kernel, supported_ops
+from driver_sim.machine import DeviceInfo, Machine
+from driver_sim.owner import OwnerInfo
+from driver_sim.presets import (
+    CHANNEL_BYTES,
+    DEFAULT_INSTANCE_TYPE,
+    DRAM_CHANNELS,
+    NC_PER_DEVICE,
+    PRESETS,
+    InstancePreset,
+    default_sim_root,
+)
+from driver_sim.program import Instr, LoadedProgram, NcProgram
+from driver_sim.stats import HwCounters, NcCounters
+
+__all__ = [
+    "CHANNEL_BYTES",
+    "DEFAULT_INSTANCE_TYPE",
+    "DRAM_CHANNELS",
+    "KERNELS",
+    "NC_CLOCK_HZ",
+    "NC_PER_DEVICE",
+    "PRESETS",
+    "Device",
+    "DeviceBusy",
+    "DeviceInfo",
+    "DeviceNotFound",
+    "DramBuffer",
+    "DramExhausted",
+    "DriverError",
+    "Engine",
+    "FaultSpec",
+    "HwCounters",
+    "HwFault",
+    "InitFailed",
+    "InstancePreset",
+    "Instr",
+    "Kernel",
+    "KernelError",
+    "LoadedProgram",
+    "Machine",
+    "MachineMismatch",
+    "NcCounters",
+    "NcProgram",
+    "NeuronCore",
+    "OwnerInfo",
+    "default_sim_root",
+    "parse_fault_spec",
+    "supported_ops",
+]

@@ -1,0 +1,140 @@
+"""A NeuronCore: loads programs and runs them, one at a time, counting the work.
+
+A run executes in the caller's thread under the core's lock. Counters live in the
+device's stats file (see `driver_sim.stats`); a run adds its precomputed totals there
+(`LoadedProgram.cost_of`) plus its measured busy time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from driver_sim.errors import DriverError, KernelError
+from driver_sim.program import LoadedProgram, NcProgram, load_program
+from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
+
+if TYPE_CHECKING:
+    from driver_sim.device import Device
+
+_KERNEL_FAILURES = (ValueError, TypeError, IndexError, ArithmeticError)
+_BUSY_NS = NC_FIELD["busy_ns"]
+
+
+class NeuronCore:
+    """NC `index` of an owned device."""
+
+    def __init__(self, device: Device, index: int) -> None:
+        self.device_index = device.index
+        self.index = index
+        self._device = device
+        self.lock = threading.Lock()
+        self._slots: np.ndarray | None = None
+        self._counters: np.ndarray | None = None
+        self._cycles: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"NeuronCore(device={self.device_index}, nc={self.index})"
+
+    def attach_stats(self, slots: np.ndarray | None) -> None:
+        """Point the counters at the device's stats slots (None: detach, at release)."""
+        self._slots = slots
+        if slots is None:
+            self._counters = self._cycles = None
+        else:
+            self._counters = slots[nc_slots(self.index)]
+            self._cycles = slots[cycle_slots(self.index)]
+
+    def load(self, program: NcProgram) -> LoadedProgram:
+        """Validate and resolve `program` for this core; KernelError if it is bad."""
+        self._device.check_owned()
+        return load_program(self, program)
+
+    def run(
+        self,
+        program: LoadedProgram,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray],
+    ) -> None:
+        """Run `program` on `inputs`, copying each program output into `outputs[name]`."""
+        if program.owner is not self:
+            raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
+        with self.lock:
+            start = time.perf_counter_ns()
+            self._device.before_run(self.index)
+            env = program.template.copy()
+            key = _bind_inputs(program, inputs, env)
+            _execute(program, env)
+            _copy_outputs(program, env, outputs)
+            cost = program.cost_of(key, env)
+            counters, cycles = self._counters, self._cycles
+            if counters is None or cycles is None:
+                raise DriverError(f"{self!r}: device {self.device_index} was released")
+            counters += cost.nc_totals
+            counters[_BUSY_NS] += time.perf_counter_ns() - start
+            cycles += cost.engine_cycles
+
+    def counters(self) -> NcCounters:
+        """This core's counters since the device's last reset."""
+        slots = self._slots
+        if slots is None:
+            raise DriverError(f"{self!r}: device {self.device_index} was released")
+        return nc_counters_from(slots, self.index)
+
+
+def _bind_inputs(
+    program: LoadedProgram, inputs: Mapping[str, np.ndarray], env: list[Any]
+) -> tuple[tuple[int, ...], ...]:
+    """Put the inputs in their slots; the tuple of their shapes keys the cost cache."""
+    shapes = []
+    for name, slot in program.input_slots:
+        try:
+            value = np.asarray(inputs[name])
+        except KeyError:
+            raise KernelError(f"missing input {name!r}") from None
+        env[slot] = value
+        shapes.append(value.shape)
+    return tuple(shapes)
+
+
+def _execute(program: LoadedProgram, env: list[Any]) -> None:
+    index = 0
+    try:
+        # `index` is read by the handler below, to name the failing instruction.
+        for index, (fn, ins, outs) in enumerate(program.steps):  # noqa: B007
+            result = fn(*[env[i] for i in ins])
+            if len(outs) == 1:
+                env[outs[0]] = result
+            else:
+                for slot, value in zip(outs, result, strict=True):
+                    env[slot] = value
+    except _KERNEL_FAILURES as exc:
+        op = program.kernels[index].op
+        raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
+
+
+def _copy_outputs(
+    program: LoadedProgram, env: list[Any], outputs: Mapping[str, np.ndarray]
+) -> None:
+    for name, slot, producer in program.output_slots:
+        op = None if producer is None else program.kernels[producer].op
+        try:
+            target = outputs[name]
+        except KeyError:
+            raise KernelError(f"no array given for output {name!r}") from None
+        value = env[slot]
+        if target.shape != np.shape(value):
+            raise KernelError(
+                f"output {name!r} has shape {np.shape(value)}, "
+                f"the array given for it {target.shape}",
+                op=op,
+                index=producer,
+            )
+        try:
+            np.copyto(target, value)
+        except TypeError as exc:
+            raise KernelError(f"output {name!r}: {exc}", op=op, index=producer) from exc

@@ -1,0 +1,263 @@
+"""An owned device: reset, DRAM, NeuronCores, health counters and fault injection.
+
+Locks: each NC has its own lock (held for a whole run); the device lock guards DRAM and
+fault state. Whoever needs both takes the NC locks first, in NC order, then the device lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from driver_sim.core import NeuronCore
+from driver_sim.dram import ChannelAllocator, DramBuffer
+from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
+from driver_sim.faults import (
+    ECC_FAULTS,
+    FaultSpec,
+    FaultState,
+    env_faults_for,
+    env_init_fail,
+    parse_fault_spec,
+    take_inject_lines,
+)
+from driver_sim.owner import OwnerRecord, read_owner, write_owner
+from driver_sim.presets import CHANNEL_BYTES, DRAM_CHANNELS, NC_PER_DEVICE
+from driver_sim.stats import HwCounters, StatsMap, hw_counters_from
+
+if TYPE_CHECKING:
+    from driver_sim.machine import Machine
+
+log = logging.getLogger("nrtd.TDRV")
+
+
+class Device:
+    """Device `index` of `machine`, owned by this process until `release()`.
+
+    Made by `Machine.acquire`, which holds `lock_fd` locked for the claim's life.
+    """
+
+    def __init__(self, machine: Machine, index: int, lock_fd: int, owner: OwnerRecord) -> None:
+        self.machine = machine
+        self.index = index
+        self.bdf = machine.bdf_of(index)
+        self._paths = machine.paths
+        self._inject_path = os.fspath(machine.paths.inject(index))
+        self._lock_fd: int | None = lock_fd
+        self._owner_pid = owner.pid
+        self._lock = threading.RLock()
+        self._faults = FaultState()
+        self._channels = [ChannelAllocator(CHANNEL_BYTES) for _ in range(DRAM_CHANNELS)]
+        self._buffers: dict[tuple[int, int], DramBuffer] = {}
+        self._cores = tuple(NeuronCore(self, nc) for nc in range(NC_PER_DEVICE))
+        self._stats: StatsMap | None = None
+        try:
+            write_owner(self._paths.owner(index), owner)
+            self._stats = StatsMap(self._paths.stats(index))
+            self._stats.start_epoch()
+            for core in self._cores:
+                core.attach_stats(self._stats.slots)
+            for fault in env_faults_for(index):
+                if fault.name != "init_fail":
+                    self._apply_fault(fault)
+        except BaseException:
+            self.release()
+            raise
+
+    def __repr__(self) -> str:
+        return f"Device({self.index}, {self.bdf})"
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    # ---- ownership ---------------------------------------------------------------------
+
+    @property
+    def released(self) -> bool:
+        return self._lock_fd is None
+
+    def check_owned(self) -> None:
+        if self._lock_fd is None:
+            raise DriverError(f"device {self.index} ({self.bdf}) was released")
+
+    def _owned_stats(self) -> StatsMap:
+        if self._stats is None or self._lock_fd is None:
+            raise DriverError(f"device {self.index} ({self.bdf}) was released")
+        return self._stats
+
+    def release(self) -> None:
+        """Give the device up: free its DRAM, drop the owner file, unlock. Idempotent."""
+        with self._everything_locked():
+            if self._lock_fd is None:
+                return
+            self._free_all_dram()
+            for core in self._cores:
+                core.attach_stats(None)
+            if self._stats is not None:
+                self._stats.close()
+                self._stats = None
+            self._remove_owner_file()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _remove_owner_file(self) -> None:
+        path = self._paths.owner(self.index)
+        record = read_owner(path)
+        if record is not None and record.pid == self._owner_pid:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    @contextlib.contextmanager
+    def _everything_locked(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for core in self._cores:
+                stack.enter_context(core.lock)
+            stack.enter_context(self._lock)
+            yield
+
+    # ---- reset -------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Free all DRAM and zero the NC counters; InitFailed if init fails (injected)."""
+        self.check_owned()
+        log.info("Resetting %s", self.bdf, extra={"fn": "reset_mla"})
+        with self._everything_locked():
+            stats = self._owned_stats()
+            self._free_all_dram()
+            stats.start_epoch()
+            self._poll_inject_file()
+            failing = self._faults.take_init_fail() or env_init_fail(self.index)
+        if failing:
+            log.error(
+                "Failed to initialize Inferentia: %s (injected init_fail)",
+                self.bdf,
+                extra={"fn": "tdrv_init_one_mla_phase2"},
+            )
+            raise InitFailed(f"device {self.index} ({self.bdf}): initialization failed (injected)")
+        log.info("Initialized Inferentia: %s", self.bdf, extra={"fn": "tdrv_init_one_mla_phase2"})
+
+    # ---- DRAM --------------------------------------------------------------------------
+
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer:
+        """Allocate `nbytes` in `channel` (first fit, 64-byte aligned)."""
+        _check_channel(channel)
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate a negative size ({nbytes})")
+        with self._lock:
+            stats = self._owned_stats()
+            allocator = self._channels[channel]
+            address = allocator.allocate(nbytes)
+            if address is None:
+                raise DramExhausted(
+                    device_index=self.index,
+                    bdf=self.bdf,
+                    channel=channel,
+                    requested=nbytes,
+                    free=allocator.free_bytes,
+                    total=allocator.capacity,
+                    largest_free=allocator.largest_free,
+                )
+            buf = DramBuffer(self.index, channel, address, nbytes, tag)
+            self._buffers[channel, address] = buf
+            stats.set_dram_used(channel, allocator.used)
+        return buf
+
+    def dram_free(self, buf: DramBuffer) -> None:
+        """Free `buf`; DriverError if it is not a live buffer of this device."""
+        with self._lock:
+            stats = self._owned_stats()
+            key = (buf.channel, buf.address)
+            if buf.device_index != self.index or self._buffers.get(key) is not buf:
+                raise DriverError(f"{buf!r} is not allocated on device {self.index} (double free?)")
+            del self._buffers[key]
+            self._channels[buf.channel].free(buf.address)
+            buf.invalidate()
+            stats.set_dram_used(buf.channel, self._channels[buf.channel].used)
+
+    def dram_used(self) -> tuple[int, int]:
+        """Bytes allocated per channel (allocations count rounded up to 64 bytes)."""
+        return self._channels[0].used, self._channels[1].used
+
+    def _free_all_dram(self) -> None:
+        for buf in self._buffers.values():
+            buf.invalidate()
+        self._buffers.clear()
+        for channel, allocator in enumerate(self._channels):
+            allocator.clear()
+            if self._stats is not None:
+                self._stats.set_dram_used(channel, 0)
+
+    # ---- NCs and counters ---------------------------------------------------------------
+
+    def nc(self, i: int) -> NeuronCore:
+        """NeuronCore `i` (0..3)."""
+        if not 0 <= i < NC_PER_DEVICE:
+            raise ValueError(f"device {self.index} has NCs 0..{NC_PER_DEVICE - 1}, not {i}")
+        return self._cores[i]
+
+    def hw_counters(self) -> HwCounters:
+        with self._lock:
+            return hw_counters_from(self._owned_stats().slots)
+
+    # ---- faults ------------------------------------------------------------------------
+
+    def inject(self, fault: str) -> None:
+        """Inject a fault, `name[:nc][=value]` (see `driver_sim.faults`)."""
+        spec = parse_fault_spec(fault)
+        with self._lock:
+            self._apply_fault(spec)
+
+    def _apply_fault(self, fault: FaultSpec) -> None:
+        if fault.name in ECC_FAULTS:
+            self._owned_stats().add_ecc(fault.name, fault.value or 0)
+        else:
+            self._faults.apply(fault)
+
+    def _poll_inject_file(self) -> None:
+        lines = take_inject_lines(self._inject_path)
+        if not lines:
+            return
+        with self._lock:
+            for line in lines:
+                try:
+                    self._apply_fault(parse_fault_spec(line))
+                except ValueError as exc:
+                    log.warning("inject file of %s: %s (skipped)", self.bdf, exc)
+
+    def before_run(self, nc: int) -> None:
+        """Fault checks before a run on `nc` (called under that NC's lock)."""
+        self.check_owned()
+        self._poll_inject_file()
+        faults = self._faults
+        if faults.nc_errors:
+            with self._lock:
+                failing = faults.take_nc_error(nc)
+            if failing:
+                raise HwFault(
+                    f"device {self.index} ({self.bdf}) NC {nc}: "
+                    "hardware error during execution (injected)"
+                )
+        delay = faults.delays_s[nc]
+        if delay:
+            time.sleep(delay)
+
+
+def _check_channel(channel: int) -> None:
+    if not 0 <= channel < DRAM_CHANNELS:
+        raise ValueError(f"DRAM channel must be 0..{DRAM_CHANNELS - 1}, not {channel}")

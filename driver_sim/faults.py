@@ -1,0 +1,173 @@
+"""Fault injection: the spec syntax, its three sources, and a device's pending faults.
+
+A spec is `name[:nc][=value]`:
+
+    init_fail           the next reset of the device raises InitFailed
+    nc_error[:nc]       the next run on that NC (any NC if none named) raises HwFault; once
+    nc_delay_ms[:nc]=ms every following run on that NC (all NCs if none named) first sleeps
+                        `ms` milliseconds; 0 clears
+    mem_ecc_corr=n, mem_ecc_uncorr=n, sram_ecc_corr=n, sram_ecc_uncorr=n
+                        add n to that ECC counter
+
+Sources:
+1. env `NEURON_SIM_FAULTS`, read when a device is claimed: comma-separated
+   `name@device[:nc][=value]`, e.g. `init_fail@1,nc_error@0:2,mem_ecc_corr@0=3`.
+   An `init_fail` there is persistent: every reset of that device fails while the
+   variable names it (it is read again at each reset).
+2. the device's `inject` file, one spec a line (blank lines and `#` comments skipped),
+   consumed (applied, then truncated) at reset and before each NC run.
+3. `Device.inject(spec)`.
+A malformed spec raises ValueError naming it (from the file: logged and skipped, since
+the file is read by whoever runs next, who did not write it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from driver_sim.presets import NC_PER_DEVICE
+from driver_sim.stats import ECC_FIELDS
+
+FAULTS_ENV = "NEURON_SIM_FAULTS"
+INIT_FAIL = "init_fail"
+NC_ERROR = "nc_error"
+NC_DELAY_MS = "nc_delay_ms"
+ECC_FAULTS = frozenset(ECC_FIELDS)
+FAULT_NAMES = frozenset({INIT_FAIL, NC_ERROR, NC_DELAY_MS}) | ECC_FAULTS
+
+_TAKES_NC = frozenset({NC_ERROR, NC_DELAY_MS})
+_TAKES_VALUE = frozenset({NC_DELAY_MS}) | ECC_FAULTS
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One parsed fault: its name, the NC it targets (None: device/any) and its value."""
+
+    name: str
+    nc: int | None = None
+    value: int | None = None
+
+
+def _parse_int(text: str, what: str, spec: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"bad fault spec {spec!r}: {what} {text!r} is not an integer") from None
+    if number < 0:
+        raise ValueError(f"bad fault spec {spec!r}: {what} must not be negative")
+    return number
+
+
+def _check_spec(fault: FaultSpec, spec: str) -> FaultSpec:
+    if fault.name not in FAULT_NAMES:
+        known = ", ".join(sorted(FAULT_NAMES))
+        raise ValueError(f"bad fault spec {spec!r}: unknown fault {fault.name!r} ({known})")
+    if fault.nc is not None and fault.name not in _TAKES_NC:
+        raise ValueError(f"bad fault spec {spec!r}: {fault.name} takes no NC")
+    if fault.nc is not None and fault.nc >= NC_PER_DEVICE:
+        raise ValueError(f"bad fault spec {spec!r}: NC {fault.nc} is not in 0..3")
+    if (fault.value is None) == (fault.name in _TAKES_VALUE):
+        needs = "needs" if fault.value is None else "takes no"
+        raise ValueError(f"bad fault spec {spec!r}: {fault.name} {needs} a =value")
+    return fault
+
+
+def _split_value(text: str, spec: str) -> tuple[str, int | None]:
+    head, sep, value = text.partition("=")
+    return head.strip(), (_parse_int(value.strip(), "value", spec) if sep else None)
+
+
+def _split_nc(text: str, spec: str) -> tuple[str, int | None]:
+    head, sep, nc = text.partition(":")
+    return head.strip(), (_parse_int(nc.strip(), "NC", spec) if sep else None)
+
+
+def parse_fault_spec(spec: str) -> FaultSpec:
+    """Parse `name[:nc][=value]`."""
+    head, value = _split_value(spec, spec)
+    name, nc = _split_nc(head, spec)
+    return _check_spec(FaultSpec(name, nc, value), spec)
+
+
+def parse_env_faults(text: str) -> list[tuple[int, FaultSpec]]:
+    """Parse the env syntax into (device index, spec) pairs."""
+    parsed: list[tuple[int, FaultSpec]] = []
+    for spec in (part.strip() for part in text.split(",")):
+        if not spec:
+            continue
+        head, value = _split_value(spec, spec)
+        name, at, target = head.partition("@")
+        if not at:
+            raise ValueError(f"bad fault spec {spec!r}: expected name@device[:nc][=value]")
+        device_text, nc = _split_nc(target, spec)
+        device = _parse_int(device_text, "device", spec)
+        parsed.append((device, _check_spec(FaultSpec(name.strip(), nc, value), spec)))
+    return parsed
+
+
+def env_faults_for(device_index: int, environ: Mapping[str, str] | None = None) -> list[FaultSpec]:
+    """The faults `NEURON_SIM_FAULTS` names for `device_index`."""
+    text = (os.environ if environ is None else environ).get(FAULTS_ENV, "")
+    return [spec for device, spec in parse_env_faults(text) if device == device_index]
+
+
+def env_init_fail(device_index: int) -> bool:
+    """Whether the env currently makes every reset of `device_index` fail."""
+    return any(spec.name == INIT_FAIL for spec in env_faults_for(device_index))
+
+
+def take_inject_lines(path: str | pathlib.Path) -> list[str]:
+    """Consume the inject file: its spec lines, after which it is empty.
+
+    Cheap when there is nothing to do: one stat, no open, while the file is empty.
+    """
+    try:
+        if os.stat(path).st_size == 0:
+            return []
+        with open(path, "r+") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            text = file.read()
+            file.seek(0)
+            file.truncate()
+    except FileNotFoundError:
+        return []
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@dataclass
+class FaultState:
+    """A device's pending execution and init faults (ECC faults go straight to stats)."""
+
+    init_fail_once: bool = False
+    nc_errors: set[int | None] = field(default_factory=set)
+    delays_s: list[float] = field(default_factory=lambda: [0.0] * NC_PER_DEVICE)
+
+    def apply(self, fault: FaultSpec) -> None:
+        """Record a one-shot init fault or an NC fault."""
+        if fault.name == INIT_FAIL:
+            self.init_fail_once = True
+        elif fault.name == NC_ERROR:
+            self.nc_errors.add(fault.nc)
+        elif fault.name == NC_DELAY_MS:
+            targets = range(NC_PER_DEVICE) if fault.nc is None else (fault.nc,)
+            for nc in targets:
+                self.delays_s[nc] = (fault.value or 0) / 1000.0
+
+    def take_init_fail(self) -> bool:
+        """Whether a one-shot init failure is pending; it is used up."""
+        failing = self.init_fail_once
+        self.init_fail_once = False
+        return failing
+
+    def take_nc_error(self, nc: int) -> bool:
+        """Whether this run on `nc` must fail; the pending error is used up."""
+        for target in (nc, None):
+            if target in self.nc_errors:
+                self.nc_errors.discard(target)
+                return True
+        return False

@@ -1,0 +1,263 @@
+"""The ops a NeuronCore executes, with ONNX (opset 13+) semantics, as numpy kernels.
+
+Each op is a `Kernel`: its compute function (arrays in, array out; attributes as keyword
+arguments), its engine, how many inputs it takes, its attributes (each with a parser that
+validates and a default) and its MAC count. Adding an op is a function plus a decorator:
+
+    @kernel("Neg", Engine.POOL)
+    def _neg(x: np.ndarray) -> np.ndarray:
+        return np.negative(x)
+
+Kernels never write to their inputs, and keep the input dtype (float32 stays float32).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from driver_sim.cost import Engine
+
+Shape = tuple[int, ...]
+MacCount = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], int]
+ComputeFn = Callable[..., Any]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute: `parse` validates and converts a value (ValueError if bad)."""
+
+    parse: Callable[[Any], Any]
+    default: Any = REQUIRED
+
+
+def no_macs(inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One op: what it computes, where, with how many inputs/outputs and attributes."""
+
+    op: str
+    engine: Engine
+    compute: ComputeFn
+    min_inputs: int
+    max_inputs: int
+    outputs: int = 1
+    attrs: Mapping[str, Attr] = field(default_factory=dict)
+    macs: MacCount = no_macs
+    read_modify_write: bool = False
+
+    def parse_attrs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every attribute's value (defaults filled in); ValueError naming a bad one."""
+        unknown = sorted(set(given) - set(self.attrs))
+        if unknown:
+            raise ValueError(f"unknown attribute(s) {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, spec in self.attrs.items():
+            if name in given:
+                try:
+                    values[name] = spec.parse(given[name])
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"attribute {name}: {exc}") from None
+            elif spec.default is REQUIRED:
+                raise ValueError(f"missing required attribute {name}")
+            else:
+                values[name] = spec.default
+        return values
+
+    def bind(self, values: Mapping[str, Any]) -> ComputeFn:
+        """The compute function with parsed attribute values bound."""
+        if not values:
+            return self.compute
+        return functools.partial(self.compute, **values)
+
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(
+    op: str,
+    engine: Engine,
+    *,
+    inputs: tuple[int, int] = (1, 1),
+    outputs: int = 1,
+    attrs: Mapping[str, Attr] | None = None,
+    macs: MacCount = no_macs,
+    read_modify_write: bool = False,
+) -> Callable[[ComputeFn], ComputeFn]:
+    """Register the decorated function as the compute function of `op`."""
+
+    def register(compute: ComputeFn) -> ComputeFn:
+        KERNELS[op] = Kernel(
+            op=op,
+            engine=engine,
+            compute=compute,
+            min_inputs=inputs[0],
+            max_inputs=inputs[1],
+            outputs=outputs,
+            attrs=attrs or {},
+            macs=macs,
+            read_modify_write=read_modify_write,
+        )
+        return compute
+
+    return register
+
+
+def supported_ops() -> frozenset[str]:
+    """Every op name the NeuronCore can execute."""
+    return frozenset(KERNELS)
+
+
+# ---- attribute parsers -------------------------------------------------------------
+
+
+def int_attr(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"must be an integer, got {value!r}")
+    return int(value)
+
+
+def flag_attr(value: Any) -> int:
+    number = int_attr(value)
+    if number not in (0, 1):
+        raise ValueError(f"must be 0 or 1, got {number}")
+    return number
+
+
+def float_attr(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ValueError(f"must be a number, got {value!r}")
+    return float(value)
+
+
+# ---- MAC counts (see driver_sim.cost) ------------------------------------------------
+
+
+def _matmul_macs(
+    inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]
+) -> int:
+    contraction = inputs[0][-1]
+    return math.prod(outputs[0]) * contraction
+
+
+def _gemm_macs(inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
+    a = inputs[0]
+    contraction = a[0] if attrs["transA"] else a[1]
+    return math.prod(outputs[0]) * contraction
+
+
+# ---- PE: matmul-type ops ---------------------------------------------------------------
+
+
+@kernel("MatMul", Engine.PE, inputs=(2, 2), macs=_matmul_macs)
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
+
+
+@kernel(
+    "Gemm",
+    Engine.PE,
+    inputs=(2, 3),
+    attrs={
+        "alpha": Attr(float_attr, 1.0),
+        "beta": Attr(float_attr, 1.0),
+        "transA": Attr(flag_attr, 0),
+        "transB": Attr(flag_attr, 0),
+    },
+    macs=_gemm_macs,
+)
+def _gemm(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray | None = None,
+    *,
+    alpha: float,
+    beta: float,
+    transA: int,  # the ONNX attribute names
+    transB: int,
+) -> np.ndarray:
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"Gemm needs 2-D A and B, got shapes {a.shape} and {b.shape}")
+    y = np.matmul(a.T if transA else a, b.T if transB else b)
+    if alpha != 1.0:
+        np.multiply(y, alpha, out=y, casting="unsafe")
+    if c is not None and beta != 0.0:
+        bias = c if beta == 1.0 else c * beta
+        np.add(y, bias, out=y, casting="unsafe")
+    return y
+
+
+# ---- ACT: activations --------------------------------------------------------------------
+
+
+@kernel("Relu", Engine.ACT)
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+@kernel("Sigmoid", Engine.ACT)
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    decay = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + decay), decay / (1 + decay))
+
+
+@kernel("Tanh", Engine.ACT)
+def _tanh(x: np.ndarray) -> np.ndarray:
+    return np.tanh(x)
+
+
+@kernel("Softmax", Engine.ACT, attrs={"axis": Attr(int_attr, -1)})
+def _softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    np.exp(shifted, out=shifted)
+    shifted /= np.sum(shifted, axis=axis, keepdims=True)
+    return shifted
+
+
+# ---- POOL: elementwise and data movement ---------------------------------------------------
+
+
+@kernel("Add", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.add(a, b)
+
+
+@kernel("Sub", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+def _sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.subtract(a, b)
+
+
+@kernel("Mul", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.multiply(a, b)
+
+
+@kernel("Div", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.result_type(a, b).kind not in "iu":
+        return np.divide(a, b)
+    quotient = np.floor_divide(a, b)
+    remainder = np.subtract(a, np.multiply(quotient, b))
+    toward_zero = (remainder != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
+    return quotient + toward_zero.astype(quotient.dtype)
+
+
+@kernel("Identity", Engine.POOL)
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x

@@ -1,0 +1,205 @@
+"""Programs for a NeuronCore: what a caller hands in (`NcProgram` of `Instr`), and what
+loading makes of it (`LoadedProgram`): validated instructions resolved to a flat list of
+steps over numbered tensor slots, plus the per-run counter totals.
+
+Loading checks every instruction (known op, arity, attributes) and the dataflow (each
+input defined before use, each name defined once, every program output defined), so a
+run does no name lookups beyond its inputs and outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from driver_sim.cost import Engine, engine_cycles
+from driver_sim.errors import KernelError
+from driver_sim.kernels import KERNELS, ComputeFn, Kernel, Shape
+from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
+
+ABSENT = ""  # an input name that leaves an optional input out
+
+
+class Instr(NamedTuple):
+    """One instruction: `op` reads the tensors named `inputs`, writes those in `outputs`."""
+
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class NcProgram:
+    """What a NeuronCore runs: instructions, constant weights, and the named I/O."""
+
+    instructions: Sequence[Instr]
+    weights: Mapping[str, np.ndarray]
+    inputs: Sequence[str]
+    outputs: Sequence[str]
+
+
+class Step(NamedTuple):
+    """A resolved instruction: call `fn` on slots `inputs`, store into slots `outputs`."""
+
+    fn: ComputeFn
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """Counter increments of one run: NC_FIELDS slots (busy_ns 0) and engine cycles."""
+
+    nc_totals: np.ndarray
+    engine_cycles: np.ndarray
+
+
+@dataclass(eq=False)
+class LoadedProgram:
+    """A program resolved for one NeuronCore (`owner` is that core)."""
+
+    owner: object
+    program: NcProgram
+    steps: tuple[Step, ...]
+    kernels: tuple[Kernel, ...]
+    attrs: tuple[Mapping[str, Any], ...]
+    template: list[Any]
+    input_slots: tuple[tuple[str, int], ...]
+    output_slots: tuple[tuple[str, int, int | None], ...]
+    static_totals: np.ndarray
+    costs: dict[tuple[Shape, ...], RunCost] = field(default_factory=dict)
+
+    def cost_of(self, key: tuple[Shape, ...], env: list[Any]) -> RunCost:
+        """The counter increments of a run whose inputs had shapes `key`; `env` holds
+        that run's tensors, from which the first run of each shape set is measured."""
+        cost = self.costs.get(key)
+        if cost is None:
+            cost = self.costs[key] = _measure(self, env)
+        return cost
+
+
+def _shape(value: Any) -> Shape:
+    return () if value is None else tuple(np.shape(value))
+
+
+def _measure(loaded: LoadedProgram, env: list[Any]) -> RunCost:
+    totals = loaded.static_totals.copy()
+    cycles = np.zeros(len(Engine), dtype=SLOT_DTYPE)
+    for step, kern, attrs in zip(loaded.steps, loaded.kernels, loaded.attrs, strict=True):
+        ins = [_shape(env[s]) for s in step.inputs]
+        outs = [_shape(env[s]) for s in step.outputs]
+        macs = kern.macs(ins, outs, attrs)
+        elements = sum(int(np.prod(shape)) for shape in outs)
+        totals[NC_FIELD["macs"]] += macs
+        cycles[kern.engine] += engine_cycles(kern.engine, macs, elements)
+    return RunCost(totals, cycles)
+
+
+def _static_totals(kernels: Sequence[Kernel]) -> np.ndarray:
+    totals = np.zeros(len(NC_FIELDS), dtype=SLOT_DTYPE)
+    per_engine = {
+        Engine.PE: ("pe_executed_instr", "pe_matmul_executed_instr"),
+        Engine.ACT: ("act_executed_instr",),
+        Engine.POOL: ("pool_executed_instr",),
+    }
+    for kern in kernels:
+        for name in per_engine[kern.engine]:
+            totals[NC_FIELD[name]] += 1
+        totals[NC_FIELD["sb_rmw_count"]] += kern.read_modify_write
+    totals[NC_FIELD["runs"]] = 1
+    return totals
+
+
+class _Resolver:
+    """Assigns slots to tensor names while checking the dataflow."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, int] = {ABSENT: 0}
+        self.producer: dict[str, int] = {}
+
+    def define(self, name: str, what: str, index: int | None = None, op: str = "") -> int:
+        if name in self.slots:
+            raise KernelError(f"{what} {name!r} is already defined", op=op or None, index=index)
+        self.slots[name] = len(self.slots)
+        if index is not None:
+            self.producer[name] = index
+        return self.slots[name]
+
+    def use(self, name: str, index: int, op: str) -> int:
+        if name not in self.slots:
+            raise KernelError(f"input {name!r} is not defined before use", op=op, index=index)
+        return self.slots[name]
+
+
+def _check_instr(index: int, instr: Instr) -> tuple[Kernel, dict[str, Any]]:
+    kern = KERNELS.get(instr.op)
+    if kern is None:
+        raise KernelError(f"unknown op {instr.op!r}", op=instr.op, index=index)
+    count = len(instr.inputs)
+    if not kern.min_inputs <= count <= kern.max_inputs:
+        wanted = (
+            f"{kern.min_inputs}"
+            if kern.min_inputs == kern.max_inputs
+            else f"{kern.min_inputs}..{kern.max_inputs}"
+        )
+        raise KernelError(f"takes {wanted} inputs, got {count}", op=instr.op, index=index)
+    if len(instr.outputs) != kern.outputs:
+        raise KernelError(
+            f"produces {kern.outputs} output(s), got {len(instr.outputs)} names",
+            op=instr.op,
+            index=index,
+        )
+    try:
+        return kern, kern.parse_attrs(instr.attrs or {})
+    except ValueError as exc:
+        raise KernelError(str(exc), op=instr.op, index=index) from None
+
+
+def load_program(owner: object, program: NcProgram) -> LoadedProgram:
+    """Validate `program` and resolve it for `owner`; KernelError says what is wrong."""
+    resolver = _Resolver()
+    template: list[Any] = [None]
+    weights = {name: np.asarray(value) for name, value in program.weights.items()}
+    for name, value in weights.items():
+        resolver.define(name, "weight")
+        template.append(value)
+    input_slots = tuple((name, resolver.define(name, "program input")) for name in program.inputs)
+    template.extend([None] * len(input_slots))
+    steps: list[Step] = []
+    kernels: list[Kernel] = []
+    attrs: list[Mapping[str, Any]] = []
+    for index, raw in enumerate(program.instructions):
+        instr = Instr(*raw)
+        kern, values = _check_instr(index, instr)
+        ins = tuple(resolver.use(name, index, instr.op) for name in instr.inputs)
+        outs = tuple(resolver.define(name, "output", index, instr.op) for name in instr.outputs)
+        template.extend([None] * len(outs))
+        steps.append(Step(kern.bind(values), ins, outs))
+        kernels.append(kern)
+        attrs.append(values)
+    output_slots = tuple(
+        (name, _program_output_slot(resolver, name), resolver.producer.get(name))
+        for name in program.outputs
+    )
+    return LoadedProgram(
+        owner=owner,
+        program=program,
+        steps=tuple(steps),
+        kernels=tuple(kernels),
+        attrs=tuple(attrs),
+        template=template,
+        input_slots=input_slots,
+        output_slots=output_slots,
+        static_totals=_static_totals(kernels),
+    )
+
+
+def _program_output_slot(resolver: _Resolver, name: str) -> int:
+    slot = resolver.slots.get(name)
+    if slot is None or name == ABSENT:
+        raise KernelError(f"program output {name!r} is not produced by any instruction")
+    return slot

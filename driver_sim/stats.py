@@ -1,0 +1,182 @@
+"""The binary `stats` file of a device, and the counter records read from it.
+
+Layout: a flat array of little-endian uint64 slots, `STATS_BYTES` long.
+
+    slot  0..3    ECC counters: mem_ecc_corr, mem_ecc_uncorr, sram_ecc_corr, sram_ecc_uncorr
+    slot  4..5    DRAM bytes in use, channel 0 and channel 1
+    slot  6..37   per NC n (0..3), at 6 + 8*n + k, field k of `NC_FIELDS`:
+                  pe_executed_instr, pe_matmul_executed_instr, act_executed_instr,
+                  pool_executed_instr, macs, busy_ns, sb_rmw_count, runs
+    -- extension, after the block above --
+    slot 38       reset_time_ns: wall clock (time.time_ns) of the device's last reset/claim
+    slot 39..50   per NC n, at 39 + 3*n + e, busy cycles of engine e (PE, ACT, POOL)
+
+The owner maps the file (`StatsMap`) and adds to the slots in place, so any process that
+reads the file (`read_stats`) sees live values without asking the owner.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pathlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from driver_sim.cost import Engine, elapsed_cycles
+from driver_sim.presets import DRAM_CHANNELS, NC_PER_DEVICE
+
+SLOT_DTYPE = np.dtype("<u8")
+ECC_FIELDS = ("mem_ecc_corr", "mem_ecc_uncorr", "sram_ecc_corr", "sram_ecc_uncorr")
+NC_FIELDS = (
+    "pe_executed_instr",
+    "pe_matmul_executed_instr",
+    "act_executed_instr",
+    "pool_executed_instr",
+    "macs",
+    "busy_ns",
+    "sb_rmw_count",
+    "runs",
+)
+NC_FIELD = {name: k for k, name in enumerate(NC_FIELDS)}
+
+DRAM_USED_SLOT = len(ECC_FIELDS)
+NC_BASE_SLOT = DRAM_USED_SLOT + DRAM_CHANNELS
+RESET_TIME_SLOT = NC_BASE_SLOT + NC_PER_DEVICE * len(NC_FIELDS)
+CYCLES_BASE_SLOT = RESET_TIME_SLOT + 1
+STATS_SLOTS = CYCLES_BASE_SLOT + NC_PER_DEVICE * len(Engine)
+STATS_BYTES = STATS_SLOTS * SLOT_DTYPE.itemsize
+
+
+def nc_slots(nc: int) -> slice:
+    """The `NC_FIELDS` slots of NC `nc`."""
+    start = NC_BASE_SLOT + nc * len(NC_FIELDS)
+    return slice(start, start + len(NC_FIELDS))
+
+
+def cycle_slots(nc: int) -> slice:
+    """The per-engine busy-cycle slots of NC `nc`."""
+    start = CYCLES_BASE_SLOT + nc * len(Engine)
+    return slice(start, start + len(Engine))
+
+
+@dataclass(frozen=True)
+class HwCounters:
+    """A device's health counters."""
+
+    mem_ecc_corr: int = 0
+    mem_ecc_uncorr: int = 0
+    sram_ecc_corr: int = 0
+    sram_ecc_uncorr: int = 0
+
+
+@dataclass(frozen=True)
+class NcCounters:
+    """One NeuronCore's counters, with the fields of the wire message (see `cost`)."""
+
+    pe_num_idle_cycles: int
+    pe_num_wait_event_cycles: int
+    pe_matmul_num_wait_event_cycles: int
+    pe_num_executed_instr: int
+    pe_matmul_num_executed_instr: int
+    pool_num_idle_cycles: int
+    pool_num_wait_event_cycles: int
+    pool_num_executed_instr: int
+    act_num_idle_cycles: int
+    act_num_wait_event_cycles: int
+    act_num_executed_instr: int
+    sb_rmw_count: int
+    macs_count: int
+    busy_ns: int
+    runs: int
+
+
+def hw_counters_from(slots: np.ndarray) -> HwCounters:
+    return HwCounters(*(int(v) for v in slots[: len(ECC_FIELDS)]))
+
+
+def dram_used_from(slots: np.ndarray) -> tuple[int, int]:
+    return int(slots[DRAM_USED_SLOT]), int(slots[DRAM_USED_SLOT + 1])
+
+
+def nc_counters_from(slots: np.ndarray, nc: int, now_ns: int | None = None) -> NcCounters:
+    """NC `nc`'s counters; idle cycles are counted up to `now_ns` (default: now)."""
+    fields = [int(v) for v in slots[nc_slots(nc)]]
+    busy_cycles = [int(v) for v in slots[cycle_slots(nc)]]
+    reset_ns = int(slots[RESET_TIME_SLOT])
+    now = time.time_ns() if now_ns is None else now_ns
+    elapsed = elapsed_cycles(now - reset_ns) if reset_ns else 0
+
+    def idle(engine: Engine) -> int:
+        return max(0, elapsed - busy_cycles[engine])
+
+    def field(name: str) -> int:
+        return fields[NC_FIELD[name]]
+
+    return NcCounters(
+        pe_num_idle_cycles=idle(Engine.PE),
+        pe_num_wait_event_cycles=0,
+        pe_matmul_num_wait_event_cycles=0,
+        pe_num_executed_instr=field("pe_executed_instr"),
+        pe_matmul_num_executed_instr=field("pe_matmul_executed_instr"),
+        pool_num_idle_cycles=idle(Engine.POOL),
+        pool_num_wait_event_cycles=0,
+        pool_num_executed_instr=field("pool_executed_instr"),
+        act_num_idle_cycles=idle(Engine.ACT),
+        act_num_wait_event_cycles=0,
+        act_num_executed_instr=field("act_executed_instr"),
+        sb_rmw_count=field("sb_rmw_count"),
+        macs_count=field("macs"),
+        busy_ns=field("busy_ns"),
+        runs=field("runs"),
+    )
+
+
+def create_stats_file(path: pathlib.Path) -> None:
+    """A zeroed stats file (part of building the tree)."""
+    path.write_bytes(bytes(STATS_BYTES))
+
+
+def read_stats(path: pathlib.Path) -> np.ndarray:
+    """A snapshot of the slots; a missing or short file reads as zeros."""
+    try:
+        raw = path.read_bytes()[:STATS_BYTES]
+    except FileNotFoundError:
+        raw = b""
+    slots = np.zeros(STATS_SLOTS, dtype=SLOT_DTYPE)
+    count = len(raw) // SLOT_DTYPE.itemsize
+    slots[:count] = np.frombuffer(raw, dtype=SLOT_DTYPE, count=count)
+    return slots
+
+
+class StatsMap:
+    """The owner's writable mapping of a stats file; `slots` is a numpy view of it."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < STATS_BYTES:
+                os.ftruncate(fd, STATS_BYTES)
+            self._map = mmap.mmap(fd, STATS_BYTES)
+        finally:
+            os.close(fd)
+        self.slots: np.ndarray = np.frombuffer(self._map, dtype=SLOT_DTYPE, count=STATS_SLOTS)
+
+    def start_epoch(self) -> None:
+        """Zero DRAM usage and NC counters and restart the idle clock (claim or reset)."""
+        self.slots[DRAM_USED_SLOT:RESET_TIME_SLOT] = 0
+        self.slots[CYCLES_BASE_SLOT:] = 0
+        self.slots[RESET_TIME_SLOT] = time.time_ns()
+
+    def set_dram_used(self, channel: int, nbytes: int) -> None:
+        self.slots[DRAM_USED_SLOT + channel] = nbytes
+
+    def add_ecc(self, field: str, count: int) -> None:
+        self.slots[ECC_FIELDS.index(field)] += count
+
+    def close(self) -> None:
+        """Unmap; every view taken of `slots` must have been dropped."""
+        del self.slots
+        self._map.close()

@@ -1,0 +1,151 @@
+"""`neuron-ls`: the Neuron devices of this machine and the runtime that owns each.
+
+Reads the driver's state tree (no daemon needed; `NEURON_SIM_ROOT` picks the tree).
+With `-a ADDRESS` (or `NEURON_RTD_ADDRESS`) it asks that daemon which machine it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+import driver_sim
+from neuron_rtd.client.client import CHANNEL_OPTIONS
+from neuron_rtd.proto import ext_pb, ext_pb_grpc
+
+HEADERS = (
+    ("NEURON", "DEVICE"),
+    ("NEURON", "CORES"),
+    ("NEURON", "MEMORY"),
+    ("CONNECTED", "DEVICES"),
+    ("PCI", "BDF"),
+    ("RUNTIME", "ADDRESS"),
+    ("RUNTIME", "PID"),
+    ("RUNTIME", "VERSION"),
+)
+NA = "NA"
+
+
+def _memory(nbytes: int) -> str:
+    return f"{nbytes / 2**30:g} GB"
+
+
+def device_rows(devices: Sequence[driver_sim.DeviceInfo]) -> list[tuple[str, ...]]:
+    rows = []
+    for d in devices:
+        owner = d.owner
+        rows.append(
+            (
+                str(d.index),
+                str(d.core_count),
+                _memory(d.memory_bytes),
+                ", ".join(map(str, d.connected)),
+                d.bdf,
+                owner.address if owner else NA,
+                str(owner.pid) if owner else NA,
+                owner.version if owner else NA,
+            )
+        )
+    return rows
+
+
+def render_table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [
+        max(len(h[0]), len(h[1]), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)
+    ]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells: Sequence[str], center: bool) -> str:
+        fmt = [c.center(w) if center else c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+        return "| " + " | ".join(fmt) + " |"
+
+    out = [rule, line([h[0] for h in HEADERS], True), line([h[1] for h in HEADERS], True), rule]
+    out += [line(r, False) for r in rows]
+    out.append(rule)
+    return "\n".join(out)
+
+
+def render_json(devices: Sequence[driver_sim.DeviceInfo]) -> str:
+    doc = [
+        {
+            "neuron_device": d.index,
+            "bdf": d.bdf,
+            "connected_to": list(d.connected),
+            "nc_count": d.core_count,
+            "memory_size": d.memory_bytes,
+            "memory_used": list(d.dram_used),
+            "runtime": (
+                {"address": d.owner.address, "pid": d.owner.pid, "version": d.owner.version}
+                if d.owner
+                else None
+            ),
+        }
+        for d in devices
+    ]
+    return json.dumps(doc, indent=2)
+
+
+def render_topology(machine: driver_sim.Machine, devices: Sequence[driver_sim.DeviceInfo]) -> str:
+    out = [f"{machine.instance_type}: {len(devices)} Neuron device(s) in a chain"]
+    for i, d in enumerate(devices):
+        owner = f"  (runtime pid {d.owner.pid}, {d.owner.address})" if d.owner else ""
+        out.append(f"  [{d.index}] {d.bdf}  {d.core_count} NCs{owner}")
+        if i + 1 < len(devices) and devices[i + 1].index in d.connected:
+            out.append("   |")
+    return "\n".join(out)
+
+
+def ask_daemon(address: str) -> Any:
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = ext_pb_grpc.nmgr_extStub(channel)
+        return stub.describe(ext_pb.describe_request(), timeout=5)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="neuron-ls", description=__doc__.splitlines()[0])
+    parser.add_argument("-j", "--json-output", action="store_true", help="print JSON")
+    parser.add_argument("-t", "--topology", action="store_true", help="draw the device chain")
+    parser.add_argument("-a", "--address", help="ask the daemon at this address "
+                        "(default: $NEURON_RTD_ADDRESS when set)")
+    parser.add_argument("--instance-type", default=None,
+                        help="instance preset for a machine tree that does not exist yet")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    address = args.address or os.environ.get("NEURON_RTD_ADDRESS")
+    root: str | None = None
+    only: set[int] | None = None
+    if address:
+        try:
+            described = ask_daemon(address)
+        except grpc.RpcError as exc:
+            print(f"neuron-ls: no runtime answers at {address}: {exc.details()}",  # type: ignore[attr-defined]
+                  file=sys.stderr)
+            return 1
+        root = described.sim_root
+        only = {d.index for d in described.devices}
+    try:
+        machine = driver_sim.Machine.open(root, instance_type=args.instance_type)
+    except (driver_sim.DriverError, ValueError, OSError) as exc:
+        print(f"neuron-ls: {exc}", file=sys.stderr)
+        return 1
+    devices = [d for d in machine.devices() if only is None or d.index in only]
+    if args.json_output:
+        print(render_json(devices))
+    elif args.topology:
+        print(render_topology(machine, devices))
+    else:
+        print(render_table(device_rows(devices)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The daemon's configuration: a JSON file, then the command-line flags over it.
+
+Built once in `main()`; everything below receives a `DaemonConfig`, never the raw file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ADDRESS = "unix:/run/neuron.sock"
+DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
+INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+
+class ConfigError(Exception):
+    """A config file or flag that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    instance_type: str = "inf1.6xlarge"
+    root: str | None = None  # None: driver_sim's default; NEURON_SIM_ROOT overrides
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonConfig:
+    server_address: str = DEFAULT_ADDRESS
+    devices: tuple[str, ...] = ()  # BDFs; empty: every device of the machine
+    default_timeout: int = 2  # seconds one inference may take
+    default_ninfer: int = 4  # in-flight inferences per model
+    shmem_enabled: bool = True
+    model_cache_count: int = 4  # parsed NEFFs kept for reloading the same package
+    log_level: str = "info"
+    log_console: bool = False
+    socket_group: str | None = None
+    socket_mode: int = 0o660
+    server_threads: int = 16
+    instance: str | None = None
+    sim: SimConfig = field(default_factory=SimConfig)
+
+    @property
+    def sim_root(self) -> str | None:
+        return os.environ.get("NEURON_SIM_ROOT") or self.sim.root
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "server_address": str,
+    "devices": list,
+    "default_timeout": int,
+    "default_ninfer": int,
+    "shmem_enabled": bool,
+    "model_cache_count": int,
+    "log_level": str,
+    "socket_group": (str, type(None)),
+    "socket_mode": str,
+    "server_threads": int,
+    "sim": dict,
+}
+_SIM_TYPES: dict[str, type | tuple[type, ...]] = {
+    "instance_type": str,
+    "root": (str, type(None)),
+}
+
+
+def _check_types(where: str, data: dict[str, Any], types: dict[str, Any]) -> None:
+    for key, value in data.items():
+        if key.startswith("_"):  # comments
+            continue
+        if key not in types:
+            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(types)})")
+        expected = types[key]
+        bad_bool = isinstance(value, bool) and expected is int
+        if bad_bool or not isinstance(value, expected):
+            names = expected.__name__ if isinstance(expected, type) else "string or null"
+            raise ConfigError(f"{where}: '{key}' must be {names}, got {json.dumps(value)}")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be an object")
+    _check_types(str(path), data, _TYPES)
+    _check_types(f"{path}: sim", data.get("sim", {}), _SIM_TYPES)
+    return data
+
+
+def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfig:
+    values = {k: v for k, v in data.items() if not k.startswith("_") and k != "sim"}
+    if "devices" in values:
+        values["devices"] = tuple(values["devices"])
+    if "socket_mode" in values:
+        try:
+            values["socket_mode"] = int(values["socket_mode"], 8)
+        except ValueError:
+            raise ConfigError(
+                f"{where}: socket_mode must be octal like \"0660\", got {values['socket_mode']}"
+            ) from None
+    sim = {k: v for k, v in data.get("sim", {}).items() if not k.startswith("_")}
+    return validate(DaemonConfig(**values, sim=SimConfig(**sim)), where)
+
+
+def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
+    if config.default_timeout < 1:
+        raise ConfigError(f"{where}: default_timeout must be at least 1 second")
+    if config.default_ninfer < 1:
+        raise ConfigError(f"{where}: default_ninfer must be at least 1")
+    if config.model_cache_count < 0:
+        raise ConfigError(f"{where}: model_cache_count must not be negative")
+    if config.server_threads < 2:
+        raise ConfigError(f"{where}: server_threads must be at least 2")
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
+    if config.socket_mode & 0o002 or config.socket_mode & ~0o777:
+        raise ConfigError(
+            f"{where}: socket_mode {config.socket_mode:04o} is world-writable or not a mode"
+        )
+    if not all(isinstance(d, str) for d in config.devices):
+        raise ConfigError(f"{where}: devices must be a list of PCI BDF strings")
+    return config
+
+
+def config_path(explicit: str | None, instance: str | None) -> Path | None:
+    """The file to read: -c, else the instance's, else the default if it exists."""
+    if explicit:
+        return Path(explicit)
+    if instance:
+        return INSTANCE_CONFIG_DIR / f"{instance}.json"
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
+def load_config(
+    *,
+    path: str | None = None,
+    instance: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> DaemonConfig:
+    """File (if any) then `overrides` (the flags) over the defaults."""
+    file = config_path(path, instance)
+    config = (
+        config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
+    )
+    known = {f.name for f in fields(DaemonConfig)}
+    changes = {k: v for k, v in (overrides or {}).items() if v is not None and k in known}
+    return validate(replace(config, **changes, instance=instance), "flags")

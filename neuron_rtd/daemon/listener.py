@@ -1,0 +1,136 @@
+"""The daemon's listening address, and exclusive use of a unix socket path.
+
+grpcio would silently take a unix path over from a live daemon, so before binding we
+hold `<path>.lock` (flock, released by the kernel if we die) and check that nothing
+answers on the path; a stale socket file is removed. The socket is created group-only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import grp
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import grpc
+
+
+class AddressError(Exception):
+    """An address we cannot serve on, or one another daemon already serves."""
+
+
+@dataclass(frozen=True)
+class Address:
+    text: str
+    unix_path: Path | None  # None: TCP host:port
+
+    @property
+    def grpc_target(self) -> str:
+        return f"unix:{self.unix_path}" if self.unix_path else self.text
+
+
+def parse_address(text: str) -> Address:
+    if text.startswith("unix:"):
+        path = text[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path.startswith("/"):
+            raise AddressError(f"unix address '{text}' needs an absolute path")
+        return Address(text=f"unix:{path}", unix_path=Path(path))
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise AddressError(f"address '{text}' is neither unix:/path nor host:port")
+    return Address(text=text, unix_path=None)
+
+
+def _answers(path: Path) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+class UnixListener:
+    """Holds the socket path for this process from `claim()` to `close()`."""
+
+    def __init__(self, path: Path, *, mode: int, group: str | None) -> None:
+        self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
+        self.mode = mode
+        self.group = group
+        self._lock: IO[str] | None = None
+        self._inode: int | None = None
+
+    def claim(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(self.lock_path, "a+")  # noqa: SIM115 - held for the process's life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            owner = lock.read().strip() or "unknown"
+            lock.close()
+            raise AddressError(
+                f"another neuron-rtd (pid {owner}) already serves unix:{self.path}"
+            ) from None
+        if self.path.exists() or self.path.is_symlink():
+            if _answers(self.path):
+                lock.close()
+                raise AddressError(f"a live server already answers on unix:{self.path}")
+            self.path.unlink()
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        self._lock = lock
+
+    def bind(self, server: grpc.Server) -> None:
+        old = os.umask(0o777 & ~self.mode)
+        try:
+            port = server.add_insecure_port(f"unix:{self.path}")
+        except RuntimeError as exc:
+            raise AddressError(f"cannot listen on unix:{self.path}: {exc}") from exc
+        finally:
+            os.umask(old)
+        if port == 0:
+            raise AddressError(f"cannot listen on unix:{self.path}")
+
+    def finish(self) -> None:
+        """Fix mode and group once the server started (the socket file exists then)."""
+        os.chmod(self.path, self.mode)
+        if self.group:
+            try:
+                gid = grp.getgrnam(self.group).gr_gid
+            except KeyError:
+                raise AddressError(f"socket_group '{self.group}' does not exist") from None
+            os.chown(self.path, -1, gid)
+        self._inode = self.path.stat().st_ino
+
+    def close(self) -> None:
+        """Remove the socket if it is still ours; keep the lock file (unlinking it would
+        let a waiting daemon lock an orphaned inode), but release it."""
+        if self._lock is None:
+            return
+        with contextlib.suppress(OSError):
+            if self._inode is not None and self.path.stat().st_ino == self._inode:
+                self.path.unlink()
+        self._lock.close()
+        self._lock = None
+
+
+def bind_tcp(server: grpc.Server, address: Address) -> None:
+    try:
+        port = server.add_insecure_port(address.text)
+    except RuntimeError as exc:
+        raise AddressError(f"cannot listen on {address.text}: {exc}") from exc
+    if port == 0:
+        raise AddressError(f"cannot listen on {address.text}")

@@ -1,0 +1,187 @@
+"""`neuron-rtd`: the daemon process.
+
+Owns its devices, serves the wire API on its socket, tells systemd when it is ready,
+and on SIGTERM drains, unloads, releases the devices and removes its socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+from types import FrameType
+
+import grpc
+
+import driver_sim
+from neuron_rtd import __version__
+from neuron_rtd.daemon import sd
+from neuron_rtd.daemon.config import LOG_LEVELS, ConfigError, DaemonConfig, load_config
+from neuron_rtd.daemon.listener import (
+    AddressError,
+    UnixListener,
+    bind_tcp,
+    parse_address,
+)
+from neuron_rtd.daemon.logs import setup_logging
+from neuron_rtd.runtime.runtime import Runtime, RuntimeOptions
+from neuron_rtd.server.servicer import add_servicers
+
+log = logging.getLogger("nrtd.NRTD")
+
+DRAIN_GRACE_S = 5.0
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="neuron-rtd",
+        description="Neuron runtime daemon: serves the nrt gRPC API for its Neuron devices.",
+    )
+    parser.add_argument("-t", dest="devices", action="append", metavar="BDF",
+                        help="serve only this device (repeatable; the set must be contiguous)")
+    parser.add_argument("-g", dest="server_address", metavar="ADDRESS",
+                        help="listen on unix:/path or host:port (default unix:/run/neuron.sock)")
+    parser.add_argument("-c", dest="config", metavar="CONFIG", help="JSON config file")
+    parser.add_argument("-l", dest="log_level", choices=LOG_LEVELS, help="log level")
+    parser.add_argument("-x", dest="log_console", action="store_const", const=True,
+                        help="also log to the console (stderr)")
+    parser.add_argument("-i", dest="instance", metavar="INSTANCE",
+                        help="instance name: reads /etc/neuron-rtd/instances/INSTANCE.json")
+    parser.add_argument("-v", "--version", action="version",
+                        version=f"neuron-rtd {__version__}")
+    return parser.parse_args(argv)
+
+
+def select_devices(machine: driver_sim.Machine, bdfs: tuple[str, ...]) -> list[int]:
+    """Device indices for the BDFs asked for (all when none): contiguous, no repeats."""
+    if not bdfs:
+        return list(range(machine.device_count))
+    indices = []
+    for bdf in bdfs:
+        try:
+            indices.append(machine.index_of_bdf(bdf))
+        except driver_sim.DeviceNotFound:
+            known = ", ".join(d.bdf for d in machine.devices())
+            raise StartupError(f"no Neuron device at {bdf} (this machine has {known})") from None
+    if len(set(indices)) != len(indices):
+        raise StartupError(f"a device is named twice in {', '.join(bdfs)}")
+    ordered = sorted(indices)
+    if ordered != list(range(ordered[0], ordered[0] + len(ordered))):
+        raise StartupError(
+            f"devices {', '.join(bdfs)} (indices {', '.join(map(str, ordered))}) are not "
+            "contiguous: a daemon serves one connected run of devices"
+        )
+    return ordered
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.address = parse_address(config.server_address)
+        self.listener: UnixListener | None = None
+        self.devices: list[driver_sim.Device] = []
+        self._stop = threading.Event()
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        log.info("Received %s", signal.Signals(signum).name, extra={"fn": "SignalHandler"})
+        self._stop.set()
+
+    def run(self) -> int:
+        try:
+            runtime, server = self._start()
+        except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
+            log.error("%s", exc, extra={"fn": "RunServer"})
+            print(f"neuron-rtd: error: {exc}", file=sys.stderr)
+            self._release()
+            return 1
+        watchdog = None
+        interval = sd.watchdog_interval_s()
+        if interval:
+            watchdog = sd.Watchdog(interval, healthy=lambda: not self._stop.is_set())
+            watchdog.start()
+        while not self._stop.wait(0.5):
+            pass
+        sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
+        log.info("Stopping: draining requests", extra={"fn": "RunServer"})
+        server.stop(DRAIN_GRACE_S).wait()
+        if watchdog:
+            watchdog.stop()
+        runtime.close()
+        self._release()
+        log.info("Stopped", extra={"fn": "RunServer"})
+        return 0
+
+    def _start(self) -> tuple[Runtime, grpc.Server]:
+        config = self.config
+        sd.notify("STATUS=Starting")
+        if self.address.unix_path:
+            self.listener = UnixListener(
+                self.address.unix_path, mode=config.socket_mode, group=config.socket_group
+            )
+            self.listener.claim()
+        machine = driver_sim.Machine.open(config.sim_root, instance_type=config.sim.instance_type)
+        indices = select_devices(machine, config.devices)
+        self.devices = machine.acquire(indices, address=self.address.text, version=__version__)
+        runtime = Runtime(
+            self.devices,
+            options=RuntimeOptions(
+                default_timeout_s=config.default_timeout, default_ninfer=config.default_ninfer
+            ),
+        )
+        sd.notify("STATUS=Initializing devices")
+        runtime.init_devices()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
+            options=GRPC_OPTIONS,
+        )
+        add_servicers(server, runtime, address=self.address.text, sim_root=str(machine.root),
+                      instance_type=machine.instance_type)
+        if self.listener:
+            self.listener.bind(server)
+        else:
+            bind_tcp(server, self.address)
+        server.start()
+        if self.listener:
+            self.listener.finish()
+        bdfs = ", ".join(d.bdf for d in self.devices)
+        log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
+        sd.notify("READY=1", f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) "
+                  f"on {self.address.text}")
+        return runtime, server
+
+    def _release(self) -> None:
+        for device in self.devices:
+            device.release()
+        self.devices = []
+        if self.listener:
+            self.listener.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(path=args.config, instance=args.instance, overrides=vars(args))
+        parse_address(config.server_address)
+    except (ConfigError, AddressError) as exc:
+        print(f"neuron-rtd: error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level, console=config.log_console)
+    daemon = Daemon(config)
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    return daemon.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""One exception tree for the runtime: every error carries the nerr code it answers with.
+
+The server maps an exception to the wire with `exc.code` alone; `tests/test_errors.py`
+proves every class here has a code that exists in the wire API's `nerr` enum.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Nerr(enum.IntEnum):
+    """The wire API's `nerr` values (spec/runtime-api.md)."""
+
+    OK = 0
+    FAIL = 1
+    INVALID = 2
+    INVALID_HANDLE = 3
+    RESOURCE = 4
+    TIMEOUT = 5
+    HW_ERROR = 6
+    QUEUE_FULL = 7
+    FAILED_STATE = 8
+    RESOURCE_NC = 9
+    UNSUPPORTED_VERSION = 10
+    INFER_PENDING = 1000
+    INFER_CANCELLED = 1001
+    INFER_BAD_INPUT = 1002
+    INFER_COMPLETED_WITH_NUM_ERR = 1003
+    INFER_COMPLETED_WITH_ERR = 1004
+
+
+class NrtError(Exception):
+    """Base of every runtime error; `code` is what the client sees in `status.code`."""
+
+    code: Nerr = Nerr.FAIL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidError(NrtError):
+    """Corrupt or invalid input: a NEFF, an instruction, a tensor name or size."""
+
+    code = Nerr.INVALID
+
+
+class NeffInvalid(InvalidError):
+    """A NEFF that is truncated, fails its hash, or holds a malformed graph."""
+
+
+class UnsupportedVersion(NrtError):
+    code = Nerr.UNSUPPORTED_VERSION
+
+
+class InvalidHandle(NrtError):
+    code = Nerr.INVALID_HANDLE
+
+
+class ResourceError(NrtError):
+    """Device DRAM or host memory exhausted."""
+
+    code = Nerr.RESOURCE
+
+
+class ResourceNcError(NrtError):
+    """Not enough free NeuronCores."""
+
+    code = Nerr.RESOURCE_NC
+
+
+class InferTimeout(NrtError):
+    """A request or an inference ran past its time limit."""
+
+    code = Nerr.TIMEOUT
+
+
+class HwError(NrtError):
+    code = Nerr.HW_ERROR
+
+
+class QueueFull(NrtError):
+    code = Nerr.QUEUE_FULL
+
+
+class FailedState(NrtError):
+    """The model was stopped after an unrecoverable error."""
+
+    code = Nerr.FAILED_STATE
+
+
+class ModelNotRunning(NrtError):
+    """Inference asked of a model that is loaded but not started."""
+
+    code = Nerr.FAIL
+
+
+class BadInput(NrtError):
+    """Missing, unknown or wrongly sized input tensors."""
+
+    code = Nerr.INFER_BAD_INPUT
+
+
+class InferCancelled(NrtError):
+    code = Nerr.INFER_CANCELLED
+
+
+class InferNumericalError(NrtError):
+    code = Nerr.INFER_COMPLETED_WITH_NUM_ERR
+
+
+class InferError(NrtError):
+    code = Nerr.INFER_COMPLETED_WITH_ERR
+
+
+def all_error_classes() -> list[type[NrtError]]:
+    """Every class of the tree, NrtError included."""
+    found: list[type[NrtError]] = []
+    todo: list[type[NrtError]] = [NrtError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found

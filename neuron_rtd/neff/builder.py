@@ -1,0 +1,282 @@
+"""Writing NEFFs: `NeffBuilder` assembles a graph and emits the container bytes.
+
+`build` reads its own output back with `read_neff`, so a builder never emits a NEFF the
+reader would reject (a `version` override outside SUPPORTED_VERSIONS is validated as the
+current version, then stamped, so tests can make NEFFs of unsupported versions). The
+output is deterministic for equal input, apart from the UUID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import types
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from neuron_rtd.errors import NeffInvalid, UnsupportedVersion
+from neuron_rtd.neff.archive import compress, pack_members
+from neuron_rtd.neff.dtypes import little_endian
+from neuron_rtd.neff.graph import GRAPH_FILE
+from neuron_rtd.neff.header import (
+    FEATURE_GZIP,
+    HEADER_SIZE,
+    NEFF_VERSION,
+    PACKAGE_VERSION,
+    NeffHeader,
+    check_version,
+)
+from neuron_rtd.neff.model import Instruction, NodeKind
+from neuron_rtd.neff.program import WEIGHT_ALIGNMENT
+from neuron_rtd.neff.reader import read_neff
+
+InstructionLike: TypeAlias = (
+    Instruction
+    | tuple[str, Sequence[str], Sequence[str]]
+    | tuple[str, Sequence[str], Sequence[str], Mapping[str, Any]]
+)
+JsonDict: TypeAlias = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage to build. `inputs`/`outputs` of None mean the node's own."""
+
+    instructions: Sequence[InstructionLike]
+    weights: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    inputs: Sequence[str] | None = None
+    outputs: Sequence[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeSpec:
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    stages: tuple[StageSpec, ...]
+
+
+def as_instruction(item: InstructionLike) -> Instruction:
+    """An Instruction from itself or from (op, inputs, outputs[, attrs])."""
+    if isinstance(item, Instruction):
+        return item
+    if len(item) not in (3, 4):
+        raise ValueError(f"an instruction is (op, inputs, outputs[, attrs]), got {item!r}")
+    attrs: Mapping[str, Any] = item[3] if len(item) == 4 else {}
+    return Instruction(item[0], tuple(item[1]), tuple(item[2]), types.MappingProxyType(dict(attrs)))
+
+
+def default_build_version() -> str:
+    try:
+        version = metadata.version("neuron-rtd")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"neuron-rtd-{version}"
+
+
+def _dtype_name(dtype: npt.DTypeLike) -> str:
+    # A string is kept as written, so an unknown name reaches the reader and is refused there.
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
+def _tensor_json(name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> JsonDict:
+    return {"name": name, "dtype": _dtype_name(dtype), "shape": [int(d) for d in shape]}
+
+
+class NeffBuilder:
+    """Collects a model's tensors and nodes; `build()` returns the NEFF bytes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._inputs: list[JsonDict] = []
+        self._outputs: list[JsonDict] = []
+        self._tensors: dict[str, JsonDict] = {}
+        self._nodes: list[_NodeSpec] = []
+
+    def add_input(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
+        self._inputs.append(self._declare(name, dtype, shape))
+
+    def add_output(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
+        self._outputs.append(self._declare(name, dtype, shape))
+
+    def add_tensor(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
+        """Declare a tensor that crosses a node or stage boundary."""
+        self._declare(name, dtype, shape)
+
+    def add_node(
+        self,
+        name: str,
+        kind: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        stages: Sequence[StageSpec],
+    ) -> None:
+        self._nodes.append(_NodeSpec(name, kind, tuple(inputs), tuple(outputs), tuple(stages)))
+
+    def _declare(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> JsonDict:
+        entry = _tensor_json(name, dtype, shape)
+        known = self._tensors.setdefault(name, entry)
+        if known != entry:
+            raise NeffInvalid(
+                f"tensor {name!r} declared twice: {known['dtype']} {known['shape']} and "
+                f"{entry['dtype']} {entry['shape']}"
+            )
+        return entry
+
+    def build(
+        self,
+        *,
+        gzip: bool = False,
+        version: tuple[int, int] = NEFF_VERSION,
+        build_version: str | None = None,
+        uuid: uuidlib.UUID | None = None,
+        requested_nc_count: int | None = None,
+    ) -> bytes:
+        """The NEFF bytes, validated by reading them back (NeffInvalid if invalid)."""
+        archive = pack_members(self._members())
+        data = compress(archive) if gzip else archive
+        nc_count, ncs_per_node = self._nc_counts()
+        header = NeffHeader(
+            package_version=PACKAGE_VERSION,
+            header_size=HEADER_SIZE,
+            data_size=len(data),
+            major=version[0],
+            minor=version[1],
+            build_version=default_build_version() if build_version is None else build_version,
+            nc_count=nc_count,
+            sha256=hashlib.sha256(data).digest(),
+            uuid=uuidlib.uuid4() if uuid is None else uuid,
+            name=self.name,
+            requested_nc_count=nc_count if requested_nc_count is None else requested_nc_count,
+            ncs_per_node=ncs_per_node,
+            features=FEATURE_GZIP if gzip else 0,
+        )
+        _validate(header, data)
+        return header.pack() + data
+
+    def _nc_counts(self) -> tuple[int, int]:
+        sizes = [len(node.stages) for node in self._nodes if node.kind == NodeKind.NEURON]
+        return sum(sizes), max(sizes, default=0)
+
+    def _members(self) -> dict[str, bytes]:
+        members: dict[str, bytes] = {}
+        graph_nodes = []
+        for node in self._nodes:
+            stage_paths = []
+            for j, stage in enumerate(node.stages):
+                program, weights = _stage_files(node, stage, f"node {node.name!r} stage {j}")
+                paths = {
+                    "program": f"nodes/{node.name}/stage{j}.json",
+                    "weights": f"nodes/{node.name}/stage{j}.bin",
+                }
+                members[paths["program"]] = program
+                members[paths["weights"]] = weights
+                stage_paths.append(paths)
+            graph_nodes.append(_node_json(node, stage_paths))
+        members[GRAPH_FILE] = _dump(self._graph_json(graph_nodes), GRAPH_FILE)
+        return members
+
+    def _graph_json(self, nodes: list[JsonDict]) -> JsonDict:
+        tensors = {
+            name: {"dtype": entry["dtype"], "shape": entry["shape"]}
+            for name, entry in self._tensors.items()
+        }
+        return {
+            "name": self.name,
+            "inputs": self._inputs,
+            "outputs": self._outputs,
+            "tensors": tensors,
+            "nodes": nodes,
+        }
+
+
+def _node_json(node: _NodeSpec, stage_paths: list[dict[str, str]]) -> JsonDict:
+    return {
+        "name": node.name,
+        "kind": node.kind,
+        "inputs": list(node.inputs),
+        "outputs": list(node.outputs),
+        "stages": stage_paths,
+    }
+
+
+def _stage_files(node: _NodeSpec, stage: StageSpec, where: str) -> tuple[bytes, bytes]:
+    """The program JSON and the weights blob of one stage."""
+    blob, table = _layout_weights(stage.weights)
+    program = {
+        "inputs": list(node.inputs if stage.inputs is None else stage.inputs),
+        "outputs": list(node.outputs if stage.outputs is None else stage.outputs),
+        "weights": table,
+        "instructions": [_instruction_json(as_instruction(i)) for i in stage.instructions],
+    }
+    return _dump(program, f"{where} program"), blob
+
+
+def _instruction_json(ins: Instruction) -> JsonDict:
+    return {
+        "op": ins.op,
+        "inputs": list(ins.inputs),
+        "outputs": list(ins.outputs),
+        "attrs": dict(ins.attrs),
+    }
+
+
+def _layout_weights(weights: Mapping[str, np.ndarray]) -> tuple[bytes, JsonDict]:
+    """Each weight's little-endian bytes at a WEIGHT_ALIGNMENT-aligned offset."""
+    blob = bytearray()
+    table: JsonDict = {}
+    for name, value in weights.items():
+        array = little_endian(np.asarray(value))
+        offset = -(-len(blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+        blob.extend(bytes(offset - len(blob)))
+        blob.extend(array.tobytes())
+        table[name] = {
+            "offset": offset,
+            "nbytes": int(array.nbytes),
+            "dtype": array.dtype.name,
+            "shape": list(array.shape),
+        }
+    return bytes(blob), table
+
+
+def _dump(doc: JsonDict, what: str) -> bytes:
+    try:
+        return json.dumps(doc, indent=1).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise NeffInvalid(f"{what} cannot be written as JSON: {exc}") from None
+
+
+def _validate(header: NeffHeader, data: bytes) -> None:
+    """Read the NEFF back; a version outside the supported range is checked as current."""
+    try:
+        check_version(header.version)
+    except UnsupportedVersion:
+        major, minor = NEFF_VERSION
+        header = dataclasses.replace(header, major=major, minor=minor)
+    read_neff(header.pack() + data)
+
+
+def write_neff(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+    """Write `data` to `path` atomically: a temp file in the same folder, then a rename."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,83 @@
+"""Assembling nodes: load each stage's program and weights from the archive and check
+that the stages chain (stage j reads the node's inputs or earlier stages' outputs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from neuron_rtd.errors import NeffInvalid
+from neuron_rtd.neff.graph import GraphDecl, NodeDecl, declared_tensor
+from neuron_rtd.neff.jsonfields import load_json
+from neuron_rtd.neff.model import Node, Stage
+from neuron_rtd.neff.program import parse_stage
+
+
+def build_nodes(graph: GraphDecl, members: Mapping[str, memoryview]) -> tuple[Node, ...]:
+    """Every node of `graph` with its stages loaded from `members` and checked."""
+    node_outputs = {name for node in graph.nodes for name in node.outputs}
+    taken = {spec.name for spec in graph.inputs} | node_outputs
+    return tuple(_build_node(decl, graph, members, taken) for decl in graph.nodes)
+
+
+def _build_node(
+    decl: NodeDecl, graph: GraphDecl, members: Mapping[str, memoryview], taken: set[str]
+) -> Node:
+    stages = tuple(_load_stage(decl, j, members) for j in range(len(decl.stages)))
+    _check_chain(decl, stages, graph, taken)
+    return Node(
+        name=decl.name, kind=decl.kind, inputs=decl.inputs, outputs=decl.outputs, stages=stages
+    )
+
+
+def member(members: Mapping[str, memoryview], path: str, what: str) -> memoryview:
+    """The data of archive member `path`; NeffInvalid naming `what` needs it if missing."""
+    data = members.get(path)
+    if data is None:
+        raise NeffInvalid(f"NEFF archive has no {path!r} ({what})")
+    return data
+
+
+def _load_stage(decl: NodeDecl, index: int, members: Mapping[str, memoryview]) -> Stage:
+    paths = decl.stages[index]
+    where = f"node {decl.name!r} stage {index}"
+    program = member(members, paths.program, f"the program of {where}")
+    blob = member(members, paths.weights, f"the weights of {where}")
+    return parse_stage(load_json(program, f"{where} program {paths.program!r}"), blob, where)
+
+
+def _check_chain(
+    decl: NodeDecl, stages: tuple[Stage, ...], graph: GraphDecl, taken: set[str]
+) -> None:
+    """Stage inputs are available, stage outputs are new and declared, and the stages
+    together produce every node output. `taken` gathers names already defined."""
+    available = set(decl.inputs)
+    produced: set[str] = set()
+    for j, stage in enumerate(stages):
+        where = f"node {decl.name!r} stage {j}"
+        for name in stage.inputs:
+            if name not in available:
+                raise NeffInvalid(
+                    f"{where}: input {name!r} is not available: it is neither an input of the "
+                    "node nor an output of an earlier stage"
+                )
+            declared_tensor(graph.tensors, name, f"{where} input {name!r}")
+        for name in stage.outputs:
+            _check_new_output(decl, name, produced, taken, where)
+            declared_tensor(graph.tensors, name, f"{where} output {name!r}")
+            produced.add(name)
+            available.add(name)
+    for name in decl.outputs:
+        if name not in produced:
+            raise NeffInvalid(
+                f"node {decl.name!r}: output {name!r} is produced by none of its stages"
+            )
+
+
+def _check_new_output(
+    decl: NodeDecl, name: str, produced: set[str], taken: set[str], where: str
+) -> None:
+    own_output = name in decl.outputs
+    if name in produced or name in decl.inputs or (name in taken and not own_output):
+        raise NeffInvalid(f"{where}: output {name!r} is already defined elsewhere in the model")
+    if not own_output:
+        taken.add(name)

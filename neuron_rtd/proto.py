@@ -1,0 +1,32 @@
+"""The wire API, as the rest of the code imports it.
+
+The generated modules live in ``neuron_rtd._generated`` (see ``neuron_rtd.protogen``);
+nothing else imports them directly, so a change of layout touches this file only.
+
+- ``pb`` / ``pb_grpc``: package ``nrt`` (proto/nrt/nmgr.proto), the original API.
+- ``ext_pb`` / ``ext_pb_grpc``: package ``nrt.ext`` (proto/nrt/ext.proto), our additions.
+"""
+
+from __future__ import annotations
+
+from neuron_rtd._generated.nrt import ext_pb2 as ext_pb
+from neuron_rtd._generated.nrt import ext_pb2_grpc as ext_pb_grpc
+from neuron_rtd._generated.nrt import nmgr_pb2 as pb
+from neuron_rtd._generated.nrt import nmgr_pb2_grpc as pb_grpc
+
+__all__ = [
+    "NMGR_EXT",
+    "NMGR_SESSION_MANAGER",
+    "NMGR_STREAM",
+    "NMGR_V1",
+    "ext_pb",
+    "ext_pb_grpc",
+    "pb",
+    "pb_grpc",
+]
+
+# Full service names: the first part of each method's HTTP/2 path ("/nrt.nmgr_v1/load").
+NMGR_V1 = "nrt.nmgr_v1"
+NMGR_SESSION_MANAGER = "nrt.nmgr_session_manager"
+NMGR_STREAM = "nrt.nmgr_stream"
+NMGR_EXT = "nrt.ext.nmgr_ext"

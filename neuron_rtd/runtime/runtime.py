@@ -1,0 +1,229 @@
+"""The runtime core: NCGs, the model DB, load/start/stop/unload and inference.
+
+Transport-free: the gRPC server is a thin adapter over `Runtime`, and in-process callers
+use it directly. Control-plane calls serialize on one lock; inference takes no global lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_rtd import __version__
+from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError
+from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.driver import driver_errors
+from neuron_rtd.runtime.loader import build_model
+from neuron_rtd.runtime.model import InferResult, Model, ModelParams, ModelState
+from neuron_rtd.runtime.ncg import Ncg, NcgTable
+
+log = logging.getLogger("nrtd.NMGR")
+
+FIRST_MODEL_ID = 10001
+INIT_RETRY_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    default_timeout_s: float = 2.0
+    default_ninfer: int = 4
+    max_ninfer: int = 256
+    ncs_per_device: int = 4
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (int(p) for p in text.split(".")[:2])
+    return major, minor
+
+
+class Runtime:
+    def __init__(self, devices: Sequence[Any], *, options: RuntimeOptions | None = None) -> None:
+        self.devices = list(devices)
+        self.options = options or RuntimeOptions()
+        self.ncgs = NcgTable(len(self.devices), self.options.ncs_per_device)
+        self.version = __version__
+        self._models: dict[int, Model] = {}
+        self._model_ids = itertools.count(FIRST_MODEL_ID)
+        self._lock = threading.RLock()
+        self._init_error: str | None = None
+        self._init_tried = 0.0
+        self.started_ns = time.time_ns()
+
+    # --- devices -------------------------------------------------------------------
+    def init_devices(self) -> None:
+        """Reset and initialize every device; a failure leaves the runtime answering
+        NERR_HW_ERROR (retrying the init at most once a second) until one succeeds."""
+        self._init_tried = time.monotonic()
+        try:
+            with driver_errors("device init"):
+                for device in self.devices:
+                    device.reset()
+        except NrtError as exc:
+            self._init_error = str(exc)
+            log.error("%s", exc, extra={"fn": "init_devices"})
+            return
+        self._init_error = None
+
+    def _ensure_ready(self) -> None:
+        if self._init_error is None:
+            return
+        with self._lock:
+            if (
+                self._init_error is not None
+                and time.monotonic() - self._init_tried >= INIT_RETRY_INTERVAL_S
+            ):
+                self.init_devices()
+            if self._init_error is not None:
+                raise HwError(f"devices are not initialized: {self._init_error}")
+
+    # --- NCGs ----------------------------------------------------------------------
+    def create_ncg(self, nc_count: int, *, session_id: int = 0) -> Ncg:
+        self._ensure_ready()
+        ncg = self.ncgs.create(nc_count, session_id=session_id)
+        log.info("Created NCG %d: %d NC(s) from vnc %d", ncg.id, ncg.nc_count, ncg.start,
+                 extra={"fn": "create_eg"})
+        return ncg
+
+    def destroy_ncg(self, ncg_id: int) -> None:
+        self._ensure_ready()
+        with self._lock:
+            ncg = self.ncgs.get(ncg_id)
+            if ncg.implicit:
+                raise InvalidError(
+                    f"NCG {ncg_id} was made for model(s) {ncg.models} and goes with them: "
+                    "unload the model instead"
+                )
+            self.ncgs.destroy(ncg_id)
+        log.info("Destroyed NCG %d", ncg_id, extra={"fn": "destroy_eg"})
+
+    def list_ncgs(self) -> list[Ncg]:
+        return self.ncgs.list()
+
+    # --- models --------------------------------------------------------------------
+    def model(self, model_id: int) -> Model:
+        try:
+            return self._models[model_id]
+        except KeyError:
+            raise InvalidHandle(f"model {model_id} is not loaded") from None
+
+    def models(self) -> list[Model]:
+        with self._lock:
+            return sorted(self._models.values(), key=lambda m: m.id)
+
+    def params(self, *, timeout_s: float | None = None, ninfer: int | None = None) -> ModelParams:
+        timeout = self.options.default_timeout_s if timeout_s is None else timeout_s
+        depth = self.options.default_ninfer if ninfer is None else ninfer
+        if timeout <= 0:
+            raise InvalidError(f"model timeout must be at least 1 s, got {timeout_s}")
+        if not 1 <= depth <= self.options.max_ninfer:
+            raise InvalidError(
+                f"ninfer must be between 1 and {self.options.max_ninfer}, got {depth}"
+            )
+        return ModelParams(timeout_s=float(timeout), ninfer=depth)
+
+    def load(
+        self,
+        neff: Neff,
+        *,
+        ncg_id: int | None = None,
+        params: ModelParams | None = None,
+        session_id: int = 0,
+    ) -> Model:
+        """Load `neff`: on NCG `ncg_id` (stopped), or on a new NCG of just enough NCs
+        (started) when `ncg_id` is None."""
+        self._ensure_ready()
+        params = params or self.params()
+        with self._lock:
+            implicit = ncg_id is None
+            if ncg_id is None:
+                ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id,
+                                       implicit=True)
+            else:
+                ncg = self.ncgs.get(ncg_id)
+            try:
+                model = build_model(
+                    model_id=next(self._model_ids), neff=neff, ncg=ncg, ncgs=self.ncgs,
+                    devices=self.devices, params=params, session_id=session_id,
+                )
+            except BaseException:
+                if implicit:
+                    self.ncgs.destroy(ncg.id)
+                raise
+            ncg.models.append(model.id)
+            self._models[model.id] = model
+            log.info(
+                "Loaded model %d '%s' on NCG %d (%s mode, NCs %s, %d bytes of DRAM, ninfer %d)",
+                model.id, model.name, ncg.id, model.mode.value,
+                ",".join(map(str, model.vncs)) or "none", model.dram_bytes, params.ninfer,
+                extra={"fn": "load"},
+            )
+            if implicit:
+                self.start(model.id)
+            return model
+
+    def start(self, model_id: int) -> None:
+        self._ensure_ready()
+        with self._lock:
+            model = self.model(model_id)
+            if model.state is ModelState.READY:
+                return
+            for other_id in self.ncgs.get(model.ncg_id).models:
+                other = self._models[other_id]
+                if other is not model and other.state is ModelState.READY:
+                    other.state = ModelState.STANDBY
+                    log.info("Model %d is now STANDBY", other.id, extra={"fn": "start"})
+            model.state = ModelState.READY
+            model.failure = ""
+        log.info("Started model %d", model_id, extra={"fn": "start"})
+
+    def stop(self, model_id: int) -> None:
+        self._ensure_ready()
+        with self._lock:
+            model = self.model(model_id)
+            model.state = ModelState.STANDBY
+        log.info("Stopped model %d", model_id, extra={"fn": "stop"})
+
+    def unload(self, model_id: int) -> None:
+        self._ensure_ready()
+        self._unload(model_id)
+
+    def _unload(self, model_id: int) -> None:
+        with self._lock:
+            model = self._models.pop(model_id, None)
+            if model is None:
+                raise InvalidHandle(f"model {model_id} is not loaded")
+            model.state = ModelState.UNLOADING
+            ncg = self.ncgs.get(model.ncg_id)
+            ncg.models.remove(model_id)
+        if not model.wait_idle(model.params.timeout_s + 1):
+            log.warning("Model %d still busy at unload; freeing it anyway", model_id,
+                        extra={"fn": "unload"})
+        for device, buf in reversed(model.dram):
+            device.dram_free(buf)
+        with self._lock:
+            if ncg.implicit and not ncg.models:
+                self.ncgs.destroy(ncg.id)
+        log.info("Unloaded model %d", model_id, extra={"fn": "unload"})
+
+    def unload_all(self) -> None:
+        """Unload every model and destroy every NCG."""
+        with self._lock:
+            for model in self.models():
+                self._unload(model.id)
+            for ncg in self.ncgs.list():
+                self.ncgs.destroy(ncg.id)
+        log.info("Unloaded all models and destroyed all NCGs", extra={"fn": "unload_all"})
+
+    # --- inference -----------------------------------------------------------------
+    def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
+        self._ensure_ready()
+        return self.model(model_id).infer(inputs)
+
+    def close(self) -> None:
+        """Unload everything (the daemon's drain at exit)."""
+        self.unload_all()

@@ -1,0 +1,42 @@
+"""Collects the log lines one request produced, for its response's `status.details`.
+
+The daemon's log handler calls `record()` for every line; while a request is being
+served (`capture()`), the line is also kept for that request. The servicer thread that
+serves a request is the one that logs for it, so a context variable suffices.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from neuron_rtd.log_format import TaggedFormatter
+
+_lines: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "nrtd_request_lines", default=None
+)
+
+
+class RequestLogHandler(logging.Handler):
+    """Keeps each formatted line for the request being served, if any."""
+
+    def __init__(self, level: int = logging.INFO) -> None:
+        super().__init__(level)
+        self.setFormatter(TaggedFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = _lines.get()
+        if lines is not None:
+            lines.append(self.format(record))
+
+
+@contextmanager
+def capture() -> Iterator[list[str]]:
+    lines: list[str] = []
+    token = _lines.set(lines)
+    try:
+        yield lines
+    finally:
+        _lines.reset(token)

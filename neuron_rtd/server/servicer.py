@@ -1,0 +1,290 @@
+"""gRPC servicers: wire messages in, runtime calls, wire messages out.
+
+Every call that reaches the daemon answers gRPC OK with its nerr code in `status.code`
+and the log lines the daemon wrote for it in `status.details`. Methods not overridden here
+answer gRPC UNIMPLEMENTED (the generated base class does that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import psutil
+
+import driver_sim
+from neuron_rtd.errors import InvalidError, Nerr, NrtError, ResourceError
+from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb, pb_grpc
+from neuron_rtd.runtime.runtime import Runtime, parse_version
+from neuron_rtd.server.request_log import capture
+
+log = logging.getLogger("nrtd.NMGR")
+
+DEVICE_MEMORY_BYTES = driver_sim.DRAM_CHANNELS * driver_sim.CHANNEL_BYTES
+
+R = TypeVar("R")
+
+
+def _finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
+    """Run `make`, turning a runtime error into `empty()` with its nerr code; either way
+    `status.details` gets the request's log lines."""
+    with capture() as lines:
+        try:
+            response = make()
+            code = Nerr(response.status.code)  # type: ignore[attr-defined]
+        except NrtError as exc:
+            log.error("%s", exc, extra={"fn": method})
+            response, code = empty(), exc.code
+        except Exception:
+            log.exception("internal error", extra={"fn": method})
+            response, code = empty(), Nerr.FAIL
+    status = response.status  # type: ignore[attr-defined]
+    status.code = int(code)
+    if lines:
+        status.details = "\n".join(lines).encode()
+    return response
+
+
+class NmgrServicer(pb_grpc.nmgr_v1Servicer):
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    # --- model lifecycle -------------------------------------------------------------
+    def load(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            req = _read_load_stream(request_iterator)
+            params = self.runtime.params(timeout_s=req.timeout_s, ninfer=req.ninfer)
+            model = self.runtime.load(
+                req.neff, ncg_id=req.ncg_id, params=params, session_id=req.session_id
+            )
+            return pb.load_response(h_nn=pb.h_nn(id=model.id))
+
+        return _finish("load", make, pb.load_response)
+
+    def unload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.unload(request.h_nn.id)
+            return pb.unload_response()
+
+        return _finish("unload", make, pb.unload_response)
+
+    def start(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.h_nn.id == 0:  # the clients' liveness ping
+            return pb.start_response(status=pb.status(code=Nerr.OK))
+
+        def make() -> Any:
+            self.runtime.start(request.h_nn.id)
+            return pb.start_response()
+
+        return _finish("start", make, pb.start_response)
+
+    def stop(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.stop(request.h_nn.id)
+            return pb.stop_response()
+
+        return _finish("stop", make, pb.stop_response)
+
+    def unload_all(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.unload_all()
+            return _StatusOnly()
+
+        return _finish("unload_all", make, _StatusOnly).to_wire()
+
+    # --- inference ----------------------------------------------------------------
+    def infer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            inputs = self._ifmaps(request)
+            if request.shm_ofmap:
+                raise InvalidError(
+                    f"shm_ofmap '{request.shm_ofmap[0].name}' names shared memory that is "
+                    "not mapped"
+                )
+            result = self.runtime.infer(request.h_nn.id, inputs)
+            response = pb.infer_response(
+                ofmap=[pb.infer_io(name=n, buf=b) for n, b in result.outputs.items()]
+            )
+            response.status.code = int(result.code)
+            return response
+
+        return _finish("infer", make, pb.infer_response)
+
+    def _ifmaps(self, request: Any) -> dict[str, bytes]:
+        inputs: dict[str, bytes] = {}
+        for io in request.ifmap:
+            if io.WhichOneof("data") == "buf_shm":
+                raise InvalidError(
+                    f"ifmap '{io.name}': shared memory '{io.buf_shm.path}' is not mapped"
+                )
+            if io.name in inputs:
+                raise InvalidError(f"ifmap '{io.name}' is given twice")
+            inputs[io.name] = io.buf
+        return inputs
+
+    # --- NeuronCore groups ----------------------------------------------------------
+    def create_eg(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            ncg = self.runtime.create_ncg(request.nc_count, session_id=request.session_id)
+            return pb.create_eg_response(h_eg=pb.h_eg(id=ncg.id), nc_count=ncg.nc_count)
+
+        return _finish("create_eg", make, pb.create_eg_response)
+
+    def destroy_eg(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.destroy_ncg(request.h_eg.id)
+            return pb.destroy_eg_response()
+
+        return _finish("destroy_eg", make, pb.destroy_eg_response)
+
+    def list_egs(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            table = self.runtime.ncgs
+            infos = []
+            for ncg in self.runtime.list_ncgs():
+                loc = table.locate(ncg.start)
+                infos.append(
+                    pb.eg_info(
+                        eg=pb.h_eg(id=ncg.id),
+                        vnc_start_index=ncg.start,
+                        nc_count=ncg.nc_count,
+                        mla_start_index=self.runtime.devices[loc.device_slot].index,
+                        nc_start_index=loc.nc,
+                    )
+                )
+            return pb.out_list_egs(
+                eg_info=infos, mla_count=len(self.runtime.devices), nc_count=table.total_ncs
+            )
+
+        return _finish("list_egs", make, pb.out_list_egs)
+
+    def get_version(self, request: Any, context: grpc.ServicerContext) -> Any:
+        major, minor = parse_version(self.runtime.version)
+        return pb.get_version_response(
+            runtime_version=pb.version(
+                full_version=self.runtime.version, major_num=major, minor_num=minor
+            )
+        )
+
+
+class _StatusOnly:
+    """`unload_all` answers a bare `status`; this gives it the `.status` shape."""
+
+    def __init__(self) -> None:
+        self.status = pb.status()
+
+    def to_wire(self) -> Any:
+        return self.status
+
+
+class _LoadRequest:
+    def __init__(self) -> None:
+        self.ncg_id: int | None = None
+        self.session_id = 0
+        self.timeout_s: float | None = None
+        self.ninfer: int | None = None
+        self.neff: Neff
+
+
+def _read_load_stream(requests: Iterator[Any]) -> _LoadRequest:
+    """Collect one load stream: NCG, session, params, and the NEFF by chunks or by path."""
+    req = _LoadRequest()
+    size: int | None = None
+    buffer: bytearray | None = None
+    filled = 0
+    path: str | None = None
+    for msg in requests:
+        kind = msg.WhichOneof("content")
+        if kind == "h_eg":
+            req.ncg_id = msg.h_eg.id
+        elif kind == "session_id":
+            req.session_id = msg.session_id
+        elif kind == "model_params":
+            p = msg.model_params
+            req.timeout_s = p.timeout.data if p.HasField("timeout") else None
+            req.ninfer = p.ninfer.data if p.HasField("ninfer") else None
+        elif kind == "neff_size":
+            if size is not None:
+                raise InvalidError("load stream gives neff_size twice")
+            size = msg.neff_size
+            buffer = _host_buffer(size)
+        elif kind == "neff_chunk":
+            chunk = msg.neff_chunk.chunk
+            if buffer is None or size is None:
+                raise InvalidError("load stream sends a neff_chunk before neff_size")
+            if filled + len(chunk) > size:
+                raise InvalidError(
+                    f"NEFF chunks exceed the declared neff_size of {size} bytes "
+                    f"(at least {filled + len(chunk)} sent)"
+                )
+            buffer[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        elif kind == "neff_file":
+            path = msg.neff_file
+    if path is not None:
+        if size is not None:
+            raise InvalidError("load stream gives both neff_file and neff_size/chunks")
+        req.neff = _read_file(path)
+    elif buffer is not None and size is not None:
+        if filled != size:
+            raise InvalidError(
+                f"NEFF chunks add up to {filled} bytes, but neff_size declared {size}"
+            )
+        req.neff = read_neff(buffer)
+    else:
+        raise InvalidError("load stream holds no NEFF (neither neff_size+chunks nor neff_file)")
+    return req
+
+
+def _host_buffer(size: int) -> bytearray:
+    available = psutil.virtual_memory().available
+    if size > available // 2:
+        raise ResourceError(
+            f"neff_size {size} bytes is more than the host can hold now "
+            f"({available} bytes available)"
+        )
+    return bytearray(size)
+
+
+def _read_file(path: str) -> Neff:
+    if not os.path.isabs(path):
+        raise InvalidError(f"neff_file '{path}' must be an absolute path")
+    try:
+        return read_neff_file(path)
+    except OSError as exc:
+        raise InvalidError(f"cannot read neff_file '{path}': {exc.strerror}") from exc
+
+
+class ExtServicer(ext_pb_grpc.nmgr_extServicer):
+    """Our own additions: what this daemon is and what it serves."""
+
+    def __init__(self, runtime: Runtime, *, address: str, sim_root: str, instance_type: str):
+        self.runtime = runtime
+        self.address = address
+        self.sim_root = sim_root
+        self.instance_type = instance_type
+
+    def describe(self, request: Any, context: grpc.ServicerContext) -> Any:
+        devices = []
+        for device in self.runtime.devices:
+            used = sum(device.dram_used())
+            devices.append(
+                ext_pb.ext_device(
+                    index=device.index, bdf=device.bdf, nc_count=self.runtime.ncgs.ncs_per_device,
+                    memory_bytes=DEVICE_MEMORY_BYTES, memory_used=used,
+                )
+            )
+        return ext_pb.describe_response(
+            runtime_version=self.runtime.version, pid=os.getpid(), address=self.address,
+            sim_root=self.sim_root, instance_type=self.instance_type, devices=devices,
+            start_time_ns=self.runtime.started_ns,
+        )
+
+
+def add_servicers(server: grpc.Server, runtime: Runtime, **ext: Any) -> None:
+    pb_grpc.add_nmgr_v1Servicer_to_server(NmgrServicer(runtime), server)
+    ext_pb_grpc.add_nmgr_extServicer_to_server(ExtServicer(runtime, **ext), server)

@@ -1,0 +1,187 @@
+"""The daemon as a process: device groups, refusals, systemd notify, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import driver_sim
+from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError, NotifyListener
+from neuron_rtd.client import Client
+from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.proto import pb, pb_grpc
+
+BDFS = ["0000:00:1c.0", "0000:00:1d.0", "0000:00:1e.0", "0000:00:1f.0"]
+
+
+def run_daemon(*args: str, sim_root: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NEURON_SIM_ROOT": str(sim_root)}
+    env.pop("NOTIFY_SOCKET", None)
+    return subprocess.run([sys.executable, "-m", "neuron_rtd.daemon.main", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_daemons_on_disjoint_device_groups(work: Path) -> None:
+    sim = work / "sim"
+    sample = build_mlp((16, 16, 4))
+    with (
+        DaemonProcess(sim_root=sim, args=["-t", BDFS[0], "-t", BDFS[1]]) as a,
+        DaemonProcess(sim_root=sim, args=["-t", BDFS[3], "-t", BDFS[2]]) as b,
+    ):
+        owners = [d.owner for d in driver_sim.Machine.open(sim).devices()]
+        assert [o.pid if o else None for o in owners] == [a.pid, a.pid, b.pid, b.pid]
+        assert owners[2] is not None and owners[2].address == b.address
+        for proc in (a, b):
+            with Client(proc.address) as client:
+                assert client.list_ncgs() == []
+                _, count = client.create_ncg(0)
+                assert count == 8  # two devices of 4 NCs each
+                client.unload_all()
+                model = client.load(sample.neff)
+                out = model.infer(sample.random_inputs())
+                ref = sample.reference(sample.random_inputs())
+                assert abs(out["probs"] - ref["probs"]).max() < 1e-6
+
+        overlap = run_daemon("-g", f"unix:{work}/c.sock", "-t", BDFS[1], "-t", BDFS[2],
+                             sim_root=sim)
+        assert overlap.returncode == 1
+        assert f"pid {a.pid}" in overlap.stderr
+        assert not (work / "c.sock").exists()
+
+
+def test_non_contiguous_devices_are_refused(work: Path) -> None:
+    done = run_daemon("-g", f"unix:{work}/d.sock", "-t", BDFS[0], "-t", BDFS[2],
+                      sim_root=work / "sim")
+    assert done.returncode == 1
+    assert "not contiguous" in done.stderr
+    unknown = run_daemon("-g", f"unix:{work}/d.sock", "-t", "0000:00:01.0", sim_root=work / "sim")
+    assert unknown.returncode == 1 and "no Neuron device at 0000:00:01.0" in unknown.stderr
+
+
+def test_second_daemon_on_same_socket_is_refused(work: Path) -> None:
+    with DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0]]) as first:
+        done = run_daemon("-g", first.address, "-t", BDFS[1], sim_root=work / "sim")
+        assert done.returncode == 1
+        assert f"pid {first.pid}" in done.stderr and "already serves" in done.stderr
+        with Client(first.address) as client:  # the first one still serves
+            assert client.version()
+
+
+def test_sigterm_drains_releases_devices_and_removes_socket(work: Path) -> None:
+    sim = work / "sim"
+    proc = DaemonProcess(sim_root=sim, args=["-t", BDFS[0]])
+    proc.start()
+    sock = Path(proc.socket_path)
+    mode = stat.S_IMODE(sock.stat().st_mode)
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert mode & 0o002 == 0 and mode == 0o660
+    with Client(proc.address) as client:
+        client.load(build_mlp((8, 8, 4)).neff)
+    assert proc.stop() == 0
+    assert not sock.exists()
+    assert driver_sim.Machine.open(sim).device_info(0).owner is None
+    log = proc.log()
+    assert "[NRTD:RunServer] Server listening on " + proc.address in log
+    assert "[TDRV:reset_mla] Resetting 0000:00:1c.0" in log
+    assert "[TDRV:tdrv_init_one_mla_phase2] Initialized Inferentia: 0000:00:1c.0" in log
+    assert "Unloaded model" in log
+    proc.close()
+
+
+def test_dead_daemon_leaves_no_claim(work: Path) -> None:
+    sim = work / "sim"
+    first = DaemonProcess(sim_root=sim, args=["-t", BDFS[0]])
+    first.start()
+    address = first.address
+    assert first.proc is not None
+    first.proc.kill()
+    first.proc.wait()
+    # its socket file is stale now: a new daemon on the same address takes over
+    with DaemonProcess(sim_root=sim, socket_path=first.socket_path, args=["-t", BDFS[0]]) as d2:
+        with Client(address) as client:
+            assert client.version()
+        owner = driver_sim.Machine.open(sim).device_info(0).owner
+        assert owner is not None and owner.pid == d2.pid
+    first.close()
+
+
+def test_notify_protocol_and_watchdog(work: Path) -> None:
+    notify = NotifyListener(work)
+    env = {**os.environ, "NEURON_SIM_ROOT": str(work / "sim"), "NOTIFY_SOCKET": notify.path,
+           "WATCHDOG_USEC": "400000"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_rtd.daemon.main", "-g", f"unix:{work}/n.sock",
+         "-t", BDFS[0]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert notify.wait_for("READY=1", 30, alive=lambda: proc.poll() is None)
+        ready = next(m for m in notify.messages if "READY=1" in m.split("\n"))
+        assert "STATUS=Serving 1 device(s) (0000:00:1c.0)" in ready
+        pings_before = sum("WATCHDOG=1" in m for m in notify.messages)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            notify.receive(0.2)
+        pings = sum("WATCHDOG=1" in m for m in notify.messages) - pings_before
+        assert pings >= 5  # every 0.2 s
+        proc.send_signal(signal.SIGTERM)
+        assert notify.wait_for("STOPPING=1", 10)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        notify.close()
+    statuses = [m for m in notify.messages if "STATUS=" in m]
+    assert statuses[0].endswith("STATUS=Starting")
+
+
+def test_config_file_and_bad_config(work: Path) -> None:
+    good = work / "good.json"
+    good.write_text(json.dumps({"server_address": f"unix:{work}/cfg.sock",
+                                "devices": [BDFS[3]], "default_ninfer": 2}))
+    with DaemonProcess(sim_root=work / "sim", args=["-c", str(good)],
+                       socket_path=work / "cfg.sock") as proc:
+        owner = driver_sim.Machine.open(work / "sim").device_info(3).owner
+        assert owner is not None and owner.pid == proc.pid
+    bad = work / "bad.json"
+    bad.write_text(json.dumps({"default_ninfer": "four"}))
+    done = run_daemon("-c", str(bad), sim_root=work / "sim")
+    assert done.returncode == 2 and "default_ninfer" in done.stderr
+    typo = work / "typo.json"
+    typo.write_text(json.dumps({"server_adress": "unix:/x"}))
+    done = run_daemon("-c", str(typo), sim_root=work / "sim")
+    assert done.returncode == 2 and "unknown key 'server_adress'" in done.stderr
+    missing = run_daemon("-c", str(work / "nope.json"), sim_root=work / "sim")
+    assert missing.returncode == 2 and "cannot read config" in missing.stderr
+
+
+def test_version_and_help_flags(work: Path) -> None:
+    version = run_daemon("-v", sim_root=work / "sim")
+    assert version.returncode == 0 and version.stdout.startswith("neuron-rtd ")
+    helptext = run_daemon("-h", sim_root=work / "sim")
+    assert helptext.returncode == 0
+    for flag in ("-t BDF", "-g ADDRESS", "-c CONFIG", "-l", "-x", "-i INSTANCE", "-v"):
+        assert flag in helptext.stdout
+
+
+def test_start_failure_is_reported(work: Path) -> None:
+    with pytest.raises(DaemonStartError, match="not contiguous"):
+        DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0], "-t", BDFS[3]]).start()
+
+
+def test_device_init_failure_answers_hw_error(work: Path) -> None:
+    env = {"NEURON_SIM_FAULTS": "init_fail@0"}
+    with DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0]], env=env) as proc:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.nmgr_v1Stub(channel)
+            response = stub.create_eg(pb.create_eg_request(nc_count=1))
+            assert response.status.code == 6  # NERR_HW_ERROR
+            assert b"not initialized" in response.status.details

@@ -1,0 +1,193 @@
+"""The runtime core in-process: NCGs, placement, load modes, DRAM accounting, inference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import driver_sim
+from neuron_rtd.errors import (
+    BadInput,
+    HwError,
+    InvalidError,
+    InvalidHandle,
+    ModelNotRunning,
+    Nerr,
+    QueueFull,
+    ResourceError,
+    ResourceNcError,
+)
+from neuron_rtd.neff import NeffBuilder, StageSpec, read_neff
+from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.runtime.loader import LoadMode
+from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> driver_sim.Machine:
+    return driver_sim.Machine.open(tmp_path / "sim", instance_type="inf1.6xlarge")
+
+
+@pytest.fixture
+def runtime(machine: driver_sim.Machine) -> Iterator[Runtime]:
+    devices = machine.acquire(range(4), address="in-process", version="test")
+    rt = Runtime(devices)
+    rt.init_devices()
+    yield rt
+    rt.close()
+    for d in devices:
+        d.release()
+
+
+def test_ncg_ids_contiguity_and_largest_run(runtime: Runtime) -> None:
+    a = runtime.create_ncg(3)
+    b = runtime.create_ncg(5)
+    assert (a.id, a.start, b.id, b.start) == (1, 0, 2, 3)
+    runtime.destroy_ncg(a.id)
+    # free runs: [0,3) and [8,16): 0 takes the largest
+    c = runtime.create_ncg(0)
+    assert (c.start, c.nc_count) == (8, 8)
+    d = runtime.create_ncg(3)
+    assert d.start == 0
+    with pytest.raises(ResourceNcError, match="largest free run is 0"):
+        runtime.create_ncg(1)
+    with pytest.raises(InvalidHandle, match="NCG 99"):
+        runtime.destroy_ncg(99)
+    with pytest.raises(InvalidError):
+        runtime.create_ncg(17)
+
+
+def test_ncg_spans_devices(runtime: Runtime) -> None:
+    runtime.create_ncg(2)
+    ncg = runtime.create_ncg(4)  # vncs 2..5: device 0 NCs 2,3 and device 1 NCs 0,1
+    assert [runtime.ncgs.locate(v).device_slot for v in ncg.vncs] == [0, 0, 1, 1]
+
+
+def test_implicit_load_runs_and_matches_numpy(runtime: Runtime) -> None:
+    sample = build_mlp((16, 32, 8), neuron_nodes=2, cpu_softmax=True, batch=3)
+    model = runtime.load(read_neff(sample.neff))
+    assert model.id == FIRST_MODEL_ID
+    assert model.mode is LoadMode.NORMAL
+    assert model.vncs == (0, 1)
+    inputs = sample.random_inputs(seed=4)
+    result = runtime.infer(model.id, {k: v.tobytes() for k, v in inputs.items()})
+    assert result.code == Nerr.OK
+    probs = np.frombuffer(result.outputs["probs"], np.float32).reshape(3, 8)
+    np.testing.assert_allclose(probs, sample.reference(inputs)["probs"], rtol=1e-5, atol=1e-6)
+    ncg = runtime.ncgs.get(model.ncg_id)
+    assert ncg.implicit
+    runtime.unload(model.id)
+    assert runtime.list_ncgs() == []
+
+
+def test_neuron_cores_count_work(runtime: Runtime) -> None:
+    sample = build_mlp((64, 32, 10), batch=2)
+    model = runtime.load(read_neff(sample.neff))
+    core = runtime.devices[0].nc(0)
+    before = core.counters()
+    runtime.infer(model.id, {k: v.tobytes() for k, v in sample.random_inputs().items()})
+    after = core.counters()
+    assert after.macs_count - before.macs_count == 2 * 64 * 32 + 2 * 32 * 10
+    assert after.pe_num_executed_instr > before.pe_num_executed_instr
+
+
+def test_explicit_load_is_stopped_until_started(runtime: Runtime) -> None:
+    sample = build_mlp((8, 8, 4))
+    ncg = runtime.create_ncg(2)
+    model = runtime.load(read_neff(sample.neff), ncg_id=ncg.id)
+    inputs = {k: v.tobytes() for k, v in sample.random_inputs().items()}
+    with pytest.raises(ModelNotRunning, match="start it first"):
+        runtime.infer(model.id, inputs)
+    runtime.start(model.id)
+    assert runtime.infer(model.id, inputs).code == Nerr.OK
+
+
+def test_shared_mode_and_resource_nc(runtime: Runtime) -> None:
+    four = read_neff(build_mlp((8, 8, 8, 8, 4), neuron_nodes=4).neff)
+    ncg = runtime.create_ncg(2)
+    model = runtime.load(four, ncg_id=ncg.id)
+    assert model.mode is LoadMode.SHARED
+    assert model.vncs == (0,)
+    wide = read_neff(build_mlp((8, 8, 8, 4), stages_per_node=3).neff)
+    with pytest.raises(ResourceNcError, match="largest node 3"):
+        runtime.load(wide, ncg_id=ncg.id)
+
+
+def test_dram_is_accounted_and_returned(runtime: Runtime) -> None:
+    sample = read_neff(build_mlp((256, 256, 16), batch=4).neff)
+    device = runtime.devices[0]
+    before = device.dram_used()
+    model = runtime.load(sample, params=runtime.params(ninfer=3))
+    used = sum(device.dram_used()) - sum(before)
+    io_per_slot = sum(t.nbytes for t in sample.tensors.values())
+    assert used >= sample.weight_bytes + 3 * io_per_slot
+    assert model.dram_bytes == used
+    runtime.unload(model.id)
+    assert device.dram_used() == before
+
+
+def test_dram_exhaustion_frees_partial_load(runtime: Runtime) -> None:
+    b = NeffBuilder("big")
+    b.add_input("x", "float32", (1 << 28,))
+    b.add_output("y", "float32", (1 << 28,))
+    b.add_node("n", "neuron", ["x"], ["y"],
+               [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={},
+                          inputs=["x"], outputs=["y"])])
+    neff = read_neff(b.build())
+    with pytest.raises(ResourceError, match="cannot allocate") as info:
+        runtime.load(neff, params=runtime.params(ninfer=3))
+    assert info.value.code == Nerr.RESOURCE
+    assert runtime.devices[0].dram_used() == (0, 0)
+    assert runtime.list_ncgs() == []
+
+
+def test_input_checks(runtime: Runtime) -> None:
+    sample = build_mlp((8, 8, 4), batch=2)
+    model = runtime.load(read_neff(sample.neff))
+    x = sample.random_inputs()["x"]
+    with pytest.raises(BadInput, match="no input named 'y'"):
+        runtime.infer(model.id, {"y": x.tobytes()})
+    with pytest.raises(BadInput, match="expected 64 bytes .* received 60"):
+        runtime.infer(model.id, {"x": x.tobytes()[:-4]})
+    with pytest.raises(BadInput, match="missing input"):
+        runtime.infer(model.id, {})
+
+
+def test_queue_full_past_ninfer(runtime: Runtime) -> None:
+    sample = build_mlp((8, 8, 4))
+    model = runtime.load(read_neff(sample.neff), params=runtime.params(ninfer=1))
+    slot = model._take_slot()  # one inference in flight
+    try:
+        with pytest.raises(QueueFull, match="ninfer 1"):
+            runtime.infer(model.id, {"x": sample.random_inputs()["x"].tobytes()})
+    finally:
+        model._give_slot(slot)
+
+
+def test_non_finite_output_is_flagged(runtime: Runtime) -> None:
+    sample = build_mlp((4, 4))
+    model = runtime.load(read_neff(sample.neff))
+    x = np.full((1, 4), np.inf, np.float32)
+    assert runtime.infer(model.id, {"x": x.tobytes()}).code == Nerr.INFER_COMPLETED_WITH_NUM_ERR
+
+
+def test_model_params_are_checked(runtime: Runtime) -> None:
+    with pytest.raises(InvalidError, match="ninfer"):
+        runtime.params(ninfer=0)
+    with pytest.raises(InvalidError, match="timeout"):
+        runtime.params(timeout_s=0)
+
+
+def test_init_failure_answers_hw_error(machine: driver_sim.Machine) -> None:
+    devices = machine.acquire([0], address="in-process", version="test")
+    try:
+        devices[0].inject("init_fail")
+        rt = Runtime(devices)
+        rt.init_devices()
+        with pytest.raises(HwError, match="not initialized"):
+            rt.create_ncg(1)
+    finally:
+        devices[0].release()
