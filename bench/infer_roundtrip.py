@@ -63,16 +63,19 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="nrt-bench-"))
     echo_address = f"unix:{work}/echo.sock"
-    echo = subprocess.Popen([sys.executable, __file__, "--serve-echo", echo_address],
-                            stdout=subprocess.PIPE, text=True)
+    echo = subprocess.Popen(
+        [sys.executable, __file__, "--serve-echo", echo_address], stdout=subprocess.PIPE, text=True
+    )
     assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"
     sample = build_mlp((16, 16, 4), batch=1, seed=0)
     with DaemonProcess(sim_root=work / "sim", args=["-t", "0000:00:1c.0", "-l", "warning"]) as d:
         daemon_ch = grpc.insecure_channel(d.address, options=CHANNEL_OPTIONS)
         echo_ch = grpc.insecure_channel(echo_address, options=CHANNEL_OPTIONS)
         stub = pb_grpc.nmgr_v1Stub(daemon_ch)
-        stream = [pb.load_request(neff_size=len(sample.neff)),
-                  pb.load_request(neff_chunk=pb.file_chunk(chunk=sample.neff))]
+        stream = [
+            pb.load_request(neff_size=len(sample.neff)),
+            pb.load_request(neff_chunk=pb.file_chunk(chunk=sample.neff)),
+        ]
         loaded = stub.load(iter(stream))
         assert loaded.status.code == 0, loaded.status.details
         x = sample.random_inputs()["x"].tobytes()

@@ -19,6 +19,7 @@ from driver_sim.errors import (
     KernelError,
     MachineMismatch,
 )
+from driver_sim.execute import execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
 from driver_sim.kernels import KERNELS, Kernel, supported_ops
 from driver_sim.machine import DeviceInfo, Machine
@@ -32,7 +33,7 @@ from driver_sim.presets import (
     InstancePreset,
     default_sim_root,
 )
-from driver_sim.program import Instr, LoadedProgram, NcProgram
+from driver_sim.program import Instr, LoadedProgram, NcProgram, load_program
 from driver_sim.stats import HwCounters, NcCounters
 
 __all__ = [
@@ -67,6 +68,8 @@ __all__ = [
     "NeuronCore",
     "OwnerInfo",
     "default_sim_root",
+    "execute_program",
+    "load_program",
     "parse_fault_spec",
     "supported_ops",
 ]

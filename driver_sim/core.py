@@ -10,18 +10,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from driver_sim.errors import DriverError, KernelError
+from driver_sim.errors import DriverError
+from driver_sim.execute import bind_inputs, copy_outputs, run_steps
 from driver_sim.program import LoadedProgram, NcProgram, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
 
 if TYPE_CHECKING:
     from driver_sim.device import Device
 
-_KERNEL_FAILURES = (ValueError, TypeError, IndexError, ArithmeticError)
 _BUSY_NS = NC_FIELD["busy_ns"]
 
 
@@ -67,9 +67,9 @@ class NeuronCore:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)
             env = program.template.copy()
-            key = _bind_inputs(program, inputs, env)
-            _execute(program, env)
-            _copy_outputs(program, env, outputs)
+            key = bind_inputs(program, inputs, env)
+            run_steps(program, env)
+            copy_outputs(program, env, outputs)
             cost = program.cost_of(key, env)
             counters, cycles = self._counters, self._cycles
             if counters is None or cycles is None:
@@ -84,57 +84,3 @@ class NeuronCore:
         if slots is None:
             raise DriverError(f"{self!r}: device {self.device_index} was released")
         return nc_counters_from(slots, self.index)
-
-
-def _bind_inputs(
-    program: LoadedProgram, inputs: Mapping[str, np.ndarray], env: list[Any]
-) -> tuple[tuple[int, ...], ...]:
-    """Put the inputs in their slots; the tuple of their shapes keys the cost cache."""
-    shapes = []
-    for name, slot in program.input_slots:
-        try:
-            value = np.asarray(inputs[name])
-        except KeyError:
-            raise KernelError(f"missing input {name!r}") from None
-        env[slot] = value
-        shapes.append(value.shape)
-    return tuple(shapes)
-
-
-def _execute(program: LoadedProgram, env: list[Any]) -> None:
-    index = 0
-    try:
-        # `index` is read by the handler below, to name the failing instruction.
-        for index, (fn, ins, outs) in enumerate(program.steps):  # noqa: B007
-            result = fn(*[env[i] for i in ins])
-            if len(outs) == 1:
-                env[outs[0]] = result
-            else:
-                for slot, value in zip(outs, result, strict=True):
-                    env[slot] = value
-    except _KERNEL_FAILURES as exc:
-        op = program.kernels[index].op
-        raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
-
-
-def _copy_outputs(
-    program: LoadedProgram, env: list[Any], outputs: Mapping[str, np.ndarray]
-) -> None:
-    for name, slot, producer in program.output_slots:
-        op = None if producer is None else program.kernels[producer].op
-        try:
-            target = outputs[name]
-        except KeyError:
-            raise KernelError(f"no array given for output {name!r}") from None
-        value = env[slot]
-        if target.shape != np.shape(value):
-            raise KernelError(
-                f"output {name!r} has shape {np.shape(value)}, "
-                f"the array given for it {target.shape}",
-                op=op,
-                index=producer,
-            )
-        try:
-            np.copyto(target, value)
-        except TypeError as exc:
-            raise KernelError(f"output {name!r}: {exc}", op=op, index=producer) from exc

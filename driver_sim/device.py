@@ -238,7 +238,7 @@ class Device:
                 try:
                     self._apply_fault(parse_fault_spec(line))
                 except ValueError as exc:
-                    log.warning("inject file of %s: %s (skipped)", self.bdf, exc)
+                    log.warning("inject file of %s: %s (skipped)", self.bdf, str(exc))
 
     def before_run(self, nc: int) -> None:
         """Fault checks before a run on `nc` (called under that NC's lock)."""

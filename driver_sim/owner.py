@@ -7,7 +7,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-import psutil  # type: ignore[import-untyped, unused-ignore]
+import psutil
 
 CREATE_TIME_TOLERANCE_S = 0.01
 

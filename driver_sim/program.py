@@ -21,6 +21,7 @@ from driver_sim.kernels import KERNELS, ComputeFn, Kernel, Shape
 from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
 
 ABSENT = ""  # an input name that leaves an optional input out
+MAX_CACHED_COSTS = 1024  # input-shape sets whose run cost a program remembers
 
 
 class Instr(NamedTuple):
@@ -75,10 +76,15 @@ class LoadedProgram:
 
     def cost_of(self, key: tuple[Shape, ...], env: list[Any]) -> RunCost:
         """The counter increments of a run whose inputs had shapes `key`; `env` holds
-        that run's tensors, from which the first run of each shape set is measured."""
+        that run's tensors, from which the first run of each shape set is measured.
+
+        (An op whose output shape depends on input values would need its own key part;
+        none of the current ops has one.)"""
         cost = self.costs.get(key)
         if cost is None:
-            cost = self.costs[key] = _measure(self, env)
+            cost = _measure(self, env)
+            if len(self.costs) < MAX_CACHED_COSTS:
+                self.costs[key] = cost
         return cost
 
 

@@ -17,6 +17,7 @@ reads the file (`read_stats`) sees live values without asking the owner.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pathlib
@@ -177,6 +178,8 @@ class StatsMap:
         self.slots[ECC_FIELDS.index(field)] += count
 
     def close(self) -> None:
-        """Unmap; every view taken of `slots` must have been dropped."""
+        """Unmap now, or, while some view of `slots` still lives (say, in a frame kept by
+        a traceback), as soon as the last one goes."""
         del self.slots
-        self._map.close()
+        with contextlib.suppress(BufferError):
+            self._map.close()

@@ -26,8 +26,13 @@ BDFS = ["0000:00:1c.0", "0000:00:1d.0", "0000:00:1e.0", "0000:00:1f.0"]
 def run_daemon(*args: str, sim_root: Path, timeout: float = 30) -> subprocess.CompletedProcess:
     env = {**os.environ, "NEURON_SIM_ROOT": str(sim_root)}
     env.pop("NOTIFY_SOCKET", None)
-    return subprocess.run([sys.executable, "-m", "neuron_rtd.daemon.main", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_rtd.daemon.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_two_daemons_on_disjoint_device_groups(work: Path) -> None:
@@ -51,16 +56,18 @@ def test_two_daemons_on_disjoint_device_groups(work: Path) -> None:
                 ref = sample.reference(sample.random_inputs())
                 assert abs(out["probs"] - ref["probs"]).max() < 1e-6
 
-        overlap = run_daemon("-g", f"unix:{work}/c.sock", "-t", BDFS[1], "-t", BDFS[2],
-                             sim_root=sim)
+        overlap = run_daemon(
+            "-g", f"unix:{work}/c.sock", "-t", BDFS[1], "-t", BDFS[2], sim_root=sim
+        )
         assert overlap.returncode == 1
         assert f"pid {a.pid}" in overlap.stderr
         assert not (work / "c.sock").exists()
 
 
 def test_non_contiguous_devices_are_refused(work: Path) -> None:
-    done = run_daemon("-g", f"unix:{work}/d.sock", "-t", BDFS[0], "-t", BDFS[2],
-                      sim_root=work / "sim")
+    done = run_daemon(
+        "-g", f"unix:{work}/d.sock", "-t", BDFS[0], "-t", BDFS[2], sim_root=work / "sim"
+    )
     assert done.returncode == 1
     assert "not contiguous" in done.stderr
     unknown = run_daemon("-g", f"unix:{work}/d.sock", "-t", "0000:00:01.0", sim_root=work / "sim")
@@ -116,11 +123,25 @@ def test_dead_daemon_leaves_no_claim(work: Path) -> None:
 
 def test_notify_protocol_and_watchdog(work: Path) -> None:
     notify = NotifyListener(work)
-    env = {**os.environ, "NEURON_SIM_ROOT": str(work / "sim"), "NOTIFY_SOCKET": notify.path,
-           "WATCHDOG_USEC": "400000"}
+    env = {
+        **os.environ,
+        "NEURON_SIM_ROOT": str(work / "sim"),
+        "NOTIFY_SOCKET": notify.path,
+        "WATCHDOG_USEC": "400000",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "neuron_rtd.daemon.main", "-g", f"unix:{work}/n.sock",
-         "-t", BDFS[0]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "neuron_rtd.daemon.main",
+            "-g",
+            f"unix:{work}/n.sock",
+            "-t",
+            BDFS[0],
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         assert notify.wait_for("READY=1", 30, alive=lambda: proc.poll() is None)
@@ -145,10 +166,14 @@ def test_notify_protocol_and_watchdog(work: Path) -> None:
 
 def test_config_file_and_bad_config(work: Path) -> None:
     good = work / "good.json"
-    good.write_text(json.dumps({"server_address": f"unix:{work}/cfg.sock",
-                                "devices": [BDFS[3]], "default_ninfer": 2}))
-    with DaemonProcess(sim_root=work / "sim", args=["-c", str(good)],
-                       socket_path=work / "cfg.sock") as proc:
+    good.write_text(
+        json.dumps(
+            {"server_address": f"unix:{work}/cfg.sock", "devices": [BDFS[3]], "default_ninfer": 2}
+        )
+    )
+    with DaemonProcess(
+        sim_root=work / "sim", args=["-c", str(good)], socket_path=work / "cfg.sock"
+    ) as proc:
         owner = driver_sim.Machine.open(work / "sim").device_info(3).owner
         assert owner is not None and owner.pid == proc.pid
     bad = work / "bad.json"
@@ -179,9 +204,11 @@ def test_start_failure_is_reported(work: Path) -> None:
 
 def test_device_init_failure_answers_hw_error(work: Path) -> None:
     env = {"NEURON_SIM_FAULTS": "init_fail@0"}
-    with DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0]], env=env) as proc:
-        with grpc.insecure_channel(proc.address) as channel:
-            stub = pb_grpc.nmgr_v1Stub(channel)
-            response = stub.create_eg(pb.create_eg_request(nc_count=1))
-            assert response.status.code == 6  # NERR_HW_ERROR
-            assert b"not initialized" in response.status.details
+    with (
+        DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0]], env=env) as proc,
+        grpc.insecure_channel(proc.address) as channel,
+    ):
+        stub = pb_grpc.nmgr_v1Stub(channel)
+        response = stub.create_eg(pb.create_eg_request(nc_count=1))
+        assert response.status.code == 6  # NERR_HW_ERROR
+        assert b"not initialized" in response.status.details

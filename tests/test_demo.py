@@ -7,8 +7,9 @@ import sys
 
 
 def test_demo_runs_clean() -> None:
-    done = subprocess.run([sys.executable, "-m", "neuron_rtd.cli.demo"], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_rtd.cli.demo"], capture_output=True, text=True, timeout=300
+    )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "DEMO OK" in out

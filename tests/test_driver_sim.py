@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-import psutil
+import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 import driver_sim
@@ -188,7 +188,7 @@ def test_concurrent_creation_yields_one_tree(root: pathlib.Path) -> None:
 def test_index_of_bdf(machine: Machine) -> None:
     assert machine.index_of_bdf("0000:00:1e.0") == 2
     assert machine.index_of_bdf("0000:00:1C.0") == 0
-    with pytest.raises(DeviceNotFound, match="0000:00:05.0"):
+    with pytest.raises(DeviceNotFound, match=r"0000:00:05\.0"):
         machine.index_of_bdf("0000:00:05.0")
 
 
@@ -349,7 +349,7 @@ def test_injected_init_fail(machine: Machine, caplog: pytest.LogCaptureFixture) 
     (device,) = machine.acquire([0], address=ADDRESS, version="1")
     device.inject("init_fail")
     caplog.set_level(logging.INFO, logger="nrtd.TDRV")
-    with pytest.raises(InitFailed, match="0000:00:1c.0"):
+    with pytest.raises(InitFailed, match=r"0000:00:1c\.0"):
         device.reset()
     records = [r for r in caplog.records if r.name == "nrtd.TDRV"]
     assert records[0].getMessage() == "Resetting 0000:00:1c.0"

@@ -15,8 +15,13 @@ def neuron_ls(*args: str, sim_root: Path, env: dict[str, str] | None = None) -> 
     full = {**os.environ, "NEURON_SIM_ROOT": str(sim_root), **(env or {})}
     if not env or "NEURON_RTD_ADDRESS" not in env:
         full.pop("NEURON_RTD_ADDRESS", None)
-    done = subprocess.run([sys.executable, "-m", "neuron_rtd.cli.neuron_ls", *args], env=full,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_rtd.cli.neuron_ls", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -24,16 +29,26 @@ def neuron_ls(*args: str, sim_root: Path, env: dict[str, str] | None = None) -> 
 def test_table_without_daemon(work: Path) -> None:
     out = neuron_ls(sim_root=work / "sim")
     lines = out.splitlines()
-    for column in ("NEURON", "DEVICE", "CORES", "MEMORY", "CONNECTED", "PCI", "BDF",
-                   "RUNTIME", "ADDRESS", "PID", "VERSION"):
+    for column in (
+        "NEURON",
+        "DEVICE",
+        "CORES",
+        "MEMORY",
+        "CONNECTED",
+        "PCI",
+        "BDF",
+        "RUNTIME",
+        "ADDRESS",
+        "PID",
+        "VERSION",
+    ):
         assert column in out
     rows = [line for line in lines if line.startswith("| ") and ":00:" in line]
     assert len(rows) == 4  # default machine: inf1.6xlarge
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
     assert [c[0] for c in cells] == ["0", "1", "2", "3"]
     assert [c[3] for c in cells] == ["1", "0, 2", "1, 3", "2"]
-    assert [c[4] for c in cells] == ["0000:00:1c.0", "0000:00:1d.0", "0000:00:1e.0",
-                                     "0000:00:1f.0"]
+    assert [c[4] for c in cells] == ["0000:00:1c.0", "0000:00:1d.0", "0000:00:1e.0", "0000:00:1f.0"]
     assert all(c[1] == "4" and c[2] == "8 GB" and c[5:] == ["NA", "NA", "NA"] for c in cells)
 
 
@@ -42,8 +57,11 @@ def test_json_and_topology_with_a_daemon(work: Path) -> None:
     with DaemonProcess(sim_root=sim, args=["-t", "0000:00:1d.0"]) as proc:
         doc = json.loads(neuron_ls("--json-output", sim_root=sim))
         assert [d["bdf"] for d in doc][1] == "0000:00:1d.0"
-        assert doc[1]["runtime"] == {"address": proc.address, "pid": proc.pid,
-                                     "version": doc[1]["runtime"]["version"]}
+        assert doc[1]["runtime"] == {
+            "address": proc.address,
+            "pid": proc.pid,
+            "version": doc[1]["runtime"]["version"],
+        }
         assert doc[0]["runtime"] is None and doc[1]["nc_count"] == 4
         assert doc[1]["memory_size"] == 8 * 2**30
         table = neuron_ls(sim_root=sim)
@@ -54,8 +72,9 @@ def test_json_and_topology_with_a_daemon(work: Path) -> None:
         # -a asks the daemon which devices it serves, even with another sim root in the env
         only = neuron_ls("-a", proc.address, "--json-output", sim_root=work / "elsewhere")
         assert [d["bdf"] for d in json.loads(only)] == ["0000:00:1d.0"]
-        via_env = neuron_ls("--json-output", sim_root=work / "elsewhere",
-                            env={"NEURON_RTD_ADDRESS": proc.address})
+        via_env = neuron_ls(
+            "--json-output", sim_root=work / "elsewhere", env={"NEURON_RTD_ADDRESS": proc.address}
+        )
         assert json.loads(via_env) == json.loads(only)
 
 

@@ -30,7 +30,8 @@ def test_unit_verifies(unit: str, tmp_path: Path) -> None:
     target.write_text(text.replace("/usr/bin/neuron-rtd", installed_daemon()))
     done = subprocess.run([analyze, "verify", str(target)], capture_output=True, text=True)
     problems = [
-        line for line in (done.stdout + done.stderr).splitlines()
+        line
+        for line in (done.stdout + done.stderr).splitlines()
         if "neuron-rtd" in line and "Documentation" not in line
     ]
     assert done.returncode == 0 and not problems, done.stdout + done.stderr

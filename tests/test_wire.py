@@ -94,8 +94,7 @@ def test_implicit_load_in_chunks_infer_unload(stub: Any, mlp: SampleModel) -> No
     response = infer(stub, first.h_nn.id, inputs)
     assert response.status.code == Nerr.OK, response.status.details
     got = outputs(response, mlp)
-    np.testing.assert_allclose(got["probs"], mlp.reference(inputs)["probs"], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(got["probs"], mlp.reference(inputs)["probs"], rtol=1e-5, atol=1e-6)
 
     second = load(stub, mlp.neff)
     assert second.h_nn.id == first.h_nn.id + 1
@@ -122,8 +121,9 @@ def test_explicit_ncg_by_path_start_stop(stub: Any, mlp: SampleModel, tmp_path: 
     assert stub.start(pb.start_request(h_nn=model)).status.code == Nerr.OK
     ok = infer(stub, model.id, inputs)
     assert ok.status.code == Nerr.OK
-    np.testing.assert_allclose(outputs(ok, mlp)["probs"], mlp.reference(inputs)["probs"],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        outputs(ok, mlp)["probs"], mlp.reference(inputs)["probs"], rtol=1e-5, atol=1e-6
+    )
     assert stub.stop(pb.stop_request(h_nn=model)).status.code == Nerr.OK
     assert_nerr(infer(stub, model.id, inputs).status, Nerr.FAIL, "not running")
 
@@ -165,8 +165,7 @@ def test_unload_all(stub: Any, mlp: SampleModel) -> None:
     assert len(stub.list_egs(pb.empty()).eg_info) == 2
     assert stub.unload_all(pb.empty()).code == Nerr.OK
     assert len(stub.list_egs(pb.empty()).eg_info) == 0
-    assert_nerr(stub.unload(pb.unload_request(h_nn=pb.h_nn(id=10001))).status,
-                Nerr.INVALID_HANDLE)
+    assert_nerr(stub.unload(pb.unload_request(h_nn=pb.h_nn(id=10001))).status, Nerr.INVALID_HANDLE)
 
 
 def test_shared_nc_mode_and_too_few_ncs(stub: Any) -> None:
@@ -178,8 +177,9 @@ def test_shared_nc_mode_and_too_few_ncs(stub: Any) -> None:
     stub.start(pb.start_request(h_nn=shared.h_nn))
     inputs = sample.random_inputs()
     got = outputs(infer(stub, shared.h_nn.id, inputs), sample)
-    np.testing.assert_allclose(got["probs"], sample.reference(inputs)["probs"], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        got["probs"], sample.reference(inputs)["probs"], rtol=1e-5, atol=1e-6
+    )
 
     wide = build_mlp((32, 24, 16, 8, 4), neuron_nodes=1, stages_per_node=2, seed=1)
     refused = load(stub, wide.neff, ncg=eg.h_eg.id)
@@ -197,9 +197,13 @@ def big_io_neff() -> bytes:
     shape = (1, 1 << 28)
     b.add_input("x", "float32", shape)
     b.add_output("y", "float32", shape)
-    b.add_node("nc0", "neuron", ["x"], ["y"],
-               [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={},
-                          inputs=["x"], outputs=["y"])])
+    b.add_node(
+        "nc0",
+        "neuron",
+        ["x"],
+        ["y"],
+        [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={}, inputs=["x"], outputs=["y"])],
+    )
     return b.build()
 
 
@@ -222,11 +226,15 @@ def test_bad_handles(stub: Any, mlp: SampleModel) -> None:
         (stub.stop, pb.stop_request(h_nn=ghost)),
     ]:
         assert_nerr(call(request).status, Nerr.INVALID_HANDLE, "model 424242")
-    assert_nerr(infer(stub, 424242, mlp.random_inputs()).status, Nerr.INVALID_HANDLE,
-                "model 424242")
+    assert_nerr(
+        infer(stub, 424242, mlp.random_inputs()).status, Nerr.INVALID_HANDLE, "model 424242"
+    )
     assert_nerr(load(stub, mlp.neff, ncg=77).status, Nerr.INVALID_HANDLE, "NCG 77")
-    assert_nerr(stub.destroy_eg(pb.destroy_eg_request(h_eg=pb.h_eg(id=77))).status,
-                Nerr.INVALID_HANDLE, "NCG 77")
+    assert_nerr(
+        stub.destroy_eg(pb.destroy_eg_request(h_eg=pb.h_eg(id=77))).status,
+        Nerr.INVALID_HANDLE,
+        "NCG 77",
+    )
 
 
 def test_truncated_neff(stub: Any, mlp: SampleModel, tmp_path: Path) -> None:
@@ -252,9 +260,13 @@ def test_unsupported_version(stub: Any) -> None:
     b = NeffBuilder("future")
     b.add_input("x", "float32", (1, 4))
     b.add_output("y", "float32", (1, 4))
-    b.add_node("nc0", "neuron", ["x"], ["y"],
-               [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={},
-                          inputs=["x"], outputs=["y"])])
+    b.add_node(
+        "nc0",
+        "neuron",
+        ["x"],
+        ["y"],
+        [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={}, inputs=["x"], outputs=["y"])],
+    )
     response = load(stub, b.build(version=(3, 0)))
     assert_nerr(response.status, Nerr.UNSUPPORTED_VERSION, "3.0")
 
@@ -273,8 +285,13 @@ def test_bad_inputs(stub: Any, mlp: SampleModel) -> None:
     assert_nerr(wrong_name.status, Nerr.INFER_BAD_INPUT, "'image'", "inputs are: x")
     wrong_size = infer(stub, model.id, {"x": good["x"][:, :-1]})
     expected = good["x"].nbytes
-    assert_nerr(wrong_size.status, Nerr.INFER_BAD_INPUT, "'x'", f"expected {expected} bytes",
-                f"received {expected - 4 * good['x'].shape[0]}")
+    assert_nerr(
+        wrong_size.status,
+        Nerr.INFER_BAD_INPUT,
+        "'x'",
+        f"expected {expected} bytes",
+        f"received {expected - 4 * good['x'].shape[0]}",
+    )
     missing = stub.infer(pb.infer_request(h_nn=model))
     assert_nerr(missing.status, Nerr.INFER_BAD_INPUT, "missing", "'x'")
     assert infer(stub, model.id, good).status.code == Nerr.OK  # still serving

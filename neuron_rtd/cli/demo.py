@@ -35,7 +35,10 @@ def neuron_ls(sim_root: str, *args: str) -> str:
     env.pop("NEURON_RTD_ADDRESS", None)
     done = subprocess.run(
         [sys.executable, "-m", "neuron_rtd.cli.neuron_ls", *args],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.rstrip()
 
@@ -56,14 +59,17 @@ def run(work: Path, instance_type: str) -> int:
             print(neuron_ls(sim_root, "--topology"))
 
             section("Building an MLP NEFF: 784-512-256-10, two Neuron nodes, softmax on the CPU")
-            sample = build_mlp((784, 512, 256, 10), batch=8, neuron_nodes=2, cpu_softmax=True,
-                               seed=7)
+            sample = build_mlp(
+                (784, 512, 256, 10), batch=8, neuron_nodes=2, cpu_softmax=True, seed=7
+            )
             neff = read_neff(sample.neff)
             for node in neff.nodes:
                 ops = [i.op for s in node.stages for i in s.instructions]
                 print(f"  node {node.name:<8} {node.kind:<6} NCs {node.nc_count}  ops {ops}")
-            print(f"  {len(sample.neff)} bytes, {neff.weight_bytes} of weights, "
-                  f"needs {neff.nc_count} NCs")
+            print(
+                f"  {len(sample.neff)} bytes, {neff.weight_bytes} of weights, "
+                f"needs {neff.nc_count} NCs"
+            )
 
             section("Loading it (no NCG given: the daemon makes one and starts the model)")
             model = client.load(sample.neff)
@@ -91,8 +97,10 @@ def run(work: Path, instance_type: str) -> int:
             second = client.load(path, ncg=ncg, by_path=True)
             second.start()
             again = second.infer(inputs)
-            print(f"NCG {ncg} ({count} NCs): model {second.id} gives the same answer: "
-                  f"{np.array_equal(again['probs'], outputs['probs'])}")
+            print(
+                f"NCG {ncg} ({count} NCs): model {second.id} gives the same answer: "
+                f"{np.array_equal(again['probs'], outputs['probs'])}"
+            )
             print(neuron_ls(sim_root))
 
             section("A bad request: an input of the wrong size")

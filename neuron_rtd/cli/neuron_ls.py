@@ -37,7 +37,7 @@ def _memory(nbytes: int) -> str:
 
 
 def device_rows(devices: Sequence[driver_sim.DeviceInfo]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for d in devices:
         owner = d.owner
         rows.append(
@@ -56,9 +56,7 @@ def device_rows(devices: Sequence[driver_sim.DeviceInfo]) -> list[tuple[str, ...
 
 
 def render_table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [
-        max(len(h[0]), len(h[1]), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)
-    ]
+    widths = [max(len(h[0]), len(h[1]), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
     def line(cells: Sequence[str], center: bool) -> str:
@@ -111,10 +109,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="neuron-ls", description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--json-output", action="store_true", help="print JSON")
     parser.add_argument("-t", "--topology", action="store_true", help="draw the device chain")
-    parser.add_argument("-a", "--address", help="ask the daemon at this address "
-                        "(default: $NEURON_RTD_ADDRESS when set)")
-    parser.add_argument("--instance-type", default=None,
-                        help="instance preset for a machine tree that does not exist yet")
+    parser.add_argument(
+        "-a",
+        "--address",
+        help="ask the daemon at this address (default: $NEURON_RTD_ADDRESS when set)",
+    )
+    parser.add_argument(
+        "--instance-type",
+        default=None,
+        help="instance preset for a machine tree that does not exist yet",
+    )
     return parser.parse_args(argv)
 
 
@@ -127,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             described = ask_daemon(address)
         except grpc.RpcError as exc:
-            print(f"neuron-ls: no runtime answers at {address}: {exc.details()}",  # type: ignore[attr-defined]
-                  file=sys.stderr)
+            print(f"neuron-ls: no runtime answers at {address}: {exc.details()}", file=sys.stderr)
             return 1
         root = described.sim_root
         only = {d.index for d in described.devices}

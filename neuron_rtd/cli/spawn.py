@@ -88,21 +88,36 @@ class DaemonProcess:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "neuron_rtd.daemon.main", "-g", self.address, "-x",
-                *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "neuron_rtd.daemon.main",
+            "-g",
+            self.address,
+            "-x",
+            *self.args,
+        ]
 
     def start(self) -> DaemonProcess:
         self.notify = NotifyListener(self._tmp.name)
-        env = {**os.environ, "NEURON_SIM_ROOT": self.sim_root,
-               "NOTIFY_SOCKET": self.notify.path, **self.extra_env}
+        env = {
+            **os.environ,
+            "NEURON_SIM_ROOT": self.sim_root,
+            "NOTIFY_SOCKET": self.notify.path,
+            **self.extra_env,
+        }
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                self.command(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         proc = self.proc
-        if not self.notify.wait_for("READY=1", self.ready_timeout_s,
-                                    alive=lambda: proc.poll() is None):
+        if not self.notify.wait_for(
+            "READY=1", self.ready_timeout_s, alive=lambda: proc.poll() is None
+        ):
             self.stop()
             raise DaemonStartError(
                 f"neuron-rtd did not become ready (exit {proc.returncode}):\n{self.log()}"

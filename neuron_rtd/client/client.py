@@ -28,7 +28,6 @@ CHANNEL_OPTIONS = [
 SUCCESS = (Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR)
 
 
-
 def default_address() -> str:
     return os.environ.get("NEURON_RTD_ADDRESS") or DEFAULT_ADDRESS
 
@@ -73,7 +72,7 @@ class Client:
         try:
             return call(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
             return call(request, timeout=self.timeout_s)
 

@@ -105,7 +105,7 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfi
             values["socket_mode"] = int(values["socket_mode"], 8)
         except ValueError:
             raise ConfigError(
-                f"{where}: socket_mode must be octal like \"0660\", got {values['socket_mode']}"
+                f'{where}: socket_mode must be octal like "0660", got {values["socket_mode"]}'
             ) from None
     sim = {k: v for k, v in data.get("sim", {}).items() if not k.startswith("_")}
     return validate(DaemonConfig(**values, sim=SimConfig(**sim)), where)
@@ -148,9 +148,7 @@ def load_config(
 ) -> DaemonConfig:
     """File (if any) then `overrides` (the flags) over the defaults."""
     file = config_path(path, instance)
-    config = (
-        config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
-    )
+    config = config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
     known = {f.name for f in fields(DaemonConfig)}
     changes = {k: v for k, v in (overrides or {}).items() if v is not None and k in known}
     return validate(replace(config, **changes, instance=instance), "flags")

@@ -48,18 +48,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="neuron-rtd",
         description="Neuron runtime daemon: serves the nrt gRPC API for its Neuron devices.",
     )
-    parser.add_argument("-t", dest="devices", action="append", metavar="BDF",
-                        help="serve only this device (repeatable; the set must be contiguous)")
-    parser.add_argument("-g", dest="server_address", metavar="ADDRESS",
-                        help="listen on unix:/path or host:port (default unix:/run/neuron.sock)")
+    parser.add_argument(
+        "-t",
+        dest="devices",
+        action="append",
+        metavar="BDF",
+        help="serve only this device (repeatable; the set must be contiguous)",
+    )
+    parser.add_argument(
+        "-g",
+        dest="server_address",
+        metavar="ADDRESS",
+        help="listen on unix:/path or host:port (default unix:/run/neuron.sock)",
+    )
     parser.add_argument("-c", dest="config", metavar="CONFIG", help="JSON config file")
     parser.add_argument("-l", dest="log_level", choices=LOG_LEVELS, help="log level")
-    parser.add_argument("-x", dest="log_console", action="store_const", const=True,
-                        help="also log to the console (stderr)")
-    parser.add_argument("-i", dest="instance", metavar="INSTANCE",
-                        help="instance name: reads /etc/neuron-rtd/instances/INSTANCE.json")
-    parser.add_argument("-v", "--version", action="version",
-                        version=f"neuron-rtd {__version__}")
+    parser.add_argument(
+        "-x",
+        dest="log_console",
+        action="store_const",
+        const=True,
+        help="also log to the console (stderr)",
+    )
+    parser.add_argument(
+        "-i",
+        dest="instance",
+        metavar="INSTANCE",
+        help="instance name: reads /etc/neuron-rtd/instances/INSTANCE.json",
+    )
+    parser.add_argument("-v", "--version", action="version", version=f"neuron-rtd {__version__}")
     return parser.parse_args(argv)
 
 
@@ -145,8 +162,13 @@ class Daemon:
             futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
             options=GRPC_OPTIONS,
         )
-        add_servicers(server, runtime, address=self.address.text, sim_root=str(machine.root),
-                      instance_type=machine.instance_type)
+        add_servicers(
+            server,
+            runtime,
+            address=self.address.text,
+            sim_root=str(machine.root),
+            instance_type=machine.instance_type,
+        )
         if self.listener:
             self.listener.bind(server)
         else:
@@ -156,8 +178,10 @@ class Daemon:
             self.listener.finish()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
-        sd.notify("READY=1", f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) "
-                  f"on {self.address.text}")
+        sd.notify(
+            "READY=1",
+            f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.text}",
+        )
         return runtime, server
 
     def _release(self) -> None:

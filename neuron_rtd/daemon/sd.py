@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from systemd import daemon as sd_daemon
+from systemd import daemon as sd_daemon  # type: ignore[attr-defined]
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -54,7 +54,8 @@ class Watchdog:
             if self.healthy():
                 notify("WATCHDOG=1")
             else:
-                log.error("runtime unresponsive: not pinging the watchdog",
-                          extra={"fn": "watchdog"})
+                log.error(
+                    "runtime unresponsive: not pinging the watchdog", extra={"fn": "watchdog"}
+                )
             if self._stop.wait(self.interval_s):
                 return

@@ -108,9 +108,7 @@ def _tensor_homes(neff: Neff, placement: list[list[int]]) -> dict[str, int]:
                 produced.setdefault(name, vnc)
             for name in stage.inputs:
                 consumed.setdefault(name, vnc)
-    return {
-        name: produced.get(name, consumed.get(name, HOST)) for name in neff.tensors
-    }
+    return {name: produced.get(name, consumed.get(name, HOST)) for name in neff.tensors}
 
 
 def _alloc_slots(
@@ -175,8 +173,13 @@ def build_model(
                 with driver_errors(f"loading '{neff.name}' {tag} on NC {vnc}"):
                     loaded = core.load(program)
                 steps.append(
-                    StageRun(vnc=vnc, core=core, program=loaded,
-                             inputs=tuple(stage.inputs), outputs=tuple(stage.outputs))
+                    StageRun(
+                        vnc=vnc,
+                        core=core,
+                        program=loaded,
+                        inputs=tuple(stage.inputs),
+                        outputs=tuple(stage.outputs),
+                    )
                 )
         slots = _alloc_slots(alloc, neff, _tensor_homes(neff, placement), params.ninfer)
     except BaseException:

@@ -61,17 +61,18 @@ class NcgTable:
 
     def create(self, nc_count: int, *, session_id: int = 0, implicit: bool = False) -> Ncg:
         """Take the first run of `nc_count` free NCs (0: the largest free run)."""
-        if nc_count < 0 or nc_count > self.total_ncs:
-            raise InvalidError(
-                f"cannot create an NCG of {nc_count} NCs: this runtime has {self.total_ncs}"
+        if nc_count < 0:
+            raise InvalidError(f"an NCG cannot have {nc_count} NCs")
+        if nc_count > self.total_ncs:
+            raise ResourceNcError(
+                f"not enough NeuronCores: {nc_count} contiguous needed, this runtime has "
+                f"{self.total_ncs}"
             )
         with self._lock:
             runs = list(self._free_runs())
             if nc_count == 0:
                 if not runs:
-                    raise ResourceNcError(
-                        f"no free NeuronCore: all {self.total_ncs} are in NCGs"
-                    )
+                    raise ResourceNcError(f"no free NeuronCore: all {self.total_ncs} are in NCGs")
                 start, length = max(runs, key=lambda r: (r[1], -r[0]))
                 nc_count = length
             else:
@@ -83,8 +84,13 @@ class NcgTable:
                         f"largest free run is {largest} of {self.total_ncs}"
                     )
                 start = fitting[0][0]
-            ncg = Ncg(id=next(self._ids), start=start, nc_count=nc_count,
-                      session_id=session_id, implicit=implicit)
+            ncg = Ncg(
+                id=next(self._ids),
+                start=start,
+                nc_count=nc_count,
+                session_id=session_id,
+                implicit=implicit,
+            )
             for vnc in ncg.vncs:
                 self._owner[vnc] = ncg.id
             self._ncgs[ncg.id] = ncg

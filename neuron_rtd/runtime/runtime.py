@@ -85,8 +85,13 @@ class Runtime:
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> Ncg:
         self._ensure_ready()
         ncg = self.ncgs.create(nc_count, session_id=session_id)
-        log.info("Created NCG %d: %d NC(s) from vnc %d", ncg.id, ncg.nc_count, ncg.start,
-                 extra={"fn": "create_eg"})
+        log.info(
+            "Created NCG %d: %d NC(s) from vnc %d",
+            ncg.id,
+            ncg.nc_count,
+            ncg.start,
+            extra={"fn": "create_eg"},
+        )
         return ncg
 
     def destroy_ncg(self, ncg_id: int) -> None:
@@ -141,14 +146,18 @@ class Runtime:
         with self._lock:
             implicit = ncg_id is None
             if ncg_id is None:
-                ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id,
-                                       implicit=True)
+                ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id, implicit=True)
             else:
                 ncg = self.ncgs.get(ncg_id)
             try:
                 model = build_model(
-                    model_id=next(self._model_ids), neff=neff, ncg=ncg, ncgs=self.ncgs,
-                    devices=self.devices, params=params, session_id=session_id,
+                    model_id=next(self._model_ids),
+                    neff=neff,
+                    ncg=ncg,
+                    ncgs=self.ncgs,
+                    devices=self.devices,
+                    params=params,
+                    session_id=session_id,
                 )
             except BaseException:
                 if implicit:
@@ -158,8 +167,13 @@ class Runtime:
             self._models[model.id] = model
             log.info(
                 "Loaded model %d '%s' on NCG %d (%s mode, NCs %s, %d bytes of DRAM, ninfer %d)",
-                model.id, model.name, ncg.id, model.mode.value,
-                ",".join(map(str, model.vncs)) or "none", model.dram_bytes, params.ninfer,
+                model.id,
+                model.name,
+                ncg.id,
+                model.mode.value,
+                ",".join(map(str, model.vncs)) or "none",
+                model.dram_bytes,
+                params.ninfer,
                 extra={"fn": "load"},
             )
             if implicit:
@@ -201,8 +215,9 @@ class Runtime:
             ncg = self.ncgs.get(model.ncg_id)
             ncg.models.remove(model_id)
         if not model.wait_idle(model.params.timeout_s + 1):
-            log.warning("Model %d still busy at unload; freeing it anyway", model_id,
-                        extra={"fn": "unload"})
+            log.warning(
+                "Model %d still busy at unload; freeing it anyway", model_id, extra={"fn": "unload"}
+            )
         for device, buf in reversed(model.dram):
             device.dram_free(buf)
         with self._lock:

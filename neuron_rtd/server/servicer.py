@@ -274,13 +274,20 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
             used = sum(device.dram_used())
             devices.append(
                 ext_pb.ext_device(
-                    index=device.index, bdf=device.bdf, nc_count=self.runtime.ncgs.ncs_per_device,
-                    memory_bytes=DEVICE_MEMORY_BYTES, memory_used=used,
+                    index=device.index,
+                    bdf=device.bdf,
+                    nc_count=self.runtime.ncgs.ncs_per_device,
+                    memory_bytes=DEVICE_MEMORY_BYTES,
+                    memory_used=used,
                 )
             )
         return ext_pb.describe_response(
-            runtime_version=self.runtime.version, pid=os.getpid(), address=self.address,
-            sim_root=self.sim_root, instance_type=self.instance_type, devices=devices,
+            runtime_version=self.runtime.version,
+            pid=os.getpid(),
+            address=self.address,
+            sim_root=self.sim_root,
+            instance_type=self.instance_type,
+            devices=devices,
             start_time_ns=self.runtime.started_ns,
         )
 

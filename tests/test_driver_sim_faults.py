@@ -1,0 +1,200 @@
+"""driver_sim fault injection: spec syntax, and faults from the env, the file and inject()."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from driver_sim import (
+    Device,
+    HwCounters,
+    HwFault,
+    InitFailed,
+    Instr,
+    LoadedProgram,
+    Machine,
+    NcProgram,
+    NeuronCore,
+    parse_fault_spec,
+)
+from driver_sim.faults import FaultSpec, parse_env_faults
+
+ADDRESS = "unix:/t.sock"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
+
+
+@pytest.fixture
+def machine(tmp_path: pathlib.Path) -> Machine:
+    return Machine.open(tmp_path / "sim")
+
+
+@pytest.fixture
+def device(machine: Machine) -> Iterator[Device]:
+    (dev,) = machine.acquire([0], address=ADDRESS, version="1")
+    yield dev
+    dev.release()
+
+
+def relu_on(core: NeuronCore) -> LoadedProgram:
+    return core.load(NcProgram([Instr("Relu", ("x",), ("y",), {})], {}, ["x"], ["y"]))
+
+
+def run_relu(core: NeuronCore, program: LoadedProgram) -> None:
+    core.run(program, {"x": np.ones(3, np.float32)}, {"y": np.empty(3, np.float32)})
+
+
+# ---- syntax ------------------------------------------------------------------------------
+
+
+def test_parse_specs() -> None:
+    assert parse_fault_spec("init_fail") == FaultSpec("init_fail")
+    assert parse_fault_spec("nc_error") == FaultSpec("nc_error")
+    assert parse_fault_spec("nc_error:2") == FaultSpec("nc_error", 2)
+    assert parse_fault_spec("nc_delay_ms:1=50") == FaultSpec("nc_delay_ms", 1, 50)
+    assert parse_fault_spec(" mem_ecc_corr = 3 ") == FaultSpec("mem_ecc_corr", None, 3)
+    assert parse_env_faults("init_fail@1, nc_error@0:2,mem_ecc_corr@0=3") == [
+        (1, FaultSpec("init_fail")),
+        (0, FaultSpec("nc_error", 2)),
+        (0, FaultSpec("mem_ecc_corr", None, 3)),
+    ]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "explode",
+        "nc_error:7",
+        "nc_error:x",
+        "nc_error=1",
+        "init_fail:1",
+        "mem_ecc_corr",
+        "mem_ecc_corr:1=2",
+        "nc_delay_ms=-5",
+        "sram_ecc_uncorr=lots",
+    ],
+)
+def test_malformed_spec_names_it(spec: str) -> None:
+    with pytest.raises(ValueError, match=f"bad fault spec '{spec}'"):
+        parse_fault_spec(spec)
+
+
+def test_malformed_env_spec() -> None:
+    with pytest.raises(ValueError, match="'nc_error'"):
+        parse_env_faults("nc_error")
+    with pytest.raises(ValueError, match="'nc_error@x'"):
+        parse_env_faults("nc_error@x")
+
+
+# ---- from the env --------------------------------------------------------------------------
+
+
+def test_env_faults_apply_at_acquire(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_SIM_FAULTS", "init_fail@1,nc_error@0:2,mem_ecc_corr@0=3")
+    dev0, dev1 = machine.acquire([0, 1], address=ADDRESS, version="1")
+    assert dev0.hw_counters() == HwCounters(mem_ecc_corr=3)
+    assert machine.device_info(0).hw.mem_ecc_corr == 3
+    dev0.reset()
+    program = relu_on(dev0.nc(2))
+    run_relu(dev0.nc(1), relu_on(dev0.nc(1)))
+    with pytest.raises(HwFault, match=r"device 0 \(0000:00:1c\.0\) NC 2: .*\(injected\)"):
+        run_relu(dev0.nc(2), program)
+    run_relu(dev0.nc(2), program)  # one-shot
+    for _ in range(2):  # persistent while set
+        with pytest.raises(InitFailed):
+            dev1.reset()
+    monkeypatch.delenv("NEURON_SIM_FAULTS")
+    dev1.reset()
+    dev0.release()
+    dev1.release()
+
+
+def test_malformed_env_fails_acquire(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_SIM_FAULTS", "nc_error@0:9")
+    with pytest.raises(ValueError, match="nc_error@0:9"):
+        machine.acquire([0], address=ADDRESS, version="1")
+    assert machine.device_info(0).owner is None
+
+
+# ---- from the file --------------------------------------------------------------------------
+
+
+def test_inject_file_is_consumed_before_a_run(device: Device, machine: Machine) -> None:
+    core = device.nc(1)
+    program = relu_on(core)
+    inject = machine.root / "neuron0" / "inject"
+    inject.write_text("# comment\nnc_error:1\n\nsram_ecc_uncorr=2\n")
+    with pytest.raises(HwFault, match="NC 1"):
+        run_relu(core, program)
+    assert inject.read_text() == ""
+    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2)
+    run_relu(core, program)
+    assert core.counters().runs == 1
+
+
+def test_inject_file_at_reset(device: Device, machine: Machine) -> None:
+    (machine.root / "neuron0" / "inject").write_text("init_fail\nmem_ecc_uncorr=1\n")
+    with pytest.raises(InitFailed):
+        device.reset()
+    assert device.hw_counters().mem_ecc_uncorr == 1
+    device.reset()
+
+
+def test_bad_line_in_the_file_is_logged_and_skipped(
+    device: Device, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    (machine.root / "neuron0" / "inject").write_text("bogus\nmem_ecc_corr=4\n")
+    caplog.set_level(logging.WARNING, logger="nrtd.TDRV")
+    run_relu(device.nc(0), relu_on(device.nc(0)))
+    assert device.hw_counters().mem_ecc_corr == 4
+    assert any("'bogus'" in record.getMessage() for record in caplog.records)
+
+
+# ---- from inject() ---------------------------------------------------------------------------
+
+
+def test_nc_error_without_nc_hits_the_next_run_anywhere(device: Device) -> None:
+    device.inject("nc_error")
+    with pytest.raises(HwFault, match="NC 3"):
+        run_relu(device.nc(3), relu_on(device.nc(3)))
+    run_relu(device.nc(0), relu_on(device.nc(0)))
+
+
+def test_nc_delay(device: Device) -> None:
+    core = device.nc(2)
+    program = relu_on(core)
+    # A delay far longer than any run, so "slowed" and "not slowed" cannot be confused.
+    device.inject("nc_delay_ms:2=1000")
+    start = time.perf_counter()
+    run_relu(core, program)
+    assert time.perf_counter() - start >= 1.0
+    assert core.counters().busy_ns >= 1_000_000_000
+    start = time.perf_counter()
+    run_relu(device.nc(1), relu_on(device.nc(1)))  # other NCs are not slowed
+    assert time.perf_counter() - start < 0.5
+    device.inject("nc_delay_ms:2=0")
+    start = time.perf_counter()
+    run_relu(core, program)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_ecc_counters_add_up(device: Device, machine: Machine) -> None:
+    for spec in ("mem_ecc_corr=1", "mem_ecc_corr=2", "mem_ecc_uncorr=5", "sram_ecc_corr=7"):
+        device.inject(spec)
+    expected = HwCounters(mem_ecc_corr=3, mem_ecc_uncorr=5, sram_ecc_corr=7)
+    assert device.hw_counters() == expected
+    device.reset()  # a reset does not clear the health counters
+    assert Machine.open(machine.root).device_info(0).hw == expected
+
+
+def test_inject_rejects_malformed(device: Device) -> None:
+    with pytest.raises(ValueError, match="'nc_delay_ms'"):
+        device.inject("nc_delay_ms")
