@@ -5,7 +5,9 @@ echo over the same kind of socket, side by side in one run.
 
 Both servers are separate processes on unix sockets; the echo server answers with the
 request's own bytes (the serialized infer request, so both carry the same payload).
-Calls alternate in rounds so machine noise hits both alike. Prints p50/p99 and the ratio.
+Calls alternate in rounds so machine noise hits both alike. Prints p50/p99 and the ratio,
+plus the daemon's cheapest call (get_version), which separates the daemon's fixed cost per
+call from the inference's own.
 """
 
 from __future__ import annotations
@@ -99,12 +101,15 @@ def main() -> int:
 
         time_calls(infer, 200)  # warm-up both
         time_calls(lambda: echo_call(payload), 200)
+        version = pb.get_version_request()
         per_round = max(1, args.calls // args.rounds)
         t_infer: list[float] = []
         t_echo: list[float] = []
+        t_version: list[float] = []
         for _ in range(args.rounds):
             t_echo += time_calls(lambda: echo_call(payload), per_round)
             t_infer += time_calls(infer, per_round)
+            t_version += time_calls(lambda: stub.get_version(version), per_round)
         daemon_ch.close()
         echo_ch.close()
     echo.terminate()
@@ -115,6 +120,8 @@ def main() -> int:
     print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}")
     print(f"{'daemon infer':24}{p50_i * 1e3:10.3f}{percentile(t_infer, 0.99) * 1e3:10.3f}")
     print(f"{'bare gRPC echo':24}{p50_e * 1e3:10.3f}{percentile(t_echo, 0.99) * 1e3:10.3f}")
+    p50_v = statistics.median(t_version)
+    print(f"{'daemon get_version':24}{p50_v * 1e3:10.3f}{percentile(t_version, 0.99) * 1e3:10.3f}")
     print(f"ratio infer/echo (p50): {p50_i / p50_e:.2f}x")
     return 0
 

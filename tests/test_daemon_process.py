@@ -212,3 +212,19 @@ def test_device_init_failure_answers_hw_error(work: Path) -> None:
         response = stub.create_eg(pb.create_eg_request(nc_count=1))
         assert response.status.code == 6  # NERR_HW_ERROR
         assert b"not initialized" in response.status.details
+
+
+def test_socket_group_and_mode_from_config(work: Path) -> None:
+    import grp
+
+    group = next(g for g in grp.getgrall() if g.gr_gid != os.getgid())
+    config = work / "group.json"
+    config.write_text(json.dumps({"socket_group": group.gr_name, "socket_mode": "0640"}))
+    with DaemonProcess(sim_root=work / "sim", args=["-c", str(config), "-t", BDFS[0]]) as proc:
+        st = Path(proc.socket_path).stat()
+        assert st.st_gid == group.gr_gid
+        assert stat.S_IMODE(st.st_mode) == 0o640
+    world = work / "world.json"
+    world.write_text(json.dumps({"socket_mode": "0666"}))
+    done = run_daemon("-c", str(world), sim_root=work / "sim")
+    assert done.returncode == 2 and "world-writable" in done.stderr

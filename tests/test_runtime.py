@@ -23,7 +23,7 @@ from neuron_rtd.errors import (
 from neuron_rtd.neff import NeffBuilder, StageSpec, read_neff
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.runtime.loader import LoadMode
-from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime
+from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime, RuntimeOptions
 
 
 @pytest.fixture
@@ -194,4 +194,22 @@ def test_init_failure_answers_hw_error(machine: driver_sim.Machine) -> None:
         with pytest.raises(HwError, match="not initialized"):
             rt.create_ncg(1)
     finally:
+        devices[0].release()
+
+
+def test_models_per_ncg_limit(machine: driver_sim.Machine) -> None:
+    devices = machine.acquire([0], address="in-process", version="test")
+    rt = Runtime(devices, options=RuntimeOptions(models_per_ncg=2))
+    try:
+        rt.init_devices()
+        neff = read_neff(build_mlp((8, 8, 4)).neff)
+        ncg = rt.create_ncg(1)
+        first = rt.load(neff, ncg_id=ncg.id)
+        rt.load(neff, ncg_id=ncg.id)
+        with pytest.raises(ResourceError, match="already holds 2 models"):
+            rt.load(neff, ncg_id=ncg.id)
+        rt.unload(first.id)
+        rt.load(neff, ncg_id=ncg.id)
+    finally:
+        rt.close()
         devices[0].release()

@@ -15,7 +15,7 @@ from neuron_rtd import __version__
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import NeffBuilder, StageSpec
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import pb, pb_grpc
 
 CHUNK = 1 << 20
 
@@ -309,4 +309,15 @@ def test_bad_inputs(stub: Any, mlp: SampleModel) -> None:
 def test_later_methods_are_unimplemented(stub: Any, method: str, request_: Any) -> None:
     with pytest.raises(grpc.RpcError) as info:
         getattr(stub, method)(request_)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_session_and_stream_services_are_unimplemented(channel: grpc.Channel) -> None:
+    sessions = pb_grpc.nmgr_session_managerStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(sessions.session_monitor(iter([pb.session_monitor_request()]))))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    stream = pb_grpc.nmgr_streamStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(stream.infer_stream(iter([pb.infer_request()]))))
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -34,7 +34,7 @@ class DaemonConfig:
     default_timeout: int = 2  # seconds one inference may take
     default_ninfer: int = 4  # in-flight inferences per model
     shmem_enabled: bool = True
-    model_cache_count: int = 4  # parsed NEFFs kept for reloading the same package
+    model_cache_count: int = 4  # models one NCG may hold (1 running, rest STANDBY); 0: any
     log_level: str = "info"
     log_console: bool = False
     socket_group: str | None = None

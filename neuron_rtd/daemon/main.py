@@ -153,7 +153,9 @@ class Daemon:
         runtime = Runtime(
             self.devices,
             options=RuntimeOptions(
-                default_timeout_s=config.default_timeout, default_ninfer=config.default_ninfer
+                default_timeout_s=config.default_timeout,
+                default_ninfer=config.default_ninfer,
+                models_per_ncg=config.model_cache_count,
             ),
         )
         sd.notify("STATUS=Initializing devices")

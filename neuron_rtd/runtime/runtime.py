@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_rtd import __version__
-from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError
+from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import driver_errors
 from neuron_rtd.runtime.loader import build_model
@@ -34,6 +34,7 @@ class RuntimeOptions:
     default_ninfer: int = 4
     max_ninfer: int = 256
     ncs_per_device: int = 4
+    models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -149,6 +150,12 @@ class Runtime:
                 ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id, implicit=True)
             else:
                 ncg = self.ncgs.get(ncg_id)
+                limit = self.options.models_per_ncg
+                if limit and len(ncg.models) >= limit:
+                    raise ResourceError(
+                        f"NCG {ncg.id} already holds {len(ncg.models)} models, the most an NCG "
+                        f"may hold (model_cache_count {limit}): unload one first"
+                    )
             try:
                 model = build_model(
                     model_id=next(self._model_ids),
