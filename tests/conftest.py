@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client.client import CHANNEL_OPTIONS
 from neuron_rtd.proto import pb, pb_grpc
@@ -18,6 +19,26 @@ from neuron_rtd.proto import pb, pb_grpc
 def short_tmpdir() -> Path:
     """unix socket paths must stay under 108 bytes: keep them short."""
     return Path(tempfile.mkdtemp(prefix="nrt-"))
+
+
+@pytest.fixture(autouse=True)
+def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faults come only from what a test injects, never from the caller's environment."""
+    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> driver_sim.Machine:
+    """A private simulated inf1.6xlarge (the default preset)."""
+    return driver_sim.Machine.open(tmp_path / "sim")
+
+
+@pytest.fixture
+def device(machine: driver_sim.Machine) -> Iterator[driver_sim.Device]:
+    """Device 0 of `machine`, owned by this process for the test."""
+    (dev,) = machine.acquire([0], address="unix:/t.sock", version="1")
+    yield dev
+    dev.release()
 
 
 @pytest.fixture

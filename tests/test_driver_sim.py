@@ -30,11 +30,6 @@ from driver_sim import (
 ADDRESS = "unix:/tmp/test-nrtd.sock"
 
 
-@pytest.fixture(autouse=True)
-def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
-
-
 @pytest.fixture
 def root(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "sim"

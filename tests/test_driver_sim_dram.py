@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import pathlib
-from collections.abc import Iterator
-
 import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from driver_sim import CHANNEL_BYTES, Device, DramExhausted, DriverError, Machine
 from driver_sim.dram import ALIGN, ChannelAllocator
-
-
-@pytest.fixture(autouse=True)
-def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
-
-
-@pytest.fixture
-def machine(tmp_path: pathlib.Path) -> Machine:
-    return Machine.open(tmp_path / "sim")
-
-
-@pytest.fixture
-def device(machine: Machine) -> Iterator[Device]:
-    (dev,) = machine.acquire([0], address="unix:/t.sock", version="1")
-    yield dev
-    dev.release()
 
 
 def test_allocations_are_aligned_and_rounded_up() -> None:

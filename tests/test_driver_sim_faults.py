@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import pathlib
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -25,23 +23,6 @@ from driver_sim import (
 from driver_sim.faults import FaultSpec, parse_env_faults
 
 ADDRESS = "unix:/t.sock"
-
-
-@pytest.fixture(autouse=True)
-def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
-
-
-@pytest.fixture
-def machine(tmp_path: pathlib.Path) -> Machine:
-    return Machine.open(tmp_path / "sim")
-
-
-@pytest.fixture
-def device(machine: Machine) -> Iterator[Device]:
-    (dev,) = machine.acquire([0], address=ADDRESS, version="1")
-    yield dev
-    dev.release()
 
 
 def relu_on(core: NeuronCore) -> LoadedProgram:

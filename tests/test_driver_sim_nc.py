@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 import threading
@@ -28,16 +27,6 @@ from driver_sim import (
 )
 
 RNG = np.random.default_rng(1234)
-
-
-@pytest.fixture(autouse=True)
-def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NEURON_SIM_FAULTS", raising=False)
-
-
-@pytest.fixture
-def machine(tmp_path: pathlib.Path) -> Machine:
-    return Machine.open(tmp_path / "sim")
 
 
 @pytest.fixture

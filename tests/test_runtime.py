@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,15 +19,10 @@ from neuron_rtd.errors import (
     ResourceError,
     ResourceNcError,
 )
-from neuron_rtd.neff import NeffBuilder, StageSpec, read_neff
-from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.neff import read_neff
+from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.runtime.loader import LoadMode
 from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime, RuntimeOptions
-
-
-@pytest.fixture
-def machine(tmp_path: Path) -> driver_sim.Machine:
-    return driver_sim.Machine.open(tmp_path / "sim", instance_type="inf1.6xlarge")
 
 
 @pytest.fixture
@@ -130,17 +124,7 @@ def test_dram_is_accounted_and_returned(runtime: Runtime) -> None:
 
 
 def test_dram_exhaustion_frees_partial_load(runtime: Runtime) -> None:
-    b = NeffBuilder("big")
-    b.add_input("x", "float32", (1 << 28,))
-    b.add_output("y", "float32", (1 << 28,))
-    b.add_node(
-        "n",
-        "neuron",
-        ["x"],
-        ["y"],
-        [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={}, inputs=["x"], outputs=["y"])],
-    )
-    neff = read_neff(b.build())
+    neff = read_neff(build_relu((1 << 28,), name="big"))
     with pytest.raises(ResourceError, match="cannot allocate") as info:
         runtime.load(neff, params=runtime.params(ninfer=3))
     assert info.value.code == Nerr.RESOURCE

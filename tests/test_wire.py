@@ -13,8 +13,7 @@ import pytest
 
 from neuron_rtd import __version__
 from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import NeffBuilder, StageSpec
-from neuron_rtd.neff.samples import SampleModel, build_mlp
+from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
 from neuron_rtd.proto import pb, pb_grpc
 
 CHUNK = 1 << 20
@@ -193,18 +192,7 @@ def test_shared_nc_mode_and_too_few_ncs(stub: Any) -> None:
 
 def big_io_neff() -> bytes:
     """No weights, but 1 GiB in and 1 GiB out per in-flight inference."""
-    b = NeffBuilder("bigio")
-    shape = (1, 1 << 28)
-    b.add_input("x", "float32", shape)
-    b.add_output("y", "float32", shape)
-    b.add_node(
-        "nc0",
-        "neuron",
-        ["x"],
-        ["y"],
-        [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={}, inputs=["x"], outputs=["y"])],
-    )
-    return b.build()
+    return build_relu((1, 1 << 28), name="bigio")
 
 
 def test_too_little_dram(stub: Any, mlp: SampleModel) -> None:
@@ -257,17 +245,7 @@ def test_hash_mismatch(stub: Any, mlp: SampleModel) -> None:
 
 
 def test_unsupported_version(stub: Any) -> None:
-    b = NeffBuilder("future")
-    b.add_input("x", "float32", (1, 4))
-    b.add_output("y", "float32", (1, 4))
-    b.add_node(
-        "nc0",
-        "neuron",
-        ["x"],
-        ["y"],
-        [StageSpec(instructions=[("Relu", ["x"], ["y"])], weights={}, inputs=["x"], outputs=["y"])],
-    )
-    response = load(stub, b.build(version=(3, 0)))
+    response = load(stub, build_relu((1, 4), version=(3, 0)))
     assert_nerr(response.status, Nerr.UNSUPPORTED_VERSION, "3.0")
 
 

@@ -212,3 +212,19 @@ def _layer_instructions(layer: int, layers: int) -> list[InstructionLike]:
 
 def _softmax_instruction() -> InstructionLike:
     return ("Softmax", [LOGITS], [OUTPUT], {"axis": -1})
+
+
+def build_relu(
+    shape: Sequence[int],
+    *,
+    name: str = "relu",
+    dtype: str = "float32",
+    version: tuple[int, int] | None = None,
+) -> bytes:
+    """A weightless one-node NEFF, y = Relu(x): its size is all I/O, so a large `shape`
+    makes a model whose DRAM is all I/O buffers. `version` stamps another NEFF version."""
+    b = NeffBuilder(name)
+    b.add_input("x", dtype, shape)
+    b.add_output("y", dtype, shape)
+    b.add_node("nc0", "neuron", ["x"], ["y"], [StageSpec(instructions=[("Relu", ["x"], ["y"])])])
+    return b.build() if version is None else b.build(version=version)
