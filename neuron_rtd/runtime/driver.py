@@ -7,39 +7,12 @@ exceptions in one place, `driver_errors()`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-import numpy as np
-
 import driver_sim
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
-
-
-class DramBufferApi(Protocol):
-    nbytes: int
-
-    def view(self, dtype: Any, shape: Sequence[int]) -> np.ndarray: ...
-
-
-class LoadedProgramApi(Protocol):
-    pass
-
-
-class NeuronCoreApi(Protocol):
-    index: int
-
-    def load(self, program: driver_sim.NcProgram) -> Any: ...
-
-    def run(
-        self,
-        program: Any,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Mapping[str, np.ndarray],
-    ) -> None: ...
-
-    def counters(self) -> Any: ...
 
 
 class DeviceApi(Protocol):

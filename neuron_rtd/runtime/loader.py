@@ -17,7 +17,7 @@ import numpy as np
 import driver_sim
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Neff, Stage
-from neuron_rtd.runtime.driver import driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, driver_errors
 from neuron_rtd.runtime.host import compile_host_stage
 from neuron_rtd.runtime.model import HostRun, LoadMode, Model, ModelParams, StageRun, Step
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
@@ -60,7 +60,7 @@ class _Allocator:
     """Allocates DRAM next to a vnc and remembers it, so a failed load frees it all."""
 
     ncgs: NcgTable
-    devices: Sequence[Any]
+    devices: Sequence[DeviceApi]
     model_name: str
 
     def __post_init__(self) -> None:
@@ -134,7 +134,7 @@ def build_model(
     neff: Neff,
     ncg: Ncg,
     ncgs: NcgTable,
-    devices: Sequence[Any],
+    devices: Sequence[DeviceApi],
     params: ModelParams,
     session_id: int = 0,
 ) -> Model:

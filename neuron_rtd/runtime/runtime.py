@@ -17,7 +17,7 @@ from typing import Any
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
 from neuron_rtd.neff import Neff
-from neuron_rtd.runtime.driver import driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, driver_errors
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import InferResult, Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
@@ -43,7 +43,9 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 class Runtime:
-    def __init__(self, devices: Sequence[Any], *, options: RuntimeOptions | None = None) -> None:
+    def __init__(
+        self, devices: Sequence[DeviceApi], *, options: RuntimeOptions | None = None
+    ) -> None:
         self.devices = list(devices)
         self.options = options or RuntimeOptions()
         self.ncgs = NcgTable(len(self.devices), self.options.ncs_per_device)
