@@ -10,6 +10,7 @@ its outputs out, and gives the slot back.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -105,6 +106,8 @@ class Model:
         self._float_outputs = tuple(
             t.name for t in self.neff.outputs if np.issubdtype(t.dtype, np.floating)
         )
+        # Per slot, each step with its input and output arrays, bound once here.
+        self._bound = [[_bind(step, slot) for step in self.steps] for slot in self.slots]
 
     @property
     def dram_bytes(self) -> int:
@@ -143,13 +146,8 @@ class Model:
         for name, array in arrays.items():
             np.copyto(slot[name], array, casting="no")
         with driver_errors(f"model {self.id} ({self.name})"):
-            for step in self.steps:
-                ins = {n: slot[n] for n in step.inputs}
-                outs = {n: slot[n] for n in step.outputs}
-                if isinstance(step, StageRun):
-                    step.core.run(step.program, ins, outs)
-                else:
-                    step.run(ins, outs)
+            for run, ins, outs in self._bound[slot_index]:
+                run(ins, outs)
         return {t.name: slot[t.name].tobytes() for t in self.neff.outputs}
 
     def _numerical_code(self, outputs: Mapping[str, bytes]) -> Nerr:
@@ -217,6 +215,21 @@ class Model:
         """Wait until no inference is in flight; False if still busy at the timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self.in_flight, timeout=timeout_s)
+
+
+BoundStep = tuple[
+    Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], None],
+    dict[str, np.ndarray],
+    dict[str, np.ndarray],
+]
+
+
+def _bind(step: Step, slot: Mapping[str, np.ndarray]) -> BoundStep:
+    ins = {n: slot[n] for n in step.inputs}
+    outs = {n: slot[n] for n in step.outputs}
+    if isinstance(step, StageRun):
+        return functools.partial(step.core.run, step.program), ins, outs
+    return step.run, ins, outs
 
 
 def describe(spec: TensorSpec) -> str:
