@@ -91,8 +91,12 @@ def test_sigterm_drains_releases_devices_and_removes_socket(work: Path) -> None:
     mode = stat.S_IMODE(sock.stat().st_mode)
     assert stat.S_ISSOCK(sock.stat().st_mode)
     assert mode & 0o002 == 0 and mode == 0o660
+    sample = build_mlp((8, 8, 4))
+    (work / "m.neff").write_bytes(sample.neff)
     with Client(proc.address) as client:
-        client.load(build_mlp((8, 8, 4)).neff)
+        model = client.load(work / "m.neff")  # streamed in chunks from the mmapped file
+        got = model.infer(sample.random_inputs())["probs"]
+        assert abs(got - sample.reference(sample.random_inputs())["probs"]).max() < 1e-6
     assert proc.stop() == 0
     assert not sock.exists()
     assert driver_sim.Machine.open(sim).device_info(0).owner is None

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import Neff, read_neff
+from neuron_rtd.neff import Neff, read_neff, read_neff_file
 from neuron_rtd.proto import pb, pb_grpc
 
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
@@ -120,11 +120,15 @@ class Client:
     ) -> Model:
         """Load a NEFF given as bytes or a path; with `by_path` the daemon reads the file
         itself (`neff_file`), else it is streamed in 1 MiB chunks."""
-        data = neff if isinstance(neff, bytes) else Path(neff).read_bytes()
-        parsed = read_neff(data)
-        path = None if isinstance(neff, bytes) else str(Path(neff).resolve())
-        if by_path and path is None:
-            raise ValueError("by_path needs the NEFF as a path, not bytes")
+        if isinstance(neff, bytes):
+            if by_path:
+                raise ValueError("by_path needs the NEFF as a path, not bytes")
+            parsed, path = read_neff(neff), None
+        else:
+            path = str(Path(neff).resolve())
+            parsed = read_neff_file(path)  # mmapped: the file is read once, for chunks too
+        data = memoryview(neff) if isinstance(neff, bytes) else parsed.buffer
+        assert data is not None
         params = pb.model_params()
         if ninfer is not None:
             params.ninfer.data = ninfer
@@ -138,10 +142,11 @@ class Client:
                 yield pb.load_request(model_params=params)
                 yield pb.load_request(neff_file=path)
                 return
-            yield pb.load_request(neff_size=len(data))
+            yield pb.load_request(neff_size=data.nbytes)
             yield pb.load_request(model_params=params)
-            for i in range(0, len(data), CHUNK_BYTES):
-                yield pb.load_request(neff_chunk=pb.file_chunk(chunk=data[i : i + CHUNK_BYTES]))
+            for i in range(0, data.nbytes, CHUNK_BYTES):
+                chunk = bytes(data[i : i + CHUNK_BYTES])
+                yield pb.load_request(neff_chunk=pb.file_chunk(chunk=chunk))
 
         response = self.stub.load(stream(), timeout=self.timeout_s)
         _check("load", response.status)
