@@ -125,7 +125,7 @@ class Daemon:
         watchdog = None
         interval = sd.watchdog_interval_s()
         if interval:
-            watchdog = sd.Watchdog(interval, healthy=lambda: not self._stop.is_set())
+            watchdog = sd.Watchdog(interval, healthy=lambda: runtime.responsive(interval))
             watchdog.start()
         while not self._stop.wait(0.5):
             pass

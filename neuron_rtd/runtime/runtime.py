@@ -248,6 +248,14 @@ class Runtime:
         self._ensure_ready()
         return self.model(model_id).infer(inputs)
 
+    def responsive(self, timeout_s: float) -> bool:
+        """True when a control-plane call could run now: the runtime's lock is free
+        within `timeout_s` (a wedged load or unload holds it)."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        self._lock.release()
+        return True
+
     def close(self) -> None:
         """Unload everything (the daemon's drain at exit)."""
         self.unload_all()
