@@ -65,7 +65,16 @@ def test_json_and_topology_with_a_daemon(work: Path) -> None:
         assert doc[0]["runtime"] is None and doc[1]["nc_count"] == 4
         assert doc[1]["memory_size"] == 8 * 2**30
         table = neuron_ls(sim_root=sim)
-        assert f"| {proc.pid} " in table.replace("  ", " ") or str(proc.pid) in table
+        rows = {
+            cells[4]: cells[5:]
+            for cells in (
+                [c.strip() for c in line.strip("|").split("|")]
+                for line in table.splitlines()
+                if line.startswith("| ") and ":00:" in line
+            )
+        }
+        assert rows["0000:00:1d.0"] == [proc.address, str(proc.pid), doc[1]["runtime"]["version"]]
+        assert rows["0000:00:1c.0"] == ["NA", "NA", "NA"]
         topo = neuron_ls("--topology", sim_root=sim)
         assert "[0] 0000:00:1c.0" in topo and "[3] 0000:00:1f.0" in topo
         assert topo.count("|") == 3 and f"runtime pid {proc.pid}" in topo

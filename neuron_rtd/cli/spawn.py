@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -41,13 +41,15 @@ class NotifyListener:
         self.messages.append(data)
         return data
 
-    def wait_for(self, field: str, timeout_s: float, alive: object = None) -> bool:
+    def wait_for(
+        self, field: str, timeout_s: float, alive: Callable[[], bool] | None = None
+    ) -> bool:
         """Wait until a message carries `field` (e.g. "READY=1")."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if any(field in m.split("\n") for m in self.messages):
                 return True
-            if callable(alive) and not alive():
+            if alive is not None and not alive():
                 return False
             self.receive(min(0.2, max(0.0, deadline - time.monotonic())))
         return any(field in m.split("\n") for m in self.messages)
