@@ -52,12 +52,12 @@ def run_steps(program: LoadedProgram, env: list[Any]) -> None:
     try:
         with np.errstate(all="ignore"):
             # `index` is read by the handler below, to name the failing instruction.
-            for index, (fn, ins, outs) in enumerate(program.steps):  # noqa: B007
+            for index, (fn, ins, outs, multi) in enumerate(program.steps):  # noqa: B007
                 result = fn(*[env[i] for i in ins])
-                if len(outs) == 1:
+                if not multi:
                     env[outs[0]] = result
                 else:
-                    for slot, value in zip(outs, result, strict=True):
+                    for slot, value in zip(outs, result, strict=False):
                         env[slot] = value
     except _KERNEL_FAILURES as exc:
         op = program.kernels[index].op

@@ -1,8 +1,12 @@
 """The ops a NeuronCore executes, with ONNX (opset 13+) semantics, as numpy kernels.
 
 Each op is a `Kernel`: its compute function (arrays in, array out; attributes as keyword
-arguments), its engine, how many inputs it takes, its attributes (each with a parser that
-validates and a default) and its MAC count. Adding an op is a function plus a decorator:
+arguments), its engine, how many inputs and outputs it takes, its attributes (each with a
+parser that validates and a default), the ONNX op versions whose semantics it implements,
+an optional check of input dtypes and attribute combinations, and its MAC count. A kernel
+with more than one possible output returns a tuple of all of them (a step keeps the first
+ones it names). An absent optional input arrives as None. Adding an op is a function plus
+a decorator:
 
     @kernel("Neg", Engine.POOL)
     def _neg(x: np.ndarray) -> np.ndarray:
@@ -26,6 +30,9 @@ from driver_sim.cost import Engine
 Shape = tuple[int, ...]
 MacCount = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], int]
 ComputeFn = Callable[..., Any]
+# Raises ValueError (the reason) when the kernel cannot run inputs of these dtypes with
+# these parsed attributes; the compiler then leaves the op to a CPU node.
+SupportCheck = Callable[[Sequence[np.dtype], Mapping[str, Any]], None]
 
 
 class _Required:
@@ -57,10 +64,23 @@ class Kernel:
     compute: ComputeFn
     min_inputs: int
     max_inputs: int
-    outputs: int = 1
+    min_outputs: int = 1
+    max_outputs: int = 1
     attrs: Mapping[str, Attr] = field(default_factory=dict)
     macs: MacCount = no_macs
     read_modify_write: bool = False
+    since: tuple[int, ...] | None = None  # ONNX op versions implemented (None: any)
+    check: SupportCheck | None = None
+
+    @property
+    def multi_output(self) -> bool:
+        return self.max_outputs > 1
+
+    def check_support(self, dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
+        """ValueError naming why the kernel cannot run these input dtypes and parsed
+        attribute values; None when it can."""
+        if self.check is not None:
+            self.check(dtypes, values)
 
     def parse_attrs(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every attribute's value (defaults filled in); ValueError naming a bad one."""
@@ -95,24 +115,33 @@ def kernel(
     engine: Engine,
     *,
     inputs: tuple[int, int] = (1, 1),
-    outputs: int = 1,
+    outputs: int | tuple[int, int] = 1,
     attrs: Mapping[str, Attr] | None = None,
     macs: MacCount = no_macs,
     read_modify_write: bool = False,
+    since: tuple[int, ...] | None = None,
+    check: SupportCheck | None = None,
 ) -> Callable[[ComputeFn], ComputeFn]:
-    """Register the decorated function as the compute function of `op`."""
+    """Register the decorated function as the compute function of `op`. `outputs` is a
+    count or a (min, max) range; with max > 1 the function returns a tuple."""
+    low, high = (outputs, outputs) if isinstance(outputs, int) else outputs
 
     def register(compute: ComputeFn) -> ComputeFn:
+        if op in KERNELS:
+            raise ValueError(f"kernel {op!r} is registered twice")
         KERNELS[op] = Kernel(
             op=op,
             engine=engine,
             compute=compute,
             min_inputs=inputs[0],
             max_inputs=inputs[1],
-            outputs=outputs,
+            min_outputs=low,
+            max_outputs=high,
             attrs=attrs or {},
             macs=macs,
             read_modify_write=read_modify_write,
+            since=since,
+            check=check,
         )
         return compute
 
@@ -144,6 +173,49 @@ def float_attr(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise ValueError(f"must be a number, got {value!r}")
     return float(value)
+
+
+def ints_attr(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be a list of integers, got {value!r}")
+    return tuple(int_attr(v) for v in value)
+
+
+def floats_attr(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be a list of numbers, got {value!r}")
+    return tuple(float_attr(v) for v in value)
+
+
+def str_attr(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    return value
+
+
+def choice_attr(*choices: str) -> Callable[[Any], str]:
+    """A parser for a string attribute that must be one of `choices`."""
+
+    def parse(value: Any) -> str:
+        text = str_attr(value)
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def tensor_attr(value: Any) -> np.ndarray:
+    """A tensor-valued attribute, as the compiler writes it:
+    {"dtype": "float32", "shape": [...], "data": [...flat values...]}."""
+    if not isinstance(value, Mapping) or set(value) != {"dtype", "shape", "data"}:
+        raise ValueError(f"must be a tensor {{dtype, shape, data}}, got {value!r}")
+    try:
+        dtype = np.dtype(value["dtype"])
+        array = np.asarray(value["data"], dtype=dtype).reshape(tuple(value["shape"]))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad tensor: {exc}") from None
+    return array
 
 
 # ---- MAC counts (see driver_sim.cost) ------------------------------------------------
@@ -261,3 +333,7 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @kernel("Identity", Engine.POOL)
 def _identity(x: np.ndarray) -> np.ndarray:
     return x
+
+
+# The rest of the op library registers itself on import.
+from driver_sim import ops_nn, ops_tensor  # noqa: E402, F401

@@ -44,11 +44,13 @@ class NcProgram:
 
 
 class Step(NamedTuple):
-    """A resolved instruction: call `fn` on slots `inputs`, store into slots `outputs`."""
+    """A resolved instruction: call `fn` on slots `inputs`, store into slots `outputs`
+    (`multi`: `fn` returns a tuple, of which the first len(outputs) are kept)."""
 
     fn: ComputeFn
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    multi: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,9 +155,14 @@ def _check_instr(index: int, instr: Instr) -> tuple[Kernel, dict[str, Any]]:
             else f"{kern.min_inputs}..{kern.max_inputs}"
         )
         raise KernelError(f"takes {wanted} inputs, got {count}", op=instr.op, index=index)
-    if len(instr.outputs) != kern.outputs:
+    if not kern.min_outputs <= len(instr.outputs) <= kern.max_outputs:
+        wanted = (
+            f"{kern.min_outputs}"
+            if kern.min_outputs == kern.max_outputs
+            else f"{kern.min_outputs}..{kern.max_outputs}"
+        )
         raise KernelError(
-            f"produces {kern.outputs} output(s), got {len(instr.outputs)} names",
+            f"produces {wanted} output(s), got {len(instr.outputs)} names",
             op=instr.op,
             index=index,
         )
@@ -182,9 +189,9 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
         instr = Instr(*raw)
         kern, values = _check_instr(index, instr)
         ins = tuple(resolver.use(name, index, instr.op) for name in instr.inputs)
-        outs = tuple(resolver.define(name, "output", index, instr.op) for name in instr.outputs)
+        outs = tuple(_define_output(resolver, name, index, instr.op) for name in instr.outputs)
         template.extend([None] * len(outs))
-        steps.append(Step(kern.bind(values), ins, outs))
+        steps.append(Step(kern.bind(values), ins, outs, kern.multi_output))
         kernels.append(kern)
         attrs.append(values)
     output_slots = tuple(
@@ -202,6 +209,15 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
         output_slots=output_slots,
         static_totals=_static_totals(kernels),
     )
+
+
+def _define_output(resolver: _Resolver, name: str, index: int, op: str) -> int:
+    """The slot of an instruction output; an ABSENT name (an optional output left out)
+    gets a scratch slot of its own."""
+    if name == ABSENT:
+        resolver.slots[f"\0absent{len(resolver.slots)}"] = len(resolver.slots)
+        return len(resolver.slots) - 1
+    return resolver.define(name, "output", index, op)
 
 
 def _program_output_slot(resolver: _Resolver, name: str) -> int:
