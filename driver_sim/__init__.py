@@ -19,7 +19,7 @@ from driver_sim.errors import (
     KernelError,
     MachineMismatch,
 )
-from driver_sim.execute import execute_program
+from driver_sim.execute import DynamicBuffer, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
 from driver_sim.kernels import KERNELS, Kernel, supported_ops
 from driver_sim.machine import DeviceInfo, Machine
@@ -51,6 +51,7 @@ __all__ = [
     "DramBuffer",
     "DramExhausted",
     "DriverError",
+    "DynamicBuffer",
     "Engine",
     "FaultSpec",
     "HwCounters",

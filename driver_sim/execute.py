@@ -18,6 +18,37 @@ from driver_sim.program import LoadedProgram
 _KERNEL_FAILURES = (ValueError, TypeError, IndexError, ArithmeticError)
 
 
+class DynamicBuffer:
+    """The home of a tensor whose shape is known only once its producer has run (the
+    output of NonMaxSuppression, say). With a `capacity` (DRAM planned at the tensor's
+    upper bound) the value is copied into its start; without one (no bound known) the
+    produced array is kept as it is, in host memory. Consumers read it as an array."""
+
+    def __init__(self, name: str, dtype: np.dtype, capacity: np.ndarray | None) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.capacity = capacity
+        self.value: np.ndarray = np.empty(0, dtype)
+
+    def accept(self, value: Any) -> None:
+        array = np.asarray(value)
+        if array.dtype != self.dtype:
+            raise KernelError(f"output {self.name!r} is {array.dtype}, declared {self.dtype}")
+        if self.capacity is None:
+            self.value = array
+            return
+        if array.nbytes > self.capacity.nbytes:
+            raise KernelError(
+                f"output {self.name!r} of shape {array.shape} takes {array.nbytes} bytes, "
+                f"past its planned bound of {self.capacity.nbytes}"
+            )
+        self.value = self.capacity[: array.nbytes].view(self.dtype).reshape(array.shape)
+        np.copyto(self.value, array)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.value if dtype is None else self.value.astype(dtype)
+
+
 def execute_program(
     program: LoadedProgram,
     inputs: Mapping[str, np.ndarray],
@@ -64,7 +95,8 @@ def run_steps(program: LoadedProgram, env: list[Any]) -> None:
         raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
 
 
-def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, np.ndarray]) -> None:
+def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, Any]) -> None:
+    """Copy each program output into its array (or hand it to its DynamicBuffer)."""
     for name, slot, producer in program.output_slots:
         op = None if producer is None else program.kernels[producer].op
         try:
@@ -72,6 +104,9 @@ def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, n
         except KeyError:
             raise KernelError(f"no array given for output {name!r}") from None
         value = env[slot]
+        if isinstance(target, DynamicBuffer):
+            target.accept(value)
+            continue
         if target.shape != np.shape(value):
             raise KernelError(
                 f"output {name!r} has shape {np.shape(value)}, "

@@ -16,7 +16,7 @@ from neuron_rtd.neff.header import (
     SUPPORTED_VERSIONS,
     NeffHeader,
 )
-from neuron_rtd.neff.model import Instruction, Neff, Node, NodeKind, Stage, TensorSpec
+from neuron_rtd.neff.model import Bucket, Instruction, Neff, Node, NodeKind, Stage, TensorSpec
 from neuron_rtd.neff.reader import read_neff, read_neff_file
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 
@@ -28,6 +28,7 @@ __all__ = [
     "NEFF_VERSION",
     "PACKAGE_VERSION",
     "SUPPORTED_VERSIONS",
+    "Bucket",
     "Instruction",
     "InstructionLike",
     "Neff",

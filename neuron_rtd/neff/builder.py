@@ -89,8 +89,19 @@ def _dtype_name(dtype: npt.DTypeLike) -> str:
     return dtype if isinstance(dtype, str) else np.dtype(dtype).name
 
 
-def _tensor_json(name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> JsonDict:
-    return {"name": name, "dtype": _dtype_name(dtype), "shape": [int(d) for d in shape]}
+def _tensor_json(
+    name: str,
+    dtype: npt.DTypeLike,
+    shape: Sequence[int],
+    dynamic: Sequence[int] = (),
+    symbols: Sequence[str | None] | None = None,
+) -> JsonDict:
+    entry: JsonDict = {"name": name, "dtype": _dtype_name(dtype), "shape": [int(d) for d in shape]}
+    if dynamic:
+        entry["dynamic"] = [int(axis) for axis in dynamic]
+    if symbols is not None and any(sym is not None for sym in symbols):
+        entry["symbols"] = list(symbols)
+    return entry
 
 
 class NeffBuilder:
@@ -102,16 +113,46 @@ class NeffBuilder:
         self._outputs: list[JsonDict] = []
         self._tensors: dict[str, JsonDict] = {}
         self._nodes: list[_NodeSpec] = []
+        self._buckets: list[tuple[NeffBuilder, dict[str, tuple[int, int]]]] = []
 
-    def add_input(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
-        self._inputs.append(self._declare(name, dtype, shape))
+    def add_input(
+        self,
+        name: str,
+        dtype: npt.DTypeLike,
+        shape: Sequence[int],
+        *,
+        dynamic: Sequence[int] = (),
+        symbols: Sequence[str | None] | None = None,
+    ) -> None:
+        self._inputs.append(self._declare(name, dtype, shape, dynamic, symbols))
 
-    def add_output(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
-        self._outputs.append(self._declare(name, dtype, shape))
+    def add_output(
+        self,
+        name: str,
+        dtype: npt.DTypeLike,
+        shape: Sequence[int],
+        *,
+        dynamic: Sequence[int] = (),
+        symbols: Sequence[str | None] | None = None,
+    ) -> None:
+        self._outputs.append(self._declare(name, dtype, shape, dynamic, symbols))
 
-    def add_tensor(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
+    def add_tensor(
+        self,
+        name: str,
+        dtype: npt.DTypeLike,
+        shape: Sequence[int],
+        *,
+        dynamic: Sequence[int] = (),
+    ) -> None:
         """Declare a tensor that crosses a node or stage boundary."""
-        self._declare(name, dtype, shape)
+        self._declare(name, dtype, shape, dynamic)
+
+    def add_bucket(self, name: str, symbols: Mapping[str, tuple[int, int]]) -> NeffBuilder:
+        """A builder for one bucket: a complete static graph for these symbol ranges."""
+        bucket = NeffBuilder(name)
+        self._buckets.append((bucket, {k: (int(lo), int(hi)) for k, (lo, hi) in symbols.items()}))
+        return bucket
 
     def add_node(
         self,
@@ -123,8 +164,15 @@ class NeffBuilder:
     ) -> None:
         self._nodes.append(_NodeSpec(name, kind, tuple(inputs), tuple(outputs), tuple(stages)))
 
-    def _declare(self, name: str, dtype: npt.DTypeLike, shape: Sequence[int]) -> JsonDict:
-        entry = _tensor_json(name, dtype, shape)
+    def _declare(
+        self,
+        name: str,
+        dtype: npt.DTypeLike,
+        shape: Sequence[int],
+        dynamic: Sequence[int] = (),
+        symbols: Sequence[str | None] | None = None,
+    ) -> JsonDict:
+        entry = _tensor_json(name, dtype, shape, dynamic, symbols)
         known = self._tensors.setdefault(name, entry)
         if known != entry:
             raise NeffInvalid(
@@ -141,9 +189,12 @@ class NeffBuilder:
         build_version: str | None = None,
         uuid: uuidlib.UUID | None = None,
         requested_nc_count: int | None = None,
+        shared_weights: bool = False,
     ) -> bytes:
-        """The NEFF bytes, validated by reading them back (NeffInvalid if invalid)."""
-        archive = pack_members(self._members())
+        """The NEFF bytes, validated by reading them back (NeffInvalid if invalid).
+        With `shared_weights` every stage's weights go into one blob where equal arrays
+        are stored once (buckets and stages that share weights)."""
+        archive = pack_members(self._members(_WeightStore() if shared_weights else None))
         data = compress(archive) if gzip else archive
         nc_count, ncs_per_node = self._nc_counts()
         header = NeffHeader(
@@ -165,26 +216,45 @@ class NeffBuilder:
         return header.pack() + data
 
     def _nc_counts(self) -> tuple[int, int]:
+        if self._buckets:
+            counts = [bucket._nc_counts() for bucket, _ in self._buckets]
+            return max(c[0] for c in counts), max(c[1] for c in counts)
         sizes = [len(node.stages) for node in self._nodes if node.kind == NodeKind.NEURON]
         return sum(sizes), max(sizes, default=0)
 
-    def _members(self) -> dict[str, bytes]:
+    def _members(self, store: _WeightStore | None) -> dict[str, bytes]:
         members: dict[str, bytes] = {}
+        doc = self._graph_doc(members, store)
+        if self._buckets:
+            doc["buckets"] = []
+            for bucket, symbols in self._buckets:
+                entry = bucket._graph_doc(members, store)
+                entry["symbols"] = {k: list(v) for k, v in symbols.items()}
+                doc["buckets"].append(entry)
+        if store is not None:
+            members[_SHARED_WEIGHTS] = bytes(store.blob)
+        members[GRAPH_FILE] = _dump(doc, GRAPH_FILE)
+        return members
+
+    def _graph_doc(self, members: dict[str, bytes], store: _WeightStore | None) -> JsonDict:
+        """This graph's JSON; its stage files go into `members`."""
         graph_nodes = []
         for node in self._nodes:
             stage_paths = []
             for j, stage in enumerate(node.stages):
-                program, weights = _stage_files(node, stage, f"node {node.name!r} stage {j}")
+                where = f"node {node.name!r} stage {j}"
+                program, weights = _stage_files(node, stage, where, store)
+                own_blob = f"nodes/{node.name}/stage{j}.bin"
                 paths = {
                     "program": f"nodes/{node.name}/stage{j}.json",
-                    "weights": f"nodes/{node.name}/stage{j}.bin",
+                    "weights": own_blob if store is None else _SHARED_WEIGHTS,
                 }
                 members[paths["program"]] = program
-                members[paths["weights"]] = weights
+                if store is None:
+                    members[paths["weights"]] = weights
                 stage_paths.append(paths)
             graph_nodes.append(_node_json(node, stage_paths))
-        members[GRAPH_FILE] = _dump(self._graph_json(graph_nodes), GRAPH_FILE)
-        return members
+        return self._graph_json(graph_nodes)
 
     def _graph_json(self, nodes: list[JsonDict]) -> JsonDict:
         tensors = {
@@ -210,9 +280,34 @@ def _node_json(node: _NodeSpec, stage_paths: list[dict[str, str]]) -> JsonDict:
     }
 
 
-def _stage_files(node: _NodeSpec, stage: StageSpec, where: str) -> tuple[bytes, bytes]:
-    """The program JSON and the weights blob of one stage."""
-    blob, table = _layout_weights(stage.weights)
+_SHARED_WEIGHTS = "weights.bin"
+
+
+class _WeightStore:
+    """One blob for the weights of every stage; an array equal to one already stored
+    (same dtype, shape and bytes) is not stored again."""
+
+    def __init__(self) -> None:
+        self.blob = bytearray()
+        self._offsets: dict[tuple[str, tuple[int, ...], bytes], int] = {}
+
+    def put(self, array: np.ndarray) -> int:
+        data = array.tobytes()
+        key = (array.dtype.str, array.shape, hashlib.sha256(data).digest())
+        offset = self._offsets.get(key)
+        if offset is None:
+            offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+            self.blob.extend(bytes(offset - len(self.blob)))
+            self.blob.extend(data)
+            self._offsets[key] = offset
+        return offset
+
+
+def _stage_files(
+    node: _NodeSpec, stage: StageSpec, where: str, store: _WeightStore | None = None
+) -> tuple[bytes, bytes]:
+    """The program JSON and the weights blob of one stage (empty when in `store`)."""
+    blob, table = _layout_weights(stage.weights, store)
     program = {
         "inputs": list(node.inputs if stage.inputs is None else stage.inputs),
         "outputs": list(node.outputs if stage.outputs is None else stage.outputs),
@@ -231,15 +326,21 @@ def _instruction_json(ins: Instruction) -> JsonDict:
     }
 
 
-def _layout_weights(weights: Mapping[str, np.ndarray]) -> tuple[bytes, JsonDict]:
-    """Each weight's little-endian bytes at a WEIGHT_ALIGNMENT-aligned offset."""
+def _layout_weights(
+    weights: Mapping[str, np.ndarray], store: _WeightStore | None = None
+) -> tuple[bytes, JsonDict]:
+    """Each weight's little-endian bytes at a WEIGHT_ALIGNMENT-aligned offset, in a blob
+    of the stage's own or in the shared `store`."""
     blob = bytearray()
     table: JsonDict = {}
     for name, value in weights.items():
         array = little_endian(np.asarray(value))
-        offset = -(-len(blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
-        blob.extend(bytes(offset - len(blob)))
-        blob.extend(array.tobytes())
+        if store is not None:
+            offset = store.put(array)
+        else:
+            offset = -(-len(blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+            blob.extend(bytes(offset - len(blob)))
+            blob.extend(array.tobytes())
         table[name] = {
             "offset": offset,
             "nbytes": int(array.nbytes),

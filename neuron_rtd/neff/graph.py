@@ -36,21 +36,100 @@ class GraphDecl:
     outputs: tuple[TensorSpec, ...]
     tensors: Mapping[str, TensorSpec]
     nodes: tuple[NodeDecl, ...]
+    symbols: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    buckets: tuple[GraphDecl, ...] = ()
 
 
 def parse_graph(doc: object) -> GraphDecl:
-    """The graph of a parsed neff.json; NeffInvalid naming the fault otherwise."""
+    """The graph of a parsed neff.json; NeffInvalid naming the fault otherwise.
+
+    A bucketed graph has no nodes of its own but a "buckets" list: each bucket is a
+    complete graph (static shapes) for the ranges of the dimensions its "symbols" name,
+    and the model's inputs and outputs name per axis the symbol it follows."""
     obj = jf.as_object(doc, GRAPH_FILE)
+    graph = _graph(obj, GRAPH_FILE)
+    if "buckets" in obj:
+        items = jf.as_list(obj["buckets"], f"{GRAPH_FILE} buckets")
+        buckets = tuple(_bucket(item, f"bucket {i}") for i, item in enumerate(items))
+        graph = dataclasses.replace(graph, buckets=buckets)
+        _check_buckets(graph)
+    return graph
+
+
+def _graph(obj: jf.JsonObject, where: str) -> GraphDecl:
     graph = GraphDecl(
-        name=jf.as_name(jf.get(obj, "name", GRAPH_FILE), f"{GRAPH_FILE} name"),
-        inputs=_tensor_decls(jf.get(obj, "inputs", GRAPH_FILE), "model input"),
-        outputs=_tensor_decls(jf.get(obj, "outputs", GRAPH_FILE), "model output"),
-        tensors=_tensor_table(jf.get(obj, "tensors", GRAPH_FILE)),
-        nodes=_nodes(jf.get(obj, "nodes", GRAPH_FILE)),
+        name=jf.as_name(jf.get(obj, "name", where), f"{where} name"),
+        inputs=_tensor_decls(jf.get(obj, "inputs", where), "model input"),
+        outputs=_tensor_decls(jf.get(obj, "outputs", where), "model output"),
+        tensors=_tensor_table(jf.get(obj, "tensors", where)),
+        nodes=_nodes(jf.get(obj, "nodes", where)),
     )
     _check_model_tensors(graph)
-    _check_topology(graph)
+    if "buckets" not in obj:
+        _check_topology(graph)
     return graph
+
+
+def _bucket(value: object, where: str) -> GraphDecl:
+    obj = jf.as_object(value, where)
+    graph = _graph(obj, where)
+    where = f"bucket {graph.name!r}"
+    table = jf.as_object(jf.get(obj, "symbols", where), f"{where} symbols")
+    symbols: dict[str, tuple[int, int]] = {}
+    for symbol, bounds in table.items():
+        pair = jf.as_shape(bounds, f"{where} symbol {symbol!r}")
+        if len(pair) != 2 or not 1 <= pair[0] <= pair[1]:
+            raise NeffInvalid(
+                f"{where}: symbol {symbol!r} needs bounds [low, high] with "
+                f"1 <= low <= high, got {bounds!r}"
+            )
+        symbols[symbol] = (pair[0], pair[1])
+    return dataclasses.replace(graph, symbols=types.MappingProxyType(symbols))
+
+
+def _check_buckets(graph: GraphDecl) -> None:
+    """A bucketed graph: no nodes of its own, every bucket's inputs and outputs are the
+    model's at that bucket's sizes, and every node name is unique across buckets."""
+    if graph.nodes:
+        raise NeffInvalid(f"{GRAPH_FILE}: a bucketed graph has its nodes in its buckets")
+    if not graph.buckets:
+        raise NeffInvalid(f"{GRAPH_FILE}: buckets is empty")
+    seen: set[str] = set()
+    for bucket in graph.buckets:
+        where = f"bucket {bucket.name!r}"
+        for node in bucket.nodes:
+            if node.name in seen:
+                raise NeffInvalid(f"{where}: node name {node.name!r} is used by another bucket")
+            seen.add(node.name)
+        for what, model_specs, own in (
+            ("input", graph.inputs, bucket.inputs),
+            ("output", graph.outputs, bucket.outputs),
+        ):
+            if [s.name for s in model_specs] != [s.name for s in own]:
+                raise NeffInvalid(f"{where}: its {what}s are not the model's {what}s")
+            for spec, mine in zip(model_specs, own, strict=True):
+                expected = bucket_shape(spec, bucket.symbols, where)
+                if mine.dtype != spec.dtype or mine.shape != expected:
+                    raise NeffInvalid(
+                        f"{where}: {what} {spec.name!r} is {mine.describe()}, expected "
+                        f"{spec.dtype.name} {expected}"
+                    )
+
+
+def bucket_shape(
+    spec: TensorSpec, symbols: Mapping[str, tuple[int, int]], where: str
+) -> tuple[int, ...]:
+    """The static shape of a model tensor in the bucket with these symbol ranges."""
+    if not spec.symbols:
+        return spec.shape
+    shape = list(spec.shape)
+    for axis, symbol in enumerate(spec.symbols):
+        if symbol is None:
+            continue
+        if symbol not in symbols:
+            raise NeffInvalid(f"{where}: gives no range for symbol {symbol!r} of {spec.name!r}")
+        shape[axis] = symbols[symbol][1]
+    return tuple(shape)
 
 
 def _tensor_decls(value: object, what: str) -> tuple[TensorSpec, ...]:
@@ -68,7 +147,26 @@ def _tensor_decl(value: object, what: str, index: int) -> TensorSpec:
 
 
 def _spec(name: str, obj: jf.JsonObject, where: str) -> TensorSpec:
-    return TensorSpec(name=name, dtype=jf.get_dtype(obj, where), shape=jf.get_shape(obj, where))
+    shape = jf.get_shape(obj, where)
+    dynamic: tuple[int, ...] = ()
+    symbols: tuple[str | None, ...] = ()
+    if "dynamic" in obj:
+        dynamic = jf.as_shape(obj["dynamic"], f"{where} dynamic")
+        jf.check_unique(tuple(map(str, dynamic)), f"{where} dynamic")
+        for axis in dynamic:
+            if axis >= len(shape):
+                raise NeffInvalid(f"{where}: dynamic axis {axis} is outside shape {list(shape)}")
+    if "symbols" in obj:
+        items = jf.as_list(obj["symbols"], f"{where} symbols")
+        if len(items) != len(shape):
+            raise NeffInvalid(f"{where}: symbols has {len(items)} entries for {len(shape)} axes")
+        symbols = tuple(
+            None if item is None else jf.as_name(item, f"{where} symbols[{i}]")
+            for i, item in enumerate(items)
+        )
+    return TensorSpec(
+        name=name, dtype=jf.get_dtype(obj, where), shape=shape, dynamic=dynamic, symbols=symbols
+    )
 
 
 def _tensor_table(value: object) -> Mapping[str, TensorSpec]:

@@ -24,17 +24,48 @@ class NodeKind(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
+    """A tensor's dtype and shape. `dynamic` names the axes whose size is known only at
+    run time (an output of NonMaxSuppression, say): there `shape` holds the upper bound,
+    or 0 when there is none. `symbols` (model inputs and outputs of a bucketed NEFF)
+    names per axis the dynamic dimension it follows (None for fixed axes); there `shape`
+    holds the largest bucket's size."""
+
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    dynamic: tuple[int, ...] = ()
+    symbols: tuple[str | None, ...] = ()
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor at its declared shape (for a dynamic one, its bound)."""
         return self.dtype.itemsize * math.prod(self.shape)
 
+    @property
+    def varying_axes(self) -> tuple[int, ...]:
+        """The axes whose size may change from one inference to the next."""
+        named = tuple(i for i, sym in enumerate(self.symbols) if sym is not None)
+        return tuple(sorted(set(self.dynamic) | set(named)))
+
+    @property
+    def unbounded(self) -> bool:
+        return any(self.shape[axis] == 0 for axis in self.dynamic)
+
     def describe(self) -> str:
-        """`float32 (1, 784)`: the dtype and shape, for messages."""
-        return f"{self.dtype.name} {self.shape}"
+        """`float32 (1, 784)`: the dtype and shape, for messages (`?` marks a varying
+        axis, with its bound or symbol where there is one)."""
+        dims: list[str] = []
+        for axis, dim in enumerate(self.shape):
+            symbol = self.symbols[axis] if self.symbols else None
+            if symbol is not None:
+                dims.append(f"{symbol}<={dim}")
+            elif axis in self.dynamic:
+                dims.append(f"?<={dim}" if dim else "?")
+            else:
+                dims.append(str(dim))
+        if not self.varying_axes:
+            return f"{self.dtype.name} {self.shape}"
+        return f"{self.dtype.name} ({', '.join(dims)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +131,23 @@ class Node:
 
 
 @dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One planned copy of the graph, for the sizes `symbols` maps to (low, high) ranges;
+    its inputs and outputs are static at the high end of each range."""
+
+    name: str
+    symbols: Mapping[str, tuple[int, int]]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tensors: Mapping[str, TensorSpec]
+    nodes: tuple[Node, ...]
+
+    @property
+    def nc_count(self) -> int:
+        return sum(node.nc_count for node in self.nodes)
+
+
+@dataclasses.dataclass(frozen=True)
 class Neff:
     """A read and validated NEFF. `buffer` is what it was read from (kept alive for views)."""
 
@@ -110,11 +158,18 @@ class Neff:
     tensors: Mapping[str, TensorSpec]
     nodes: tuple[Node, ...]
     buffer: memoryview | None = dataclasses.field(default=None, repr=False, compare=False)
+    buckets: tuple[Bucket, ...] = ()
+
+    def variants(self) -> tuple[Bucket, ...]:
+        """The graphs a runtime loads: the buckets, or the one graph as a bucket of its own."""
+        if self.buckets:
+            return self.buckets
+        return (Bucket("", {}, self.inputs, self.outputs, self.tensors, self.nodes),)
 
     @property
     def nc_count(self) -> int:
-        """NCs needed in normal mode: the sum over Neuron nodes."""
-        return sum(node.nc_count for node in self.nodes)
+        """NCs needed in normal mode: the sum over Neuron nodes (of the largest bucket)."""
+        return max(variant.nc_count for variant in self.variants())
 
     @property
     def max_node_ncs(self) -> int:
@@ -122,16 +177,21 @@ class Neff:
         return max((node.nc_count for node in self.neuron_nodes), default=0)
 
     @property
+    def all_nodes(self) -> tuple[Node, ...]:
+        """Every node of every variant."""
+        return tuple(node for variant in self.variants() for node in variant.nodes)
+
+    @property
     def weight_bytes(self) -> int:
-        return sum(node.weight_bytes for node in self.nodes)
+        return sum(node.weight_bytes for node in self.all_nodes)
 
     @property
     def neuron_nodes(self) -> tuple[Node, ...]:
-        return tuple(node for node in self.nodes if node.kind == NodeKind.NEURON)
+        return tuple(node for node in self.all_nodes if node.kind == NodeKind.NEURON)
 
     @property
     def cpu_nodes(self) -> tuple[Node, ...]:
-        return tuple(node for node in self.nodes if node.kind == NodeKind.CPU)
+        return tuple(node for node in self.all_nodes if node.kind == NodeKind.CPU)
 
     @property
     def size(self) -> int:

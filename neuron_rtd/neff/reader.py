@@ -10,10 +10,10 @@ import os
 
 from neuron_rtd.errors import NeffInvalid
 from neuron_rtd.neff.archive import gunzip, unpack_members
-from neuron_rtd.neff.graph import GRAPH_FILE, GraphDecl, parse_graph
+from neuron_rtd.neff.graph import GRAPH_FILE, parse_graph
 from neuron_rtd.neff.header import HEADER_SIZE, NeffHeader, parse_header
 from neuron_rtd.neff.jsonfields import load_json
-from neuron_rtd.neff.model import Neff, Node, NodeKind
+from neuron_rtd.neff.model import Bucket, Neff
 from neuron_rtd.neff.nodes import build_nodes, member
 
 
@@ -28,8 +28,18 @@ def read_neff(data: bytes | bytearray | memoryview) -> Neff:
     members = unpack_members(archive)
     graph = parse_graph(load_json(member(members, GRAPH_FILE, "the graph"), GRAPH_FILE))
     nodes = build_nodes(graph, members)
-    _check_header_counts(header, graph, nodes)
-    return Neff(
+    buckets = tuple(
+        Bucket(
+            name=b.name,
+            symbols=b.symbols,
+            inputs=b.inputs,
+            outputs=b.outputs,
+            tensors=b.tensors,
+            nodes=build_nodes(b, members),
+        )
+        for b in graph.buckets
+    )
+    neff = Neff(
         header=header,
         name=graph.name,
         inputs=graph.inputs,
@@ -37,7 +47,10 @@ def read_neff(data: bytes | bytearray | memoryview) -> Neff:
         tensors=graph.tensors,
         nodes=nodes,
         buffer=view,
+        buckets=buckets,
     )
+    _check_header_counts(header, neff)
+    return neff
 
 
 def read_neff_file(path: str | os.PathLike[str]) -> Neff:
@@ -74,19 +87,18 @@ def _check_hash(header: NeffHeader, payload: memoryview) -> None:
         )
 
 
-def _check_header_counts(header: NeffHeader, graph: GraphDecl, nodes: tuple[Node, ...]) -> None:
-    if header.name != graph.name:
+def _check_header_counts(header: NeffHeader, neff: Neff) -> None:
+    if header.name != neff.name:
         raise NeffInvalid(
-            f"NEFF header name {header.name!r} disagrees with {GRAPH_FILE} name {graph.name!r}"
+            f"NEFF header name {header.name!r} disagrees with {GRAPH_FILE} name {neff.name!r}"
         )
-    neuron = [node for node in nodes if node.kind == NodeKind.NEURON]
-    needed = sum(node.nc_count for node in neuron)
+    needed = neff.nc_count
     if header.nc_count != needed:
         raise NeffInvalid(
             f"NEFF header nc_count is {header.nc_count} but the graph's Neuron nodes "
             f"need {needed} NCs"
         )
-    largest = max((node.nc_count for node in neuron), default=0)
+    largest = neff.max_node_ncs
     if header.ncs_per_node != largest:
         raise NeffInvalid(
             f"NEFF header ncs_per_node is {header.ncs_per_node} but the largest Neuron "

@@ -4,6 +4,10 @@ weights into device DRAM, allocate the I/O slots, and load the programs on the N
 Normal mode gives each Neuron node its own NCs (node after node, stage after stage);
 shared-NC mode, for an NCG smaller than the NEFF's total but at least its largest node,
 puts every node on the NCG's first NCs and runs one request at a time.
+
+Each bucket of a bucketed NEFF is placed the same way on the same NCs; a weight array
+that several stages on one NC share (the same bytes of the NEFF) is copied to DRAM once.
+Tensors with a dynamic axis get DRAM at their planned bound, or none when unbounded.
 """
 
 from __future__ import annotations
@@ -16,10 +20,18 @@ import numpy as np
 
 import driver_sim
 from neuron_rtd.errors import ResourceNcError
-from neuron_rtd.neff import Neff, Stage
+from neuron_rtd.neff import Bucket, Neff, Stage
 from neuron_rtd.runtime.driver import DeviceApi, driver_errors
 from neuron_rtd.runtime.host import compile_host_stage
-from neuron_rtd.runtime.model import HostRun, LoadMode, Model, ModelParams, StageRun, Step
+from neuron_rtd.runtime.model import (
+    HostRun,
+    LoadMode,
+    Model,
+    ModelParams,
+    StageRun,
+    Step,
+    Variant,
+)
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 
 ALIGN = 64
@@ -41,11 +53,11 @@ def choose_mode(neff: Neff, ncg: Ncg) -> LoadMode:
     )
 
 
-def stage_vncs(neff: Neff, ncg: Ncg, mode: LoadMode) -> list[list[int]]:
+def stage_vncs(variant: Bucket, ncg: Ncg, mode: LoadMode) -> list[list[int]]:
     """Per node, the vnc of each of its stages (empty for CPU nodes)."""
     placement: list[list[int]] = []
     offset = 0
-    for node in neff.nodes:
+    for node in variant.nodes:
         if node.kind != "neuron":
             placement.append([])
             continue
@@ -65,6 +77,7 @@ class _Allocator:
 
     def __post_init__(self) -> None:
         self.taken: list[tuple[Any, Any]] = []
+        self.placed: dict[tuple[int, int, int, str, tuple[int, ...]], np.ndarray] = {}
 
     def alloc(self, vnc: int, nbytes: int, tag: str) -> np.ndarray:
         loc = self.ncgs.locate(vnc)
@@ -82,50 +95,118 @@ class _Allocator:
         self.taken.clear()
 
 
+def _weight_key(vnc: int, w: np.ndarray) -> tuple[int, int, int, str, tuple[int, ...]]:
+    return (vnc, w.__array_interface__["data"][0], w.nbytes, w.dtype.str, w.shape)
+
+
 def _place_weights(alloc: _Allocator, vnc: int, stage: Stage, tag: str) -> dict[str, np.ndarray]:
+    """The stage's weights in DRAM next to `vnc`; arrays already there are reused."""
+    placed: dict[str, np.ndarray] = {}
     offsets: dict[str, int] = {}
     total = 0
     for name, w in stage.weights.items():
+        known = alloc.placed.get(_weight_key(vnc, w))
+        if known is not None:
+            placed[name] = known
+            continue
         offsets[name] = total
         total += _align(w.nbytes)
+    if not offsets:
+        return placed
     memory = alloc.alloc(vnc, total, f"{tag} weights")
-    placed: dict[str, np.ndarray] = {}
-    for name, w in stage.weights.items():
-        dst = memory[offsets[name] : offsets[name] + w.nbytes].view(w.dtype).reshape(w.shape)
+    for name, offset in offsets.items():
+        w = stage.weights[name]
+        dst = memory[offset : offset + w.nbytes].view(w.dtype).reshape(w.shape)
         np.copyto(dst, w)
-        placed[name] = dst
+        placed[name] = alloc.placed[_weight_key(vnc, w)] = dst
     return placed
 
 
-def _tensor_homes(neff: Neff, placement: list[list[int]]) -> dict[str, int]:
+def _tensor_homes(variant: Bucket, placement: list[list[int]]) -> dict[str, int]:
     """The vnc whose DRAM holds each boundary tensor: its producer's, else its first
     Neuron consumer's, else HOST."""
     produced: dict[str, int] = {}
     consumed: dict[str, int] = {}
-    for node, vncs in zip(neff.nodes, placement, strict=True):
+    for node, vncs in zip(variant.nodes, placement, strict=True):
         for stage, vnc in zip(node.stages, vncs, strict=False):
             for name in stage.outputs:
                 produced.setdefault(name, vnc)
             for name in stage.inputs:
                 consumed.setdefault(name, vnc)
-    return {name: produced.get(name, consumed.get(name, HOST)) for name in neff.tensors}
+    return {name: produced.get(name, consumed.get(name, HOST)) for name in variant.tensors}
 
 
 def _alloc_slots(
-    alloc: _Allocator, neff: Neff, homes: dict[str, int], ninfer: int
-) -> list[dict[str, np.ndarray]]:
-    slots: list[dict[str, np.ndarray]] = []
+    alloc: _Allocator, variant: Bucket, homes: dict[str, int], ninfer: int
+) -> list[dict[str, Any]]:
+    slots: list[dict[str, Any]] = []
+    prefix = f"bucket '{variant.name}' " if variant.name else ""
     for i in range(ninfer):
-        slot: dict[str, np.ndarray] = {}
-        for name, spec in neff.tensors.items():
+        slot: dict[str, Any] = {}
+        for name, spec in variant.tensors.items():
             home = homes[name]
-            if home == HOST:
+            tag = f"{prefix}io slot {i} '{name}'"
+            if spec.dynamic:
+                capacity = (
+                    None if home == HOST or spec.unbounded else alloc.alloc(home, spec.nbytes, tag)
+                )
+                slot[name] = driver_sim.DynamicBuffer(name, spec.dtype, capacity)
+            elif home == HOST:
                 slot[name] = np.empty(spec.shape, dtype=spec.dtype)
             else:
-                raw = alloc.alloc(home, spec.nbytes, f"io slot {i} '{name}'")
+                raw = alloc.alloc(home, spec.nbytes, tag)
                 slot[name] = raw.view(spec.dtype).reshape(spec.shape)
         slots.append(slot)
     return slots
+
+
+def _load_steps(
+    variant: Bucket,
+    placement: list[list[int]],
+    alloc: _Allocator,
+    ncgs: NcgTable,
+    devices: Sequence[DeviceApi],
+    neff_name: str,
+) -> list[Step]:
+    steps: list[Step] = []
+    for node, vncs in zip(variant.nodes, placement, strict=True):
+        if node.kind != "neuron":
+            stage = node.stages[0]
+            steps.append(
+                HostRun(
+                    node=node.name,
+                    run=compile_host_stage(node.name, stage),
+                    inputs=tuple(stage.inputs),
+                    outputs=tuple(stage.outputs),
+                )
+            )
+            continue
+        for j, (stage, vnc) in enumerate(zip(node.stages, vncs, strict=True)):
+            tag = f"node '{node.name}' stage {j}"
+            weights = _place_weights(alloc, vnc, stage, tag)
+            loc = ncgs.locate(vnc)
+            core = devices[loc.device_slot].nc(loc.nc)
+            program = driver_sim.NcProgram(
+                instructions=[
+                    driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
+                    for i in stage.instructions
+                ],
+                weights=weights,
+                inputs=list(stage.inputs),
+                outputs=list(stage.outputs),
+            )
+            with driver_errors(f"loading '{neff_name}' {tag} on NC {vnc}"):
+                loaded = core.load(program)
+            steps.append(
+                StageRun(
+                    vnc=vnc,
+                    core=core,
+                    program=loaded,
+                    inputs=tuple(stage.inputs),
+                    outputs=tuple(stage.outputs),
+                )
+            )
+    return steps
 
 
 def build_model(
@@ -140,52 +221,20 @@ def build_model(
 ) -> Model:
     """Place `neff` on `ncg`; on any failure everything allocated is freed again."""
     mode = choose_mode(neff, ncg)
-    placement = stage_vncs(neff, ncg, mode)
     alloc = _Allocator(ncgs, devices, neff.name)
+    variants: list[Variant] = []
+    used: set[int] = set()
     try:
-        steps: list[Step] = []
-        for node, vncs in zip(neff.nodes, placement, strict=True):
-            if node.kind != "neuron":
-                stage = node.stages[0]
-                steps.append(
-                    HostRun(
-                        node=node.name,
-                        run=compile_host_stage(node.name, stage),
-                        inputs=tuple(stage.inputs),
-                        outputs=tuple(stage.outputs),
-                    )
-                )
-                continue
-            for j, (stage, vnc) in enumerate(zip(node.stages, vncs, strict=True)):
-                tag = f"node '{node.name}' stage {j}"
-                weights = _place_weights(alloc, vnc, stage, tag)
-                loc = ncgs.locate(vnc)
-                core = devices[loc.device_slot].nc(loc.nc)
-                program = driver_sim.NcProgram(
-                    instructions=[
-                        driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
-                        for i in stage.instructions
-                    ],
-                    weights=weights,
-                    inputs=list(stage.inputs),
-                    outputs=list(stage.outputs),
-                )
-                with driver_errors(f"loading '{neff.name}' {tag} on NC {vnc}"):
-                    loaded = core.load(program)
-                steps.append(
-                    StageRun(
-                        vnc=vnc,
-                        core=core,
-                        program=loaded,
-                        inputs=tuple(stage.inputs),
-                        outputs=tuple(stage.outputs),
-                    )
-                )
-        slots = _alloc_slots(alloc, neff, _tensor_homes(neff, placement), params.ninfer)
+        for bucket in neff.variants():
+            placement = stage_vncs(bucket, ncg, mode)
+            steps = _load_steps(bucket, placement, alloc, ncgs, devices, neff.name)
+            homes = _tensor_homes(bucket, placement)
+            slots = _alloc_slots(alloc, bucket, homes, params.ninfer)
+            variants.append(Variant(bucket=bucket, steps=steps, slots=slots))
+            used.update(v for vncs in placement for v in vncs)
     except BaseException:
         alloc.free_all()
         raise
-    used = sorted({v for vncs in placement for v in vncs})
     return Model(
         id=model_id,
         name=neff.name,
@@ -193,9 +242,8 @@ def build_model(
         ncg_id=ncg.id,
         mode=mode,
         params=params,
-        steps=steps,
-        slots=slots,
+        variants=variants,
         dram=alloc.taken,
-        vncs=tuple(used),
+        vncs=tuple(sorted(used)),
         session_id=session_id,
     )
