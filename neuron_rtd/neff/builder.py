@@ -258,7 +258,7 @@ class NeffBuilder:
 
     def _graph_json(self, nodes: list[JsonDict]) -> JsonDict:
         tensors = {
-            name: {"dtype": entry["dtype"], "shape": entry["shape"]}
+            name: {key: value for key, value in entry.items() if key != "name"}
             for name, entry in self._tensors.items()
         }
         return {

@@ -51,6 +51,17 @@ class TensorSpec:
     def unbounded(self) -> bool:
         return any(self.shape[axis] == 0 for axis in self.dynamic)
 
+    def array_from(self, data: bytes | memoryview) -> np.ndarray:
+        """The tensor held in `data`: its one varying axis (if any) sized by the byte count."""
+        shape: list[int] = list(self.shape)
+        varying = self.varying_axes
+        if len(varying) == 1:
+            shape[varying[0]] = -1
+        flat = np.frombuffer(data, dtype=self.dtype)
+        if -1 in shape and math.prod(d for d in shape if d != -1) == 0:
+            return flat.reshape([0 if d == -1 else d for d in shape])
+        return flat.reshape(shape)
+
     def describe(self) -> str:
         """`float32 (1, 784)`: the dtype and shape, for messages (`?` marks a varying
         axis, with its bound or symbol where there is one)."""

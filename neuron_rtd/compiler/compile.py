@@ -1,0 +1,343 @@
+"""The compiler's flow: ONNX model in, NEFF bytes and a summary out.
+
+1. Load and check the model (onnx checker), fix input shapes (`input_shapes`), and find
+   the dynamic dimensions: symbolic input axes given ranges in `dynamic` (or axis 0 of
+   every input with `dynamic_batch`). Any other unknown input axis is an error.
+2. Per bucket (every combination of the dynamic dimensions' ranges; a single static graph
+   when there are none): fix the inputs at the bucket's largest sizes, infer shapes, fold
+   constants and BatchNormalization, place ops on the NC or CPU, order and cut them into
+   nodes, split the Neuron part into stages, and emit.
+3. Read the NEFF back (the builder does) so nothing invalid is ever returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from neuron_rtd.compiler.emit import Emitted, Emitter
+from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.compiler.onnx_graph import (
+    Dim,
+    Graph,
+    build_graph,
+    check_model,
+    infer_types,
+    input_dims,
+    load_model,
+    with_input_shapes,
+)
+from neuron_rtd.compiler.partition import NC, order, place, segments
+from neuron_rtd.compiler.summary import Summary
+from neuron_rtd.errors import NrtError
+from neuron_rtd.neff import NeffBuilder
+
+BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
+
+Range = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileResult:
+    neff: bytes
+    summary: Summary
+
+
+def bucket_ranges(low: int, high: int, scheme: str = "log2") -> list[Range]:
+    """Ranges covering low..high: `log2` (1, 2, 3-4, 5-8, ...), `uniform:K` (K equal
+    ranges), `single` (one range), or explicit upper bounds `8,32,128`."""
+    if not 1 <= low <= high:
+        raise CompileError(f"a dynamic range needs 1 <= low <= high, got {low}..{high}")
+    if scheme == "single":
+        return [(low, high)]
+    if scheme == "log2":
+        tops, top = [], 1
+        while top < high:
+            if top >= low:
+                tops.append(top)
+            top *= 2
+        return _ranges(low, [*tops, high])
+    if scheme.startswith("uniform:"):
+        count = _positive(scheme.split(":", 1)[1], scheme)
+        step = -(-(high - low + 1) // count)
+        return _ranges(low, [min(high, low - 1 + step * (i + 1)) for i in range(count)])
+    tops = [_positive(part, scheme) for part in scheme.split(",")]
+    if tops != sorted(set(tops)) or tops[-1] < high or tops[0] < low:
+        raise CompileError(f"explicit bucket bounds {scheme!r} must rise and cover {low}..{high}")
+    return _ranges(low, [t for t in tops if t < high] + [high])
+
+
+def _positive(text: str, scheme: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise CompileError(f"bad bucket scheme {scheme!r}: {text!r} is not a positive integer")
+    return int(text)
+
+
+def _ranges(low: int, tops: Sequence[int]) -> list[Range]:
+    ranges: list[Range] = []
+    start = low
+    for top in sorted(set(tops)):
+        if top >= start:
+            ranges.append((start, top))
+            start = top + 1
+    return ranges
+
+
+def compile_model(
+    source: str | Path | bytes | onnx.ModelProto,
+    *,
+    num_neuroncores: int = 1,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dynamic: Mapping[str, Sequence[Range]] | None = None,
+    dynamic_batch: Sequence[Range] | None = None,
+    name: str | None = None,
+    gzip: bool = False,
+) -> CompileResult:
+    """Compile an ONNX model to NEFF bytes. `dynamic` maps a symbolic input dimension
+    (its dim_param) to its bucket ranges; `dynamic_batch` does so for axis 0 of every
+    input. CompileError names what cannot be compiled."""
+    if num_neuroncores < 1:
+        raise CompileError(f"--num-neuroncores must be at least 1, got {num_neuroncores}")
+    model = load_model(source)
+    check_model(model)
+    axes = _input_axes(model, dict(input_shapes or {}), dynamic_batch is not None)
+    ranges: dict[str, Sequence[Range]] = dict(dynamic or {})
+    if dynamic_batch is not None:
+        ranges[BATCH] = dynamic_batch
+    symbols = sorted({d for dims in axes.values() for d in dims if isinstance(d, str)})
+    for symbol in symbols:
+        if symbol not in ranges:
+            where = [
+                f"{n}[{a}]" for n, dims in axes.items() for a, d in enumerate(dims) if d == symbol
+            ]
+            raise CompileError(
+                f"input dimension {symbol!r} ({', '.join(where)}) is not fixed: give it a size "
+                f"with --input-shape or buckets with --dynamic {symbol}=LOW:HIGH"
+            )
+    unused = sorted(set(ranges) - set(symbols))
+    if unused:
+        raise CompileError(f"--dynamic names {', '.join(unused)}, which no input has")
+    model_name = name or model.graph.name or "model"
+    builder = NeffBuilder(model_name)
+    summary = Summary(model_name)
+    try:
+        if not symbols:
+            graph = _graph_for(model, axes, {})
+            emitted = _emit(graph, builder, num_neuroncores, "")
+            summary.add(None, graph, emitted)
+        else:
+            _compile_buckets(model, axes, symbols, ranges, builder, summary, num_neuroncores)
+        neff = builder.build(gzip=gzip, shared_weights=True)
+    except NrtError as exc:  # the NEFF the builder made does not read back
+        raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
+    summary.nc_count = _nc_count(neff)
+    summary.neff_bytes = len(neff)
+    return CompileResult(neff=neff, summary=summary)
+
+
+def _nc_count(neff: bytes) -> int:
+    from neuron_rtd.neff import read_neff
+
+    return read_neff(neff).nc_count
+
+
+def _input_axes(
+    model: onnx.ModelProto, shapes: dict[str, Sequence[int]], batch: bool
+) -> dict[str, tuple[Dim, ...]]:
+    """Each input's axes: a fixed size or the symbol it follows."""
+    declared = input_dims(model)
+    unknown = sorted(set(shapes) - set(declared))
+    if unknown:
+        raise CompileError(
+            f"--input-shape names {', '.join(unknown)}; the inputs are {', '.join(declared)}"
+        )
+    axes: dict[str, tuple[Dim, ...]] = {}
+    for name, dims in declared.items():
+        if name in shapes:
+            given = tuple(int(d) for d in shapes[name])
+            if len(given) != len(dims) or any(d < 1 for d in given):
+                raise CompileError(
+                    f"--input-shape {name}: {list(given)} does not fit its {len(dims)} axes "
+                    "(sizes must be positive)"
+                )
+            dims = given
+        if batch and dims:
+            dims = (BATCH, *dims[1:])
+        for axis, dim in enumerate(dims):
+            if dim is None or (isinstance(dim, int) and dim < 1):
+                raise CompileError(
+                    f"input {name!r} axis {axis} has no size: give one with --input-shape"
+                )
+        axes[name] = dims
+    return axes
+
+
+def _graph_for(
+    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]], sizes: Mapping[str, int]
+) -> Graph:
+    shapes = {
+        name: [sizes[d] if isinstance(d, str) else int(d) for d in dims]  # type: ignore[arg-type]
+        for name, dims in axes.items()
+    }
+    return build_graph(with_input_shapes(model, shapes))
+
+
+def _emit(graph: Graph, builder: NeffBuilder, num_nc: int, prefix: str) -> Emitted:
+    _add_output_copies(graph)
+    refusals = place(graph)
+    runs = segments(order(graph, refusals), refusals)
+    emitter = Emitter(graph, builder, refusals, prefix)
+    nc_runs = [run for run in runs if run.kind == NC]
+    costs = [sum(emitter._cost(node) for node in run.nodes) for run in nc_runs]
+    return emitter.emit(runs, stages_per_node(costs, num_nc, [len(r.nodes) for r in nc_runs]))
+
+
+def stages_per_node(costs: Sequence[int], num_nc: int, sizes: Sequence[int]) -> list[int]:
+    """NCs for each Neuron node: at least one each, the rest of `num_nc` shared out by
+    cost (never more stages than a node has ops)."""
+    counts = [1] * len(costs)
+    for _ in range(max(0, num_nc - len(costs))):
+        open_nodes = [i for i in range(len(costs)) if counts[i] < sizes[i]]
+        if not open_nodes:
+            break
+        best = max(open_nodes, key=lambda i: costs[i] / counts[i])
+        counts[best] += 1
+    return counts
+
+
+def _add_output_copies(graph: Graph) -> None:
+    """A model output that no node produces (a constant, or an input passed through)
+    gets an Identity node, so that some node produces every output."""
+    produced = {out for node in graph.nodes for out in node.output}
+    for name in graph.outputs:
+        if name in produced:
+            continue
+        if name in graph.inputs:
+            raise CompileError(f"model output {name!r} is the model input itself")
+        if name not in graph.consts:
+            raise CompileError(f"model output {name!r} is produced by no node")
+        source = f"{name}.constant"
+        graph.consts[source] = graph.consts.pop(name)
+        graph.types[source] = graph.types[name]
+        graph.nodes.append(onnx.helper.make_node("Identity", [source], [name], name=f"{name}.copy"))
+
+
+def _compile_buckets(
+    model: onnx.ModelProto,
+    axes: Mapping[str, tuple[Dim, ...]],
+    symbols: Sequence[str],
+    ranges: Mapping[str, Sequence[Range]],
+    builder: NeffBuilder,
+    summary: Summary,
+    num_nc: int,
+) -> None:
+    combos = list(itertools.product(*(ranges[s] for s in symbols)))
+    if len(combos) > 64:
+        raise CompileError(f"{len(combos)} buckets is too many (at most 64)")
+    tops = {s: max(hi for _, hi in ranges[s]) for s in symbols}
+    results: list[tuple[dict[str, int], Emitted]] = []
+    for index, combo in enumerate(combos):
+        bounds = dict(zip(symbols, combo, strict=True))
+        label = ",".join(f"{s}={lo}..{hi}" for s, (lo, hi) in bounds.items())
+        bucket = builder.add_bucket(label, bounds)
+        sizes = {s: hi for s, (_, hi) in bounds.items()}
+        graph = _graph_for(model, axes, sizes)
+        emitted = _emit(graph, bucket, num_nc, f"b{index}.")
+        summary.add(label, graph, emitted)
+        results.append((sizes, emitted))
+    for name, dims in axes.items():
+        dtype = _input_dtype(model, name)
+        shape = [tops[d] if isinstance(d, str) else int(d) for d in dims]  # type: ignore[arg-type]
+        builder.add_input(
+            name, dtype, shape, symbols=[d if isinstance(d, str) else None for d in dims]
+        )
+    named = _symbolic_outputs(model, axes)
+    for out in model.graph.output:
+        _declare_bucketed_output(builder, out.name, results, named.get(out.name, ()), tops)
+
+
+def _input_dtype(model: onnx.ModelProto, name: str) -> np.dtype:
+    vi = next(v for v in model.graph.input if v.name == name)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+
+
+def _symbolic_outputs(
+    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]]
+) -> dict[str, tuple[Dim, ...]]:
+    """Each output's dims with the input symbols carried through by shape inference."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    for vi in copy.graph.input:
+        if vi.name not in axes:
+            continue
+        shape = vi.type.tensor_type.shape
+        shape.ClearField("dim")
+        for dim in axes[vi.name]:
+            if isinstance(dim, str):
+                shape.dim.add().dim_param = dim
+            else:
+                shape.dim.add().dim_value = int(dim)  # type: ignore[arg-type]
+    try:
+        _, types = infer_types(copy)
+    except CompileError:
+        return {}
+    return {o.name: types[o.name].shape or () for o in model.graph.output if o.name in types}
+
+
+def _declare_bucketed_output(
+    builder: NeffBuilder,
+    name: str,
+    results: Sequence[tuple[dict[str, int], Emitted]],
+    named: tuple[Dim, ...],
+    tops: Mapping[str, int],
+) -> None:
+    """The model output over all buckets: each axis fixed, following one symbol (cut to
+    its size), or dynamic (value-dependent)."""
+    shapes = [emitted.output_shapes[name] for _, emitted in results]
+    dynamic = sorted({a for _, e in results for a in e.dynamic_outputs[name]})
+    rank = len(shapes[0])
+    symbols: list[str | None] = []
+    shape: list[int] = []
+    for axis in range(rank):
+        sizes = [s[axis] for s in shapes]
+        symbol = _follows(axis, sizes, results, named, tops)
+        symbols.append(symbol)
+        shape.append(tops[symbol] if symbol else max(sizes))
+        if symbol is None and axis not in dynamic and len(set(sizes)) > 1:
+            raise CompileError(
+                f"model output {name!r} axis {axis} changes with the bucket ({sizes}) but does "
+                "not follow one dynamic dimension, so it cannot be cut to an inference's size"
+            )
+    varying = {a for a in dynamic} | {a for a, s in enumerate(symbols) if s}
+    if len(varying) > 1:
+        raise CompileError(
+            f"model output {name!r} varies along axes {sorted(varying)}; the wire carries bytes "
+            "only, so at most one may vary"
+        )
+    dtype = results[0][1].output_dtypes[name]
+    builder.add_output(name, dtype, shape, dynamic=dynamic, symbols=symbols)
+
+
+def _follows(
+    axis: int,
+    sizes: Sequence[int],
+    results: Sequence[tuple[dict[str, int], Emitted]],
+    named: tuple[Dim, ...],
+    tops: Mapping[str, int],
+) -> str | None:
+    if axis < len(named) and isinstance(named[axis], str) and named[axis] in tops:
+        return str(named[axis])
+    candidates = [
+        s
+        for s in tops
+        if all(size == bucket[s] for size, (bucket, _) in zip(sizes, results, strict=True))
+    ]
+    if len(set(sizes)) > 1 and len(candidates) == 1:
+        return candidates[0]
+    return None

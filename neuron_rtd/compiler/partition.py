@@ -1,0 +1,132 @@
+"""Partitioning: which ops the NeuronCore runs and which go to CPU nodes, in an order that
+keeps NC <-> CPU transitions few.
+
+An op runs on the NC when the NC library has a kernel for it that implements the op's
+version under the model's opset, its attributes parse, and the kernel accepts its input
+dtypes; anything else goes to a CPU node (onnxruntime), with the reason recorded.
+Ordering is a topological sort that keeps taking ready ops of the current kind and
+switches kind only when none is left, so each run of one kind is as long as it can be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx.defs
+
+from driver_sim.kernels import KERNELS
+from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
+from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
+from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
+
+NC = "neuron"
+CPU = "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A run of consecutive ops of one kind: one node of the NEFF."""
+
+    kind: str
+    nodes: tuple[onnx.NodeProto, ...]
+
+
+def nc_refusal(node: onnx.NodeProto, graph: Graph) -> str | None:
+    """Why the NC cannot run `node` (None when it can)."""
+    if node.domain not in ("", "ai.onnx"):
+        return f"domain {node.domain!r} is not in the NC library"
+    kern = KERNELS.get(node.op_type)
+    if kern is None:
+        return "no NC kernel for this op"
+    try:
+        version = onnx.defs.get_schema(node.op_type, graph.opset, "").since_version
+    except onnx.defs.SchemaError:
+        return f"no schema for this op under opset {graph.opset}"
+    if kern.since is not None and version not in kern.since:
+        return f"op version {version} is not one the NC implements {kern.since}"
+    try:
+        values = kern.parse_attrs(node_attrs(node))
+    except (UnsupportedAttr, ValueError) as exc:
+        return str(exc)
+    outputs = _named_outputs(node)
+    if not kern.min_outputs <= len(outputs) <= kern.max_outputs:
+        return f"{len(outputs)} outputs requested, the NC kernel gives {kern.max_outputs}"
+    dtypes: list[np.dtype] = []
+    for name in [*node.input, *outputs]:
+        if not name:
+            continue
+        kind = graph.types.get(name)
+        if kind is None:
+            return f"the type of {name!r} is unknown"
+        if kind.dtype.name not in ALLOWED_DTYPES:
+            return f"{name!r} is {kind.dtype.name}, which the NC does not hold"
+    dtypes = [graph.types[name].dtype for name in node.input if name]
+    try:
+        kern.check_support(dtypes, values)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _named_outputs(node: onnx.NodeProto) -> list[str]:
+    """The outputs up to the last one named (trailing optional outputs left out)."""
+    outputs = list(node.output)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return outputs
+
+
+def place(graph: Graph) -> dict[str, str | None]:
+    """Per node name: None to run it on the NC, else why it goes to a CPU node."""
+    return {node.name: nc_refusal(node, graph) for node in graph.nodes}
+
+
+def order(graph: Graph, refusals: dict[str, str | None]) -> list[onnx.NodeProto]:
+    """A topological order of the nodes that switches between NC and CPU ops as rarely
+    as it can (ties: the model's own order)."""
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    producer = {out: node.name for node in graph.nodes for out in node.output if out}
+    deps: dict[str, set[str]] = {}
+    users: dict[str, list[str]] = {node.name: [] for node in graph.nodes}
+    for node in graph.nodes:
+        deps[node.name] = {producer[n] for n in node_inputs(node) if n in producer}
+        for dep in deps[node.name]:
+            users[dep].append(node.name)
+    ready: dict[str, list[int]] = {NC: [], CPU: []}
+    for node in graph.nodes:
+        if not deps[node.name]:
+            heapq.heappush(ready[_kind(refusals, node.name)], index[node.name])
+    current = NC if ready[NC] else CPU
+    ordered: list[onnx.NodeProto] = []
+    while ready[NC] or ready[CPU]:
+        if not ready[current]:
+            current = CPU if current == NC else NC
+        node = graph.nodes[heapq.heappop(ready[current])]
+        ordered.append(node)
+        for user in users[node.name]:
+            deps[user].discard(node.name)
+            if not deps[user]:
+                heapq.heappush(ready[_kind(refusals, user)], index[user])
+    if len(ordered) != len(graph.nodes):
+        raise ValueError("the graph has a cycle")
+    return ordered
+
+
+def _kind(refusals: dict[str, str | None], name: str) -> str:
+    return NC if refusals[name] is None else CPU
+
+
+def segments(ordered: Sequence[onnx.NodeProto], refusals: dict[str, str | None]) -> list[Segment]:
+    """Cut the ordered nodes into runs of one kind."""
+    runs: list[Segment] = []
+    for node in ordered:
+        kind = _kind(refusals, node.name)
+        if runs and runs[-1].kind == kind:
+            runs[-1] = Segment(kind, (*runs[-1].nodes, node))
+        else:
+            runs.append(Segment(kind, (node,)))
+    return runs

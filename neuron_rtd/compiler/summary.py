@@ -1,0 +1,59 @@
+"""The compile summary: per NEFF node what runs where, its MACs and weight bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from neuron_rtd.compiler.emit import Emitted
+    from neuron_rtd.compiler.onnx_graph import Graph
+
+
+@dataclasses.dataclass
+class Summary:
+    name: str
+    sections: list[tuple[str | None, Emitted]] = dataclasses.field(default_factory=list)
+    nc_count: int = 0
+    neff_bytes: int = 0
+
+    def add(self, bucket: str | None, graph: Graph, emitted: Emitted) -> None:
+        del graph  # kept in the signature for richer summaries
+        self.sections.append((bucket, emitted))
+
+    @property
+    def nc_ops(self) -> int:
+        return sum(
+            sum(n.ops.values()) for _, e in self.sections for n in e.nodes if n.kind != "cpu"
+        )
+
+    @property
+    def cpu_ops(self) -> int:
+        return sum(
+            sum(n.ops.values()) for _, e in self.sections for n in e.nodes if n.kind == "cpu"
+        )
+
+    def __str__(self) -> str:
+        lines = [
+            f"model {self.name!r}: {self.nc_count} NeuronCore(s), NEFF {self.neff_bytes} bytes"
+        ]
+        for bucket, emitted in self.sections:
+            if bucket is not None:
+                lines.append(f"bucket {bucket}:")
+            indent = "  " if bucket is not None else ""
+            for node in emitted.nodes:
+                ops = ", ".join(f"{op} x{n}" for op, n in sorted(node.ops.items()))
+                where = "NC " if node.kind != "cpu" else "CPU"
+                head = (
+                    f"{indent}{node.name:<14} {where} {sum(node.ops.values()):>4} ops  "
+                    f"{node.macs / 1e6:>10.1f} MMACs  {node.weight_bytes / 2**20:>8.2f} MiB"
+                )
+                if len(node.stage_macs) > 1:
+                    stages = " / ".join(f"{m / 1e6:.1f}" for m in node.stage_macs)
+                    head += f"  stages (MMACs): {stages}"
+                lines.append(head)
+                lines.append(f"{indent}    {ops}")
+                for op, reason in sorted(node.reasons.items()):
+                    lines.append(f"{indent}    {op} on CPU: {reason}")
+        lines.append(f"total: {self.nc_ops} ops on the NC, {self.cpu_ops} on the CPU")
+        return "\n".join(lines)
