@@ -1,0 +1,123 @@
+"""`neuron-cc compile model.onnx -o model.neff [options]`: the compiler's command line.
+
+Exit codes: 0 compiled (the summary printed), 1 the model cannot be compiled (the message
+names the node, op and reason; no file is written), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.neff import write_neff
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        sizes = [int(d) for d in dims.split(",")]
+    except ValueError:
+        sizes = []
+    if not sep or not name or not sizes:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=D0,D1,... (e.g. input=1,3,224,224), got {text!r}"
+        )
+    return name, sizes
+
+
+def _range(text: str) -> tuple[int, int, str]:
+    """LOW:HIGH[:SCHEME] or HIGH (low 1); SCHEME as `bucket_ranges` takes it."""
+    parts = text.split(":", 2)
+    try:
+        if len(parts) == 1:
+            return 1, int(parts[0]), "log2"
+        scheme = parts[2] if len(parts) == 3 else "log2"
+        return int(parts[0]), int(parts[1]), scheme
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected HIGH or LOW:HIGH[:log2|uniform:K|single|B1,B2,...], got {text!r}"
+        ) from None
+
+
+def _dynamic(text: str) -> tuple[str, tuple[int, int, str]]:
+    name, sep, rest = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected SYMBOL=LOW:HIGH[:SCHEME], got {text!r}")
+    return name, _range(rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="neuron-cc", description="Compile ONNX models to NEFF.")
+    commands = top.add_subparsers(dest="command", required=True)
+    cmd = commands.add_parser("compile", help="compile an ONNX model into a NEFF")
+    cmd.add_argument("model", help="the ONNX model file")
+    cmd.add_argument("-o", "--output", required=True, help="the NEFF file to write")
+    cmd.add_argument(
+        "--num-neuroncores",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the Neuron part into N pipeline stages (default 1)",
+    )
+    cmd.add_argument(
+        "--input-shape",
+        type=_shape,
+        action="append",
+        default=[],
+        metavar="NAME=DIMS",
+        help="fix an input's shape, e.g. input=1,3,224,224 (repeatable)",
+    )
+    cmd.add_argument(
+        "--dynamic-batch",
+        type=_range,
+        metavar="[LOW:]HIGH[:SCHEME]",
+        help="axis 0 of every input is dynamic: buckets over LOW..HIGH "
+        "(SCHEME log2 (default), uniform:K, single, or bounds B1,B2,...)",
+    )
+    cmd.add_argument(
+        "--dynamic",
+        type=_dynamic,
+        action="append",
+        default=[],
+        metavar="SYMBOL=LOW:HIGH[:SCHEME]",
+        help="buckets for a symbolic input dimension, e.g. S=1:128:16,32,64,128",
+    )
+    cmd.add_argument("--name", help="the model name in the NEFF (default: the ONNX graph name)")
+    cmd.add_argument("--gzip", action="store_true", help="compress the NEFF archive")
+    cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = compile_model(
+            args.model,
+            num_neuroncores=args.num_neuroncores,
+            input_shapes=dict(args.input_shape),
+            dynamic={sym: bucket_ranges(*spec) for sym, spec in args.dynamic},
+            dynamic_batch=None
+            if args.dynamic_batch is None
+            else bucket_ranges(*args.dynamic_batch),
+            name=args.name,
+            gzip=args.gzip,
+        )
+    except CompileError as exc:
+        print(f"neuron-cc: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        write_neff(args.output, result.neff)
+    except OSError as exc:
+        print(f"neuron-cc: error: cannot write {args.output}: {exc}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(result.summary)
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
