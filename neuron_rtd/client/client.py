@@ -197,7 +197,9 @@ class Model:
             dtype = spec.dtype if spec is not None else array.dtype
             raw[name] = np.ascontiguousarray(array, dtype=dtype).tobytes()
         outputs = self.client.infer_raw(self.id, raw)
-        return {t.name: t.array_from(outputs[t.name]) for t in self.neff.outputs if t.name in outputs}
+        return {
+            t.name: t.array_from(outputs[t.name]) for t in self.neff.outputs if t.name in outputs
+        }
 
     def start(self) -> None:
         self.client.start(self.id)
