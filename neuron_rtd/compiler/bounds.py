@@ -83,15 +83,16 @@ def plan_bounds(graph: Graph) -> dict[str, Bound]:
         bounds[name] = tuple(value.shape)
     for node in graph.nodes:
         for k, out in enumerate(node.output):
-            kind = graph.types.get(out)
-            if not out or kind is None or kind.shape is None or kind.static:
+            known_type = graph.types.get(out)
+            if not out or known_type is None or known_type.shape is None or known_type.static:
                 continue
             guess = _bound(node, k, graph, bounds)
             known = bounds.get(out, ())
             if guess is not None and len(guess) == len(known):
                 # Keep what inference knows; fill in only the unknown dims.
                 bounds[out] = tuple(
-                    d if isinstance(d, int) else g for d, g in zip(kind.shape, guess, strict=True)
+                    d if isinstance(d, int) else g
+                    for d, g in zip(known_type.shape, guess, strict=True)
                 )
     return bounds
 

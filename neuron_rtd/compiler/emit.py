@@ -119,6 +119,10 @@ class Emitter:
             node_outputs = [name for name in _ordered_outputs(segment) if name in later[index]]
             node_inputs_ = _reads(segment.nodes, produced, graph)
             name = f"{self.prefix}{segment.kind}{index}"
+            if segment.kind == CPU:  # onnxruntime must take it before anything is planned
+                _check_ort(
+                    name, segment, self._sub_model(name, segment, node_inputs_, node_outputs)
+                )
             for tensor in [*node_inputs_, *node_outputs]:
                 self.declare(tensor)
             if segment.kind == NC:
@@ -127,7 +131,8 @@ class Emitter:
                     self._neuron_node(name, segment, node_inputs_, node_outputs, stage_count)
                 )
             else:
-                reports.append(self._cpu_node(name, segment, node_inputs_, node_outputs))
+                assert sub_model is not None
+                reports.append(self._cpu_node(name, segment, sub_model, node_inputs_, node_outputs))
         return Emitted(reports, outputs, dtypes, dynamic_outputs)
 
     # --- Neuron nodes -------------------------------------------------------------------
@@ -207,18 +212,22 @@ class Emitter:
     def _static(self, name: str) -> tuple[int, ...] | None:
         """The tensor's shape when fully known, else its bound when it has one."""
         kind = self.graph.types.get(name)
-        if kind is not None and kind.static:
-            return tuple(int(d) for d in kind.shape or ())
+        shape = None if kind is None else kind.static_shape
+        if shape is not None:
+            return shape
         bound: Bound | None = self.bounds.get(name)
         return bound if bound is not None and all(bound) else None
 
     # --- CPU nodes ----------------------------------------------------------------------
     def _cpu_node(
-        self, name: str, segment: Segment, inputs: list[str], outputs: list[str]
+        self,
+        name: str,
+        segment: Segment,
+        sub_model: onnx.ModelProto,
+        inputs: list[str],
+        outputs: list[str],
     ) -> NodeReport:
-        model = self._sub_model(name, segment, inputs, outputs)
-        data = model.SerializeToString()
-        _check_ort(name, segment, data)
+        data = sub_model.SerializeToString()
         blob = np.frombuffer(data, dtype=np.uint8)
         stage = StageSpec(
             instructions=[(ORT_OP, [*inputs, ORT_MODEL], outputs)],
@@ -262,7 +271,9 @@ class Emitter:
         return model
 
     def _value_info(self, name: str, *, shape: bool = True) -> onnx.ValueInfoProto:
-        kind = self.graph.types[name]
+        kind = self.graph.types.get(name)
+        if kind is None:
+            return helper.make_empty_tensor_value_info(name)
         elem = helper.np_dtype_to_tensor_dtype(kind.dtype)
         if not shape or kind.shape is None:
             return helper.make_tensor_value_info(name, elem, None)
@@ -270,7 +281,7 @@ class Emitter:
         return helper.make_tensor_value_info(name, elem, dims)
 
 
-def _check_ort(name: str, segment: Segment, data: bytes) -> None:
+def _check_ort(name: str, segment: Segment, model: onnx.ModelProto) -> None:
     """onnxruntime must accept the CPU node's sub-model now, not at load time."""
     import onnxruntime as ort
 
@@ -278,7 +289,9 @@ def _check_ort(name: str, segment: Segment, data: bytes) -> None:
     options.log_severity_level = 4
     options.intra_op_num_threads = 1
     try:
-        ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(
+            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         ops = sorted({node.op_type for node in segment.nodes})

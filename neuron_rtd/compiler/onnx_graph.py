@@ -8,6 +8,7 @@ values) by name, and each tensor's `TensorType` as far as shape inference knows 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +30,14 @@ class TensorType:
 
     @property
     def static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+        return self.static_shape is not None
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape when every dimension is known, else None."""
+        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+            return None
+        return tuple(int(d) for d in self.shape if isinstance(d, int))
 
 
 @dataclasses.dataclass
@@ -57,7 +65,7 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
             return onnx.load_model_from_string(source)
         return onnx.load_model(str(source))
     except FileNotFoundError:
-        raise CompileError(f"no such ONNX file: {source}") from None
+        raise CompileError(f"no such ONNX file: {source!s}") from None
     except Exception as exc:  # protobuf's DecodeError and friends
         raise CompileError(f"not an ONNX model: {exc}") from None
 
@@ -116,14 +124,11 @@ def input_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
 def with_input_shapes(
     model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
 ) -> onnx.ModelProto:
-    """A copy of `model` whose inputs have these static shapes, with the shapes of every
-    other tensor forgotten (shape inference works them out again)."""
+    """A copy of `model` whose inputs have these static shapes, with the shapes of the
+    inner tensors forgotten (shape inference works them out again)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     del fixed.graph.value_info[:]
-    for out in fixed.graph.output:
-        if out.type.HasField("tensor_type"):
-            out.type.tensor_type.ClearField("shape")
     for vi in fixed.graph.input:
         if vi.name not in shapes:
             continue
@@ -273,9 +278,9 @@ def _try_fold(node: onnx.NodeProto, graph: Graph) -> list[np.ndarray] | None:
         return _fold_shape(node, graph)
     if node.op_type == "Size":
         kind = graph.types.get(node.input[0])
-        if kind is not None and kind.static:
-            assert kind.shape is not None
-            return [np.array(int(np.prod(kind.shape, dtype=np.int64)), dtype=np.int64)]
+        shape = None if kind is None else kind.static_shape
+        if shape is not None:
+            return [np.array(math.prod(shape), dtype=np.int64)]
         return None
     reads = node_inputs(node)
     if any(name not in graph.consts for name in reads):
@@ -363,7 +368,7 @@ def _fold_one(
         return False
     if weight.dtype != np.float32 or _attr(bn, "training_mode", 0):
         return False
-    scale, shift, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
+    scale, shift, mean, var = (np.asarray(p, dtype=np.float64) for p in params)
     eps = float(_attr(bn, "epsilon", 1e-5))
     factor = scale / np.sqrt(var + eps)
     new_weight = (weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)

@@ -1,0 +1,318 @@
+"""The compiler in process: ONNX in, NEFF out, run on the simulated machine, compared with
+onnxruntime on the same inputs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model
+from neuron_rtd.compiler.emit import split_by_cost
+from neuron_rtd.errors import BadInput
+from neuron_rtd.neff import read_neff
+from neuron_rtd.runtime.local import LocalRuntime
+
+F32 = TensorProto.FLOAT
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    weights: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        list(inputs),
+        list(outputs),
+        [numpy_helper.from_array(v, k) for k, v in (weights or {}).items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalRuntime]:
+    with LocalRuntime() as rt:
+        yield rt
+
+
+def run(local: LocalRuntime, neff: bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    model = local.load(neff)
+    try:
+        return local.infer(model, feeds)
+    finally:
+        local.unload(model)
+
+
+def mlp_with_cpu_op() -> onnx.ModelProto:
+    """MatMul-Relu on the NC, Sin on the CPU (no NC kernel), Add-Softmax on the NC."""
+    rng = np.random.default_rng(0)
+    return make_model(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("Sin", ["r"], ["s"]),
+            helper.make_node("Add", ["s", "r"], ["y"]),
+            helper.make_node("Softmax", ["y"], ["p"], axis=-1),
+        ],
+        [helper.make_tensor_value_info("x", F32, ["N", 16])],
+        [helper.make_tensor_value_info("p", F32, ["N", 8])],
+        {"W": rng.standard_normal((16, 8)).astype(np.float32)},
+    )
+
+
+def test_nc_and_cpu_nodes_match_onnxruntime(local: LocalRuntime) -> None:
+    model = mlp_with_cpu_op()
+    result = compile_model(model, input_shapes={"x": [4, 16]})
+    neff = read_neff(result.neff)
+    assert [node.kind for node in neff.nodes] == ["neuron", "cpu", "neuron"]
+    assert "Sin on CPU: no NC kernel for this op" in str(result.summary)
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    got = run(local, result.neff, {"x": x})
+    np.testing.assert_allclose(got["p"], reference(model, {"x": x})["p"], rtol=1e-5, atol=1e-6)
+
+
+def test_partitioning_keeps_transitions_few() -> None:
+    """Two independent chains, each NC -> CPU: the model order interleaves them, the
+    partitioner groups both NC ops, then both CPU ops (2 nodes, not 4)."""
+    model = make_model(
+        [
+            helper.make_node("Relu", ["a"], ["a1"]),
+            helper.make_node("Sin", ["a1"], ["a2"]),
+            helper.make_node("Relu", ["b"], ["b1"]),
+            helper.make_node("Sin", ["b1"], ["b2"]),
+        ],
+        [helper.make_tensor_value_info(n, F32, [3]) for n in "ab"],
+        [helper.make_tensor_value_info(n, F32, [3]) for n in ("a2", "b2")],
+    )
+    neff = read_neff(compile_model(model).neff)
+    assert [node.kind for node in neff.nodes] == ["neuron", "cpu"]
+
+
+def test_buckets_pad_and_cut_the_batch(local: LocalRuntime) -> None:
+    model = mlp_with_cpu_op()
+    result = compile_model(model, dynamic_batch=bucket_ranges(1, 8, "log2"))
+    neff = read_neff(result.neff)
+    assert [b.symbols["batch"] for b in neff.buckets] == [(1, 1), (2, 2), (3, 4), (5, 8)]
+    assert neff.inputs[0].symbols == ("batch", None)
+    assert neff.outputs[0].symbols == ("batch", None)
+    x = np.random.default_rng(2).standard_normal((8, 16)).astype(np.float32)
+    expected = reference(model, {"x": x})["p"]
+    loaded = local.load(result.neff)
+    try:
+        for n in (1, 2, 3, 5, 8):
+            got = local.infer(loaded, {"x": x[:n]})["p"]
+            assert got.shape == (n, 8)
+            np.testing.assert_allclose(got, expected[:n], rtol=1e-5, atol=1e-6)
+        with pytest.raises(BadInput, match="no bucket for batch=9"):
+            local.infer(loaded, {"x": np.zeros((9, 16), np.float32)})
+        with pytest.raises(BadInput, match="not a whole number"):
+            local.runtime.infer(loaded.id, {"x": bytes(4 * 16 + 4)})
+    finally:
+        local.unload(loaded)
+
+
+def test_bucket_schemes() -> None:
+    assert bucket_ranges(1, 8) == [(1, 1), (2, 2), (3, 4), (5, 8)]
+    assert bucket_ranges(3, 10) == [(3, 4), (5, 8), (9, 10)]
+    assert bucket_ranges(1, 12, "uniform:3") == [(1, 4), (5, 8), (9, 12)]
+    assert bucket_ranges(1, 128, "16,64,128") == [(1, 16), (17, 64), (65, 128)]
+    assert bucket_ranges(4, 4, "single") == [(4, 4)]
+    with pytest.raises(CompileError, match="must rise and cover"):
+        bucket_ranges(1, 128, "64,16")
+
+
+def conv_bn_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    weights = {
+        "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "scale": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "bias": rng.standard_normal(4).astype(np.float32),
+        "mean": rng.standard_normal(4).astype(np.float32),
+        "var": rng.uniform(0.5, 2.0, 4).astype(np.float32),
+        "fc": rng.standard_normal((4 * 8 * 8, 10)).astype(np.float32),
+    }
+    return make_model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node(
+                "BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["bn"], epsilon=1e-3
+            ),
+            helper.make_node("Relu", ["bn"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"]),
+            helper.make_node("MatMul", ["f", "fc"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", F32, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F32, [2, 10])],
+        weights,
+    )
+
+
+def test_batchnorm_folds_into_conv(local: LocalRuntime) -> None:
+    model = conv_bn_model()
+    result = compile_model(model)
+    ops = [
+        i.op for node in read_neff(result.neff).nodes for s in node.stages for i in s.instructions
+    ]
+    assert "BatchNormalization" not in ops and ops.count("Conv") == 1
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    got = run(local, result.neff, {"x": x})
+    np.testing.assert_allclose(got["y"], reference(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_four_stages_give_the_same_outputs_as_one(local: LocalRuntime) -> None:
+    model = conv_bn_model()
+    one = compile_model(model, num_neuroncores=1)
+    four = compile_model(model, num_neuroncores=4)
+    neff = read_neff(four.neff)
+    assert neff.nc_count == 4 and len(neff.nodes[0].stages) == 4
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(
+        run(local, one.neff, {"x": x})["y"], run(local, four.neff, {"x": x})["y"]
+    )
+
+
+def test_split_by_cost_balances_and_keeps_every_stage_non_empty() -> None:
+    assert split_by_cost([10, 10, 10, 10], 2) == [0, 2, 4]
+    assert split_by_cost([100, 1, 1, 1], 2) == [0, 1, 4]
+    assert split_by_cost([1, 1, 1, 100], 4) == [0, 1, 2, 3, 4]
+    assert split_by_cost([5, 5], 4) == [0, 1, 2]
+
+
+def test_value_dependent_output_is_cut_to_its_true_size(local: LocalRuntime) -> None:
+    """NonMaxSuppression (a CPU node) selects a data-dependent number of boxes; the
+    compiler plans its bound, the output comes back at its true length."""
+    model = make_model(
+        [
+            helper.make_node(
+                "NonMaxSuppression", ["boxes", "scores", "max", "iou", "thr"], ["sel"]
+            ),
+            helper.make_node("Gather", ["sel", "col"], ["idx2"], axis=1),
+            helper.make_node("Cast", ["idx2"], ["idx"], to=TensorProto.INT64),
+            helper.make_node("Squeeze", ["idx", "one"], ["picked"]),
+        ],
+        [
+            helper.make_tensor_value_info("boxes", F32, [1, 6, 4]),
+            helper.make_tensor_value_info("scores", F32, [1, 1, 6]),
+        ],
+        [helper.make_tensor_value_info("picked", TensorProto.INT64, ["D"])],
+        {
+            "max": np.array([5], np.int64),
+            "iou": np.array([0.5], np.float32),
+            "thr": np.array([0.3], np.float32),
+            "col": np.array([2], np.int64),
+            "one": np.array([1], np.int64),
+        },
+    )
+    result = compile_model(model)
+    spec = read_neff(result.neff).outputs[0]
+    assert spec.dynamic == (0,)
+    boxes = np.array(
+        [
+            [
+                [0, 0, 1, 1],
+                [0, 0.1, 1, 1.1],
+                [0, 5, 1, 6],
+                [0, 10, 1, 11],
+                [3, 3, 4, 4],
+                [7, 7, 8, 8],
+            ]
+        ],
+        np.float32,
+    )
+    for scores in ([0.9, 0.8, 0.7, 0.2, 0.6, 0.1], [0.9, 0.1, 0.1, 0.1, 0.1, 0.1]):
+        feeds = {"boxes": boxes, "scores": np.array([[scores]], np.float32)}
+        got = run(local, result.neff, feeds)["picked"]
+        np.testing.assert_array_equal(got, reference(model, feeds)["picked"])
+    assert run(local, result.neff, feeds)["picked"].shape == (1,)
+
+
+def test_unfixed_dimension_is_refused_with_advice() -> None:
+    with pytest.raises(CompileError, match=r"'N' \(x\[0\]\) is not fixed.*--dynamic N="):
+        compile_model(mlp_with_cpu_op())
+
+
+def test_op_no_runtime_knows_is_unsupported_naming_the_node() -> None:
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example", name="frob1")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", F32, [2])],
+        [helper.make_tensor_value_info("y", F32, [2])],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    model.ir_version = 8
+    with pytest.raises(CompileError, match=r"node 'frob1' \(Frobnicate\): unsupported") as info:
+        compile_model(model)
+    assert info.value.node == "frob1" and info.value.op == "Frobnicate"
+
+
+def test_invalid_onnx_is_refused() -> None:
+    with pytest.raises(CompileError, match="not an ONNX model"):
+        compile_model(b"this is not protobuf at all \xff\xfe")
+    broken = mlp_with_cpu_op()
+    broken.graph.node[0].input[1] = "missing_weight"
+    with pytest.raises(CompileError, match="checker rejects"):
+        compile_model(broken, input_shapes={"x": [1, 16]})
+
+
+def test_cli_writes_the_neff_and_prints_the_summary(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(mlp_with_cpu_op(), str(source))
+    out = tmp_path / "model.neff"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neuron_rtd.compiler.cli",
+            "compile",
+            str(source),
+            "-o",
+            str(out),
+            "--dynamic-batch",
+            "1:4",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bucket batch=3..4" in done.stdout and "Sin on CPU" in done.stdout
+    assert read_neff(out.read_bytes()).buckets
+
+
+def test_cli_failure_exits_1_and_writes_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(mlp_with_cpu_op(), str(source))
+    out = tmp_path / "model.neff"
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "neuron-cc: error:" in done.stderr and "'N'" in done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == [source]
