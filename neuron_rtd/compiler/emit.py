@@ -119,10 +119,10 @@ class Emitter:
             node_outputs = [name for name in _ordered_outputs(segment) if name in later[index]]
             node_inputs_ = _reads(segment.nodes, produced, graph)
             name = f"{self.prefix}{segment.kind}{index}"
+            sub_model = None
             if segment.kind == CPU:  # onnxruntime must take it before anything is planned
-                _check_ort(
-                    name, segment, self._sub_model(name, segment, node_inputs_, node_outputs)
-                )
+                sub_model = self._sub_model(name, segment, node_inputs_, node_outputs)
+                _check_ort(name, segment, sub_model)
             for tensor in [*node_inputs_, *node_outputs]:
                 self.declare(tensor)
             if segment.kind == NC:
