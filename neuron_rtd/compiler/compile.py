@@ -109,6 +109,7 @@ def compile_model(
     ranges: dict[str, Sequence[Range]] = dict(dynamic or {})
     if dynamic_batch is not None:
         ranges[BATCH] = dynamic_batch
+    axes = _fix_single_sizes(axes, ranges)
     symbols = sorted({d for dims in axes.values() for d in dims if isinstance(d, str)})
     for symbol in symbols:
         if symbol not in ranges:
@@ -144,6 +145,20 @@ def _nc_count(neff: bytes) -> int:
     from neuron_rtd.neff import read_neff
 
     return read_neff(neff).nc_count
+
+
+def _fix_single_sizes(
+    axes: dict[str, tuple[Dim, ...]], ranges: dict[str, Sequence[Range]]
+) -> dict[str, tuple[Dim, ...]]:
+    """A symbol given one size only (a single range LOW..LOW) is no dynamic dimension:
+    fix it at that size."""
+    fixed = {s: r[0][0] for s, r in ranges.items() if len(r) == 1 and r[0][0] == r[0][1]}
+    for symbol in fixed:
+        del ranges[symbol]
+    return {
+        name: tuple(fixed.get(d, d) if isinstance(d, str) else d for d in dims)
+        for name, dims in axes.items()
+    }
 
 
 def _input_axes(

@@ -41,4 +41,5 @@ def dtype_name(dtype: np.dtype) -> str:
 
 def little_endian(array: np.ndarray) -> np.ndarray:
     """`array` as a C-contiguous little-endian array (no copy when it already is one)."""
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+    return array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)

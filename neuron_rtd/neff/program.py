@@ -77,7 +77,8 @@ def _instruction(value: object, where: str) -> Instruction:
     inputs = jf.as_list(jf.get(obj, "inputs", where), f"{where} inputs")
     return Instruction(
         op=op,
-        inputs=tuple(jf.as_name(x, f"{where} inputs[{i}]") for i, x in enumerate(inputs)),
+        # "" leaves an optional input out (ONNX's convention), as in Clip(x, "", max).
+        inputs=tuple(jf.as_str(x, f"{where} inputs[{i}]") for i, x in enumerate(inputs)),
         outputs=jf.as_names(jf.get(obj, "outputs", where), f"{where} outputs"),
         attrs=types.MappingProxyType(jf.as_object(jf.get(obj, "attrs", where), f"{where} attrs")),
     )
@@ -95,7 +96,7 @@ def _check_dataflow(stage: Stage, where: str) -> None:
     for k, ins in enumerate(stage.instructions):
         at = f"{where} instruction {k} ({ins.op})"
         for name in ins.inputs:
-            if name not in defined:
+            if name and name not in defined:
                 raise NeffInvalid(f"{at}: input {name!r} is not defined before use")
         for name in ins.outputs:
             if name in defined:
