@@ -127,9 +127,7 @@ class Emitter:
                 self.declare(tensor)
             if segment.kind == NC:
                 stage_count = next(counts)
-                reports.append(
-                    self._neuron_node(name, segment, node_inputs_, node_outputs, stage_count)
-                )
+                reports.append(self._neuron_node(name, segment, node_outputs, stage_count))
             else:
                 assert sub_model is not None
                 reports.append(self._cpu_node(name, segment, sub_model, node_inputs_, node_outputs))
@@ -140,10 +138,11 @@ class Emitter:
         self,
         name: str,
         segment: Segment,
-        inputs: list[str],
         outputs: list[str],
         stage_count: int,
     ) -> NodeReport:
+        """The segment's ops as `stage_count` Neuron nodes of one NC each, cut where the
+        work (MACs plus written elements) is balanced."""
         nodes = list(segment.nodes)
         costs = [self._cost(node) for node in nodes]
         cuts = split_by_cost(costs, stage_count)
@@ -158,9 +157,13 @@ class Emitter:
             stage_out = [o for node in part for o in node.output if o and o in read_later]
             for tensor in [*stage_in, *stage_out]:
                 self.declare(tensor)
-            stages.append(self._stage(name, j, part, stage_in, stage_out))
+            stage = self._stage(name, j, part, stage_in, stage_out)
+            stages.append(stage)
             stage_macs.append(sum(self._macs(node) for node in part))
-        self.builder.add_node(name, NC, inputs, outputs, stages)
+            # Each pipeline stage is a Neuron node of one NC: in normal mode they take
+            # one NC each, and shared-NC mode can run them all on fewer NCs.
+            node_name = name if len(cuts) == 2 else f"{name}.{j}"
+            self.builder.add_node(node_name, NC, stage_in, stage_out, [stage])
         weights = sum(w.nbytes for s in stages for w in s.weights.values())
         return NodeReport(
             name=name,
