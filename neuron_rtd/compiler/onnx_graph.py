@@ -139,10 +139,38 @@ def with_input_shapes(
     return fixed
 
 
+SMALL_CONSTANT = 4096  # bytes: larger initializers go to shape inference as typed inputs
+
+
+def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every large initializer replaced by a graph input of its type and
+    shape: shape inference needs their shapes, not their bytes (and copying hundreds of
+    MB of weights through it dominated compile time)."""
+    graph = model.graph
+    small = [init for init in graph.initializer if len(init.raw_data) <= SMALL_CONSTANT]
+    big = [init for init in graph.initializer if len(init.raw_data) > SMALL_CONSTANT]
+    typed = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in big]
+    named = {vi.name for vi in graph.input}
+    light = helper.make_graph(
+        list(graph.node),
+        graph.name,
+        [*graph.input, *(vi for vi in typed if vi.name not in named)],
+        list(graph.output),
+        small,
+        value_info=list(graph.value_info),
+    )
+    out = helper.make_model(light, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    return out
+
+
 def infer_types(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorType]]:
-    """The model with inferred value infos, and every known tensor's type."""
+    """Every known tensor's type, and the model's graph with inferred value infos (the
+    model returned keeps only its small initializers: the constants live in `Graph`)."""
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+        inferred = shape_inference.infer_shapes(
+            _without_big_weights(model), check_type=True, data_prop=True
+        )
     except Exception as exc:  # onnx raises InferenceError and others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CompileError(f"shape inference fails: {first}") from None
@@ -192,10 +220,10 @@ def build_graph(model: onnx.ModelProto) -> Graph:
     graph = Graph(
         model=inferred,
         nodes=list(inferred.graph.node),
-        consts={init.name: numpy_helper.to_array(init) for init in inferred.graph.initializer},
+        consts={init.name: numpy_helper.to_array(init) for init in model.graph.initializer},
         types=types,
-        inputs=[vi.name for vi in graph_inputs(inferred)],
-        outputs=[out.name for out in inferred.graph.output],
+        inputs=[vi.name for vi in graph_inputs(model)],
+        outputs=[out.name for out in model.graph.output],
     )
     _name_nodes(graph.nodes)
     if fold_constants(graph):
@@ -213,25 +241,34 @@ def _name_nodes(nodes: Iterable[onnx.NodeProto]) -> None:
 
 
 def _reinfer(graph: Graph) -> Graph:
-    """Shape inference again, now that folded values are initializers."""
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
-    del model.graph.node[:]
-    model.graph.node.extend(graph.nodes)
-    del model.graph.initializer[:]
+    """Shape inference again, now that folded values are constants: small ones go in as
+    initializers (their values matter to inference), large ones as typed inputs."""
     used = {name for node in graph.nodes for name in node_inputs(node)} | set(graph.outputs)
-    model.graph.initializer.extend(
-        numpy_helper.from_array(np.asarray(value), name)
-        for name, value in graph.consts.items()
-        if name in used
+    consts = {k: v for k, v in graph.consts.items() if k in used}
+    small = {k: v for k, v in consts.items() if v.nbytes <= SMALL_CONSTANT}
+    real_inputs = [vi for vi in graph.model.graph.input if vi.name in graph.inputs]
+    typed = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for k, v in consts.items()
+        if k not in small
+    ]
+    model = helper.make_model(
+        helper.make_graph(
+            graph.nodes,
+            graph.model.graph.name,
+            [*real_inputs, *typed],
+            list(graph.model.graph.output),
+            [numpy_helper.from_array(np.asarray(v), k) for k, v in small.items()],
+        ),
+        opset_imports=list(graph.model.opset_import),
     )
-    del model.graph.value_info[:]
+    model.ir_version = graph.model.ir_version
     inferred, types = infer_types(model)
     return dataclasses.replace(
         graph,
         model=inferred,
         nodes=list(inferred.graph.node),
-        consts={k: v for k, v in graph.consts.items() if k in used},
+        consts=consts,
         types={**graph.types, **types},
     )
 

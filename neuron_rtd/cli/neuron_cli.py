@@ -1,0 +1,42 @@
+"""`neuron-cli`: tools around the runtime, one subcommand each.
+
+    neuron-cli validate model.onnx model.neff   compare a NEFF on the daemon with onnxruntime
+
+Exit codes: 0 success, 1 the check failed (the report says why), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from neuron_rtd.cli import validate
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="neuron-cli", description="Tools around the Neuron runtime daemon."
+    )
+    commands = top.add_subparsers(dest="command", required=True, title="commands")
+    cmd = commands.add_parser(
+        "validate",
+        help="run a NEFF on the daemon and its ONNX model on onnxruntime, compare the outputs",
+        description=(validate.__doc__ or "").split("\n\n", 1)[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    validate.add_arguments(cmd)
+    cmd.set_defaults(handler=validate.run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
