@@ -130,7 +130,7 @@ def compile_model(
         if not symbols:
             graph = _graph_for(model, axes, {})
             emitted = _emit(graph, builder, num_neuroncores, "")
-            summary.add(None, graph, emitted)
+            summary.add(None, emitted)
         else:
             _compile_buckets(model, axes, symbols, ranges, builder, summary, num_neuroncores)
         neff = builder.build(gzip=gzip, shared_weights=True)
@@ -263,7 +263,7 @@ def _compile_buckets(
         sizes = {s: hi for s, (_, hi) in bounds.items()}
         graph = _graph_for(model, axes, sizes)
         emitted = _emit(graph, bucket, num_nc, f"b{index}.")
-        summary.add(label, graph, emitted)
+        summary.add(label, emitted)
         results.append((sizes, emitted))
     for name, dims in axes.items():
         dtype = _input_dtype(model, name)

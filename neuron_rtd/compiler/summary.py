@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from neuron_rtd.compiler.emit import Emitted
-    from neuron_rtd.compiler.onnx_graph import Graph
 
 
 @dataclasses.dataclass
@@ -17,8 +16,7 @@ class Summary:
     nc_count: int = 0
     neff_bytes: int = 0
 
-    def add(self, bucket: str | None, graph: Graph, emitted: Emitted) -> None:
-        del graph  # kept in the signature for richer summaries
+    def add(self, bucket: str | None, emitted: Emitted) -> None:
         self.sections.append((bucket, emitted))
 
     @property
