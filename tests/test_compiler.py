@@ -316,3 +316,45 @@ def test_cli_failure_exits_1_and_writes_nothing(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "neuron-cc: error:" in done.stderr and "'N'" in done.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == [source]
+
+
+def test_shape_functions_bound_value_dependent_outputs(local: LocalRuntime) -> None:
+    """NonZero is bounded by its input's size; a Range to a run-time limit has no bound
+    and lives in host memory; Reshape to a run-time shape keeps the element count."""
+    model = make_model(
+        [
+            helper.make_node("NonZero", ["x"], ["nz"]),
+            helper.make_node("Range", ["zero", "n", "step"], ["r"]),
+            helper.make_node("Concat", ["two", "minus1"], ["shape"], axis=0),
+            helper.make_node("Reshape", ["x", "shape"], ["x2"]),
+            helper.make_node("Sin", ["x2"], ["s"]),  # a CPU node: x2 crosses a boundary
+            helper.make_node("ReduceSum", ["s"], ["total"], keepdims=0),
+        ],
+        [
+            helper.make_tensor_value_info("x", F32, [6]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, []),
+            helper.make_tensor_value_info("two", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("nz", TensorProto.INT64, [1, "K"]),
+            helper.make_tensor_value_info("r", TensorProto.INT64, ["R"]),
+            helper.make_tensor_value_info("total", F32, []),
+        ],
+        {
+            "zero": np.array(0, np.int64),
+            "step": np.array(1, np.int64),
+            "minus1": np.array([-1], np.int64),
+        },
+    )
+    neff = compile_model(model).neff
+    specs = read_neff(neff).tensors
+    assert (specs["nz"].shape, specs["nz"].dynamic) == ((1, 6), (1,))
+    assert (specs["r"].shape, specs["r"].dynamic) == ((0,), (0,))
+    assert (specs["x2"].shape, specs["x2"].dynamic) == ((6, 6), (0, 1))
+    x = np.array([0, 1.5, 0, -2, 3, 0], np.float32)
+    feeds = {"x": x, "n": np.array(4, np.int64), "two": np.array([2], np.int64)}
+    got = run(local, neff, feeds)
+    want = reference(model, feeds)
+    np.testing.assert_array_equal(got["nz"], want["nz"])
+    np.testing.assert_array_equal(got["r"], want["r"])
+    np.testing.assert_allclose(got["total"], want["total"], rtol=1e-6)

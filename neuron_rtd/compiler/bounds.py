@@ -4,7 +4,8 @@ Three kinds, as in the seed designs: from input shapes (elementwise ops, Gather,
 the output bound follows the inputs' bounds), from input values (a Range whose limits are
 constants was already folded, so its size is static), and upper bounds (NonMaxSuppression
 selects at most batch x classes x max_output_boxes_per_class boxes, NonZero at most one
-index per element, TopK with a run-time K at most the axis). A tensor whose size cannot be
+index per element, TopK with a run-time K at most the axis, Reshape to a run-time shape
+at most the input's element count per unknown dimension). A tensor whose size cannot be
 bounded gets bound 0: the runtime keeps it in host memory, sized per inference.
 """
 
@@ -119,6 +120,8 @@ def _bound(node: onnx.NodeProto, k: int, graph: Graph, bounds: dict[str, Bound])
         return _gather(node, bounds)
     if op == "Concat":
         return _concat(node, bounds)
+    if op == "Reshape":
+        return _reshape(node, graph, bounds)
     return None
 
 
@@ -148,6 +151,18 @@ def _gather(node: onnx.NodeProto, bounds: dict[str, Bound]) -> Bound | None:
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     axis = axis + len(data) if axis < 0 else axis
     return data[:axis] + indices + data[axis + 1 :]
+
+
+def _reshape(node: onnx.NodeProto, graph: Graph, bounds: dict[str, Bound]) -> Bound | None:
+    """Reshape to a shape computed at run time keeps the element count: each unknown
+    dimension is at most the input's elements over the known dimensions."""
+    data = _input(bounds, node, 0)
+    kind = graph.types.get(node.output[0])
+    if data is None or 0 in data or kind is None or kind.shape is None:
+        return None
+    known = math.prod(d for d in kind.shape if isinstance(d, int) and d > 0)
+    most = math.prod(data) // max(known, 1)
+    return tuple(d if isinstance(d, int) else most for d in kind.shape)
 
 
 def _concat(node: onnx.NodeProto, bounds: dict[str, Bound]) -> Bound | None:
