@@ -1,9 +1,11 @@
 """`neuron-rtd-demo`: the daemon end to end, as a new user would see it.
 
 Starts neuron-rtd on a simulated inf1.6xlarge (a private sim root and socket), shows
-`neuron-ls`, builds an MLP NEFF, loads it (implicit NCG, streamed in 1 MiB chunks) and
-runs inferences checked against numpy, loads it again on an explicit NCG by path, shows
-what a bad request gets back, and stops the daemon with SIGTERM.
+`neuron-ls`, writes a ResNet-18-style CNN as ONNX, compiles it with `neuron-cc` (batch
+buckets 1..8), loads the NEFF (implicit NCG, streamed in 1 MiB chunks) and runs it on
+batches of 1 and 3 images, checked against onnxruntime on the same inputs, validates it
+with `neuron-cli validate`, loads it again on an explicit NCG by path, shows what a bad
+request gets back, and stops the daemon with SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import numpy as np
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
-from neuron_rtd.neff import read_neff, write_neff
-from neuron_rtd.neff.samples import build_mlp
 
 
 def section(title: str) -> None:
@@ -43,6 +43,119 @@ def neuron_ls(sim_root: str, *args: str) -> str:
     return done.stdout.rstrip()
 
 
+def tool(*args: str) -> str:
+    """Run one of our command-line tools as a user would; its output."""
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{args[0]} exited {done.returncode}: {done.stderr.strip()}")
+    return done.stdout.rstrip()
+
+
+def _real_model(client: Client, work: Path, sim_root: str) -> bool:
+    import onnx
+    import onnxruntime as ort
+
+    from neuron_rtd.models import count_parameters, random_inputs, resnet
+
+    section("A real model: a ResNet-18-style CNN written as ONNX (224x224, 1000 classes)")
+    onnx_path, neff_path = work / "resnet18.onnx", work / "resnet18.neff"
+    onnx_model = resnet.build(seed=0)
+    onnx.save(onnx_model, str(onnx_path))
+    print(
+        f"{onnx_path.name}: {len(onnx_model.graph.node)} nodes, "
+        f"{count_parameters(onnx_model) / 1e6:.1f} M parameters, batch dimension 'N'"
+    )
+
+    section("neuron-cc compile resnet18.onnx -o resnet18.neff --dynamic-batch 1:8")
+    t0 = time.perf_counter()
+    print(
+        tool(
+            "neuron_rtd.compiler.cli",
+            "compile",
+            str(onnx_path),
+            "-o",
+            str(neff_path),
+            "--dynamic-batch",
+            "1:8",
+        )
+    )
+    print(f"(compiled in {time.perf_counter() - t0:.1f} s)")
+
+    section("Loading it (no NCG given: the daemon makes one and starts the model)")
+    model = client.load(neff_path)
+    print(f"model id {model.id}; NCGs now: {client.list_ncgs()}")
+
+    section("Inference on 1 and on 3 images, checked against onnxruntime")
+    session = ort.InferenceSession(
+        onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    images = random_inputs(onnx_model, seed=1, N=3)["input"]
+    want = session.run(["probs"], {"input": images})[0]
+    good = True
+    for n in (1, 3):
+        got = model.infer({"input": images[:n]})["probs"]
+        a, b = got.astype(np.float64).ravel(), want[:n].astype(np.float64).ravel()
+        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+        err = float(np.max(np.abs(got - want[:n])))
+        top1 = bool((got.argmax(1) == want[:n].argmax(1)).all())
+        print(
+            f"batch {n}: probs {got.shape}, top-1 class {got.argmax(1).tolist()}, "
+            f"cosine {cosine:.6f}, max |daemon - onnxruntime| {err:.1e}, top-1 agrees: {top1}"
+        )
+        good = good and cosine >= 0.9999 and top1
+    one = {"input": images[:1]}
+    times, ort_times = [], []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        model.infer(one)
+        times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        session.run(["probs"], one)
+        ort_times.append(time.perf_counter() - t0)
+    print(
+        f"batch 1 latency p50: daemon {statistics.median(times) * 1e3:.1f} ms, "
+        f"onnxruntime in this process {statistics.median(ort_times) * 1e3:.1f} ms"
+    )
+
+    section("neuron-cli validate resnet18.onnx resnet18.neff")
+    print(
+        tool(
+            "neuron_rtd.cli.neuron_cli",
+            "validate",
+            str(onnx_path),
+            str(neff_path),
+            "-a",
+            client.address,
+            "--input-shape",
+            "input=2,3,224,224",
+        )
+    )
+
+    section("Explicit NCG: create one of 4 NCs, load by path (neff_file), start")
+    ncg, count = client.create_ncg(4)
+    second = client.load(neff_path, ncg=ncg, by_path=True)
+    second.start()
+    again = second.infer({"input": images})["probs"]
+    print(
+        f"NCG {ncg} ({count} NCs): model {second.id} gives the same answer: "
+        f"{np.array_equal(again, model.infer({'input': images})['probs'])}"
+    )
+    print(neuron_ls(sim_root))
+
+    section("A bad request: 9 images, past the largest bucket (8)")
+    try:
+        model.infer({"input": np.zeros((9, 3, 224, 224), np.float32)})
+    except NrtClientError as exc:
+        print(f"-> {exc}")
+
+    section("Cleaning up: unload, destroy the NCG")
+    second.unload()
+    client.destroy_ncg(ncg)
+    model.unload()
+    print(f"NCGs now: {client.list_ncgs()}")
+    return good
+
+
 def run(work: Path, instance_type: str) -> int:
     sim_root = str(work / "sim")
     config = work / "neuron-rtd.json"
@@ -58,63 +171,7 @@ def run(work: Path, instance_type: str) -> int:
             print(neuron_ls(sim_root))
             print(neuron_ls(sim_root, "--topology"))
 
-            section("Building an MLP NEFF: 784-512-256-10, two Neuron nodes, softmax on the CPU")
-            sample = build_mlp(
-                (784, 512, 256, 10), batch=8, neuron_nodes=2, cpu_softmax=True, seed=7
-            )
-            neff = read_neff(sample.neff)
-            for node in neff.nodes:
-                ops = [i.op for s in node.stages for i in s.instructions]
-                print(f"  node {node.name:<8} {node.kind:<6} NCs {node.nc_count}  ops {ops}")
-            print(
-                f"  {len(sample.neff)} bytes, {neff.weight_bytes} of weights, "
-                f"needs {neff.nc_count} NCs"
-            )
-
-            section("Loading it (no NCG given: the daemon makes one and starts the model)")
-            model = client.load(sample.neff)
-            print(f"model id {model.id}; NCGs now: {client.list_ncgs()}")
-
-            section("Inference, checked against numpy")
-            inputs = sample.random_inputs(seed=1)
-            outputs = model.infer(inputs)
-            expected = sample.reference(inputs)
-            err = float(np.max(np.abs(outputs["probs"] - expected["probs"])))
-            same = bool((outputs["probs"].argmax(1) == expected["probs"].argmax(1)).all())
-            print(f"probs[0] = {np.round(outputs['probs'][0], 4)}")
-            print(f"max |daemon - numpy| = {err:.2e}; argmax agrees on all 8 rows: {same}")
-            times = []
-            for _ in range(200):
-                t0 = time.perf_counter()
-                model.infer(inputs)
-                times.append(time.perf_counter() - t0)
-            print(f"200 round trips: p50 {statistics.median(times) * 1e3:.2f} ms")
-
-            section("Explicit NCG: create one of 4 NCs, load by path (neff_file), start")
-            path = work / "mlp.neff"
-            write_neff(path, sample.neff)
-            ncg, count = client.create_ncg(4)
-            second = client.load(path, ncg=ncg, by_path=True)
-            second.start()
-            again = second.infer(inputs)
-            print(
-                f"NCG {ncg} ({count} NCs): model {second.id} gives the same answer: "
-                f"{np.array_equal(again['probs'], outputs['probs'])}"
-            )
-            print(neuron_ls(sim_root))
-
-            section("A bad request: an input of the wrong size")
-            try:
-                model.infer({"x": np.zeros((8, 783), np.float32)})
-            except NrtClientError as exc:
-                print(f"-> {exc}")
-
-            section("Cleaning up: unload, destroy the NCG")
-            second.unload()
-            client.destroy_ncg(ncg)
-            model.unload()
-            print(f"NCGs now: {client.list_ncgs()}")
-            ok = err < 1e-5 and same
+            ok = _real_model(client, work, sim_root)
     finally:
         section("Stopping neuron-rtd with SIGTERM")
         code = daemon.stop()
