@@ -7,13 +7,16 @@ compile -> load -> infer -> compare, next to onnxruntime on the same cases.
 Each case gets exactly one outcome:
 
 - `pass-nc`: every output matched and the NEFF has no CPU node (all ops on NeuronCores;
-  ops the compiler folded to constants count as run);
+  ops the compiler folded to constants count as run, and the case gets a note saying so);
 - `pass-cpu`: every output matched and at least one op ran in a CPU node (onnxruntime);
 - `unsupported`: the compiler raised CompileError (the first line of its message is the
   reason), or the case's inputs or outputs are of a kind a NEFF cannot carry (sequences,
   maps, optionals, strings, bfloat16, float8, 4-bit, complex);
 - `fail`: wrong numbers, wrong shape or dtype, a missing output, any error at load or
   inference time, or a compiler crash (an exception other than CompileError).
+
+A note records what did not decide the outcome but may be a bug: a CompileError that is
+an "internal error", or a compiler crash on a model whose inputs a NEFF cannot carry.
 
 Outputs are compared the way onnx's backend test runner does: the same number of
 outputs, exact shape and dtype, then np.testing.assert_allclose with the case's
@@ -79,6 +82,10 @@ ORT_OUTCOMES = (ORT_PASS, ORT_FAIL, ORT_UNSUPPORTED)
 DEFAULT_DOMAINS = ("", "ai.onnx")
 REASON_LIMIT = 400  # characters of a reason kept
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
+# onnxruntime's source location and C++ signature before its message: dropped
+_ORT_WHERE = re.compile(
+    r"/onnxruntime_src/\S+:\d+ [^()]*\([^()]*\)(?: const)?(?:::<lambda\(\)>)? ?"
+)
 
 
 @dataclasses.dataclass
@@ -132,17 +139,24 @@ def _single_node_ops() -> dict[str, str]:
 def case_op(case: Any) -> str | None:
     """The op a case tests: its single node's, or for a function expansion the op of the
     case it expands; None for a multi-node case with no single-node counterpart."""
+    if _is_expansion(case):
+        return _single_node_ops()[_EXPANDED.sub("", case.name)]
     nodes = case.model.graph.node
-    if len(nodes) == 1:
-        return _op_name(nodes[0])
-    return _single_node_ops().get(_EXPANDED.sub("", case.name))
+    return _op_name(nodes[0]) if len(nodes) == 1 else None
+
+
+def _is_expansion(case: Any) -> bool:
+    """A function expansion of a single-node case of the corpus (it may be one node:
+    CastLike expands to one Cast)."""
+    base = _EXPANDED.sub("", case.name)
+    return base != case.name and base in _single_node_ops()
 
 
 def case_group(case: Any) -> str:
     """The per-op table row of a case (see the module docstring)."""
     op = case_op(case)
     if op is not None:
-        return op if len(case.model.graph.node) == 1 else f"{op} (expanded)"
+        return f"{op} (expanded)" if _is_expansion(case) else op
     stem = _EXPANDED.sub("", case.name).removeprefix("test_")
     return f"(multi-node) {stem}"
 
@@ -195,7 +209,7 @@ def _value(item: Any) -> Any:
 def _first_line(text: str, fallback: str = "") -> str:
     for line in str(text).splitlines():
         if line.strip():
-            return _clip(line.strip())
+            return _clip(_ORT_WHERE.sub("", line.strip()))
     return fallback
 
 
@@ -210,11 +224,18 @@ def _error_text(exc: BaseException) -> str:
 def _allclose_text(exc: AssertionError) -> str:
     """assert_allclose's message without the arrays, on one line."""
     lines: list[str] = []
-    for line in str(exc).splitlines():
-        if line.strip().startswith(("ACTUAL:", "DESIRED:", "x:", "y:")):
+    where = False  # the first mismatching element kept, the others dropped
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if line.startswith(("ACTUAL:", "DESIRED:", "x:", "y:")):
             break
-        if line.strip():
-            lines.append(line.strip())
+        if not line or line.startswith(("First ", "Mismatch at ind")):
+            continue
+        if line.startswith("["):
+            if where:
+                continue
+            where, line = True, f"first at {line}"
+        lines.append(line)
     return _clip("; ".join(lines)) or "values differ"
 
 
@@ -342,12 +363,18 @@ def _cpu_reasons(summary: Any) -> dict[str, str]:
     return reasons
 
 
+def _emitted_ops(summary: Any) -> set[str]:
+    """The op types the NEFF's nodes hold (what was not folded away)."""
+    return {op for _, emitted in summary.sections for node in emitted.nodes for op in node.ops}
+
+
 def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
     model = case.model
     names = [vi.name for vi in _real_inputs(model)]
     problem = _carry_problem(model)
     cpu_ops: dict[str, str] = {}
     used_cpu = False
+    folded = ""
     for inputs, expected in case.data_sets:
         values = [_value(x) for x in inputs]
         wants = [_value(x) for x in expected]
@@ -359,7 +386,10 @@ def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
                 model, input_shapes=_input_shapes(model, feeds) or None, name=case.name
             )
         except CompileError as exc:
-            return _Ours(UNSUPPORTED, _error_text(exc))
+            # an internal error is a compiler bug even where it stops the model
+            note = f"compiler: {_error_text(exc)}" if str(exc).startswith("internal") else ""
+            # what the NEFF cannot carry is the clearer reason where there is one
+            return _Ours(UNSUPPORTED, problem or _error_text(exc), note=note)
         except Exception as exc:
             crash = f"compiler crashed: {type(exc).__name__}: {_error_text(exc)}"
             if problem is not None:
@@ -368,6 +398,8 @@ def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
         if problem is not None:
             return _Ours(UNSUPPORTED, problem, note="the compiler made a NEFF for it anyway")
         cpu_ops.update(_cpu_reasons(compiled.summary))
+        if not set(_emitted_ops(compiled.summary)) & {n.op_type for n in model.graph.node}:
+            folded = "every op folded to a constant at compile time"
         try:
             neff = read_neff(compiled.neff)
         except Exception as exc:
@@ -408,7 +440,7 @@ def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
                 note = f"unload: {_nrt_text(exc)}"
         if note:
             return _Ours(FAIL, note, cpu_ops)
-    return _Ours(PASS_CPU if used_cpu else PASS_NC, "", cpu_ops)
+    return _Ours(PASS_CPU if used_cpu else PASS_NC, "", cpu_ops, note=folded)
 
 
 def _nrt_text(exc: BaseException) -> str:

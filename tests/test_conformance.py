@@ -1,0 +1,172 @@
+"""The conformance runner: claimed ops pass, what no one runs is unsupported with a reason,
+a kernel giving wrong numbers is a failure, and the runner itself never raises."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from driver_sim.kernels import KERNELS
+from neuron_rtd.compiler import conformance
+from neuron_rtd.compiler.conformance import (
+    FAIL,
+    ORT_PASS,
+    ORT_UNSUPPORTED,
+    PASS_CPU,
+    PASS_NC,
+    UNSUPPORTED,
+    all_cases,
+    case_group,
+    compare_outputs,
+    format_report,
+    run_cases,
+    select_cases,
+    totals,
+)
+from neuron_rtd.runtime.local import LocalRuntime
+
+CLAIMED = ["Relu", "Gemm", "MatMul", "Softmax", "Add", "Div"]
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[LocalRuntime]:
+    with LocalRuntime() as rt:
+        yield rt
+
+
+def named(*names: str) -> list[Any]:
+    by_name = {case.name: case for case in all_cases()}
+    return [by_name[name] for name in names]
+
+
+def test_claimed_ops_pass(runtime: LocalRuntime) -> None:
+    cases = select_cases(all_cases(), CLAIMED)
+    assert len(cases) > 30
+    results = run_cases(cases, runtime)
+    assert len(results) == len(cases)
+    failed = [f"{r.name}: {r.outcome}: {r.reason}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+    assert all(r.claimed for r in results)
+    # each op has cases that run wholly on the NC; onnxruntime passes them all too
+    on_nc = {r.group for r in results if r.outcome == PASS_NC}
+    assert on_nc >= set(CLAIMED)
+    assert all(r.ort == ORT_PASS for r in results)
+    counts = totals(results)
+    assert sum(counts["ours"].values()) == len(cases)
+    assert counts["ours"][FAIL] == counts["ours"][UNSUPPORTED] == 0
+
+
+def test_string_case_is_unsupported(runtime: LocalRuntime) -> None:
+    (result,) = run_cases(named("test_regex_full_match_basic"), runtime)
+    assert result.outcome == UNSUPPORTED
+    assert "string" in result.reason and "'X'" in result.reason
+    assert not result.claimed
+
+
+def test_op_no_one_runs_is_unsupported_with_a_reason(runtime: LocalRuntime) -> None:
+    (result,) = run_cases(named("test_flexattention"), runtime)
+    assert result.outcome == UNSUPPORTED
+    assert "FlexAttention" in result.reason
+    assert result.ort == ORT_UNSUPPORTED and result.ort_reason
+    assert result.group == "ai.onnx.preview.FlexAttention"
+
+
+def test_wrong_numbers_from_a_kernel_fail(
+    runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relu = KERNELS["Relu"]
+
+    def off_by_one(x: np.ndarray) -> np.ndarray:
+        return np.maximum(x, 0) + 1
+
+    monkeypatch.setitem(KERNELS, "Relu", dataclasses.replace(relu, compute=off_by_one))
+    (result,) = run_cases(named("test_relu"), runtime)
+    assert result.outcome == FAIL
+    assert result.reason.startswith("output 0:") and "Mismatched elements" in result.reason
+    assert result.claimed and result.ort == ORT_PASS
+    report = format_report([result])
+    assert "failing cases of claimed ops: 1" in report and "test_relu" in report
+
+
+def test_kernel_refusing_a_variant_passes_through_a_cpu_node(
+    runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relu = KERNELS["Relu"]
+    monkeypatch.setitem(KERNELS, "Relu", dataclasses.replace(relu, since=(1,)))
+    (result,) = run_cases(named("test_relu"), runtime, with_ort=False)
+    assert result.outcome == PASS_CPU
+    assert "op version" in result.cpu_ops["Relu"]
+    assert result.ort == ""
+
+
+def test_the_runner_never_raises(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+
+    broken = types.SimpleNamespace(
+        name="test_not_a_model", model=onnx.ModelProto(), data_sets=[([], [])], rtol=1e-3, atol=0
+    )
+    (result,) = run_cases([broken], runtime)
+    assert result.outcome == UNSUPPORTED and result.reason
+    assert result.group == "(multi-node) not_a_model"
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(conformance, "compile_model", crash)
+    (result,) = run_cases(named("test_relu"), runtime, with_ort=False)
+    assert result.outcome == FAIL
+    assert result.reason == "compiler crashed: RuntimeError: boom"
+
+
+def test_groups_and_selection() -> None:
+    relu, softmax, castlike = named(
+        "test_relu",
+        "test_softmax_axis_0_expanded_ver18",
+        "test_castlike_FLOAT_to_FLOAT16_expanded",
+    )
+    assert case_group(relu) == "Relu"
+    assert case_group(softmax) == "Softmax (expanded)"
+    assert case_group(castlike) == "CastLike (expanded)"  # one Cast node, still an expansion
+    chosen = select_cases(all_cases(), ["Softmax"], match="axis_0")
+    assert {c.name for c in chosen} == {
+        "test_softmax_axis_0",
+        "test_softmax_axis_0_expanded",
+        "test_softmax_axis_0_expanded_ver18",
+    }
+
+
+def test_compare_outputs() -> None:
+    x = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    compare_outputs([x], [x.copy()], rtol=1e-3, atol=1e-7)
+    with pytest.raises(AssertionError, match="dtype float64, expected float32"):
+        compare_outputs([x.astype(np.float64)], [x], rtol=1e-3, atol=1e-7)
+    with pytest.raises(AssertionError, match=r"shape \(1, 3\), expected \(3,\)"):
+        compare_outputs([x.reshape(1, 3)], [x], rtol=1e-3, atol=1e-7)
+    with pytest.raises(AssertionError, match="2 outputs, expected 1"):
+        compare_outputs([x, x], [x], rtol=1e-3, atol=1e-7)
+    with pytest.raises(AssertionError, match="output 0: Not equal"):
+        compare_outputs([x + 1], [x], rtol=1e-3, atol=1e-7)
+    compare_outputs([[x]], [[x]], rtol=1e-3, atol=1e-7)  # sequences element by element
+
+
+def test_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    out = tmp_path / "relu.json"
+    assert conformance.main(["--ops", "Relu", "--match", "test_relu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ours (2 cases): 2 pass" in printed and "onnxruntime: 2 pass" in printed
+    data = json.loads(out.read_text())
+    assert {c["name"] for c in data["cases"]} == {"test_relu", "test_relu_expanded_ver18"}
+    assert data["claimed_failures"] == []
+    relu = KERNELS["Relu"]
+    broken = dataclasses.replace(relu, compute=lambda x: -x)
+    monkeypatch.setitem(KERNELS, "Relu", broken)
+    assert conformance.main(["--match", "test_relu", "--no-ort", "--failures"]) == 1
+    assert "failing cases of claimed ops: 1" in capsys.readouterr().out
+    assert conformance.main(["--match", "no_such_case"]) == 2
