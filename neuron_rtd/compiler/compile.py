@@ -27,15 +27,17 @@ from neuron_rtd.compiler.onnx_graph import (
     Graph,
     build_graph,
     check_model,
+    graph_inputs,
     infer_types,
     input_dims,
     load_model,
+    value_type,
     with_input_shapes,
 )
 from neuron_rtd.compiler.partition import NC, order, place, segments
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
-from neuron_rtd.neff import NeffBuilder
+from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
 
@@ -161,10 +163,34 @@ def _fix_single_sizes(
     }
 
 
+def _check_io_types(model: onnx.ModelProto) -> None:
+    """Model inputs and outputs must be tensors of a dtype a NEFF carries."""
+    for what, values in (("input", graph_inputs(model)), ("output", model.graph.output)):
+        for vi in values:
+            kind = value_type(vi)
+            if kind is None:
+                which = vi.type.WhichOneof("value")
+                raise CompileError(
+                    f"unsupported: model {what} {vi.name!r} is a {which}, not a tensor; "
+                    "a NEFF carries tensors only"
+                )
+            if kind.dtype.name not in ALLOWED_DTYPES or kind.dtype.kind in "OSUV":
+                raise CompileError(
+                    f"unsupported: model {what} {vi.name!r} is {_type_name(vi)}, which a NEFF "
+                    f"does not carry (it carries {', '.join(ALLOWED_DTYPES)})"
+                )
+
+
+def _type_name(vi: onnx.ValueInfoProto) -> str:
+    elem = vi.type.tensor_type.elem_type
+    return onnx.TensorProto.DataType.Name(elem).lower()
+
+
 def _input_axes(
     model: onnx.ModelProto, shapes: dict[str, Sequence[int]], batch: bool
 ) -> dict[str, tuple[Dim, ...]]:
     """Each input's axes: a fixed size or the symbol it follows."""
+    _check_io_types(model)
     declared = input_dims(model)
     unknown = sorted(set(shapes) - set(declared))
     if unknown:
@@ -175,16 +201,16 @@ def _input_axes(
     for name, dims in declared.items():
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
-            if len(given) != len(dims) or any(d < 1 for d in given):
+            if len(given) != len(dims) or any(d < 0 for d in given):
                 raise CompileError(
                     f"--input-shape {name}: {list(given)} does not fit its {len(dims)} axes "
-                    "(sizes must be positive)"
+                    "(sizes must not be negative)"
                 )
             dims = given
         if batch and dims:
             dims = (BATCH, *dims[1:])
         for axis, dim in enumerate(dims):
-            if dim is None or (isinstance(dim, int) and dim < 1):
+            if dim is None or (isinstance(dim, int) and dim < 0):
                 raise CompileError(
                     f"input {name!r} axis {axis} has no size: give one with --input-shape"
                 )

@@ -96,7 +96,10 @@ def value_type(vi: onnx.ValueInfoProto) -> TensorType | None:
     if not vi.type.HasField("tensor_type"):
         return None
     tensor = vi.type.tensor_type
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    except (KeyError, TypeError, ValueError):
+        dtype = np.dtype("V")  # an element type numpy has no name for: no NEFF carries it
     if not tensor.HasField("shape"):
         return TensorType(dtype, None)
     dims: list[Dim] = []

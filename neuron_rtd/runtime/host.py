@@ -53,7 +53,7 @@ def _ort_stage(node: str, stage: Stage) -> HostFn:
         raise NeffInvalid(f"CPU node '{node}': its {ORT_OP} instruction names no '{ORT_MODEL}'")
     options = ort.SessionOptions()
     options.intra_op_num_threads = host_threads()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # its errors come back as InferError, not on stderr
     try:
         session = ort.InferenceSession(
             model.tobytes(), sess_options=options, providers=["CPUExecutionProvider"]

@@ -49,7 +49,12 @@ class LocalRuntime:
             self._tmp.cleanup()
 
     def load(
-        self, neff: bytes | Neff, *, ninfer: int = 1, timeout_s: float = 60.0, ncg_id: int | None = None
+        self,
+        neff: bytes | Neff,
+        *,
+        ninfer: int = 1,
+        timeout_s: float = 60.0,
+        ncg_id: int | None = None,
     ) -> Model:
         parsed = read_neff(neff) if isinstance(neff, bytes | bytearray | memoryview) else neff
         params = ModelParams(timeout_s=timeout_s, ninfer=ninfer)
