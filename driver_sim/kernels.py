@@ -234,12 +234,71 @@ def _gemm_macs(inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping
     return math.prod(outputs[0]) * contraction
 
 
+# ---- input dtypes the op kernels implement (support checks) ---------------------------
+
+
+def dtype_set(*names: str) -> frozenset[np.dtype]:
+    return frozenset(np.dtype(name) for name in names)
+
+
+FLOATS = dtype_set("float16", "float32", "float64")
+SIGNED = dtype_set("int8", "int16", "int32", "int64")
+UNSIGNED = dtype_set("uint8", "uint16", "uint32", "uint64")
+INTEGERS = SIGNED | UNSIGNED
+NUMBERS = FLOATS | INTEGERS
+BOOL = dtype_set("bool")
+ALL_DTYPES = NUMBERS | BOOL  # strings, bfloat16, float8, 4-bit and complex are refused
+INDICES = dtype_set("int32", "int64")
+
+
+def check_dtypes(
+    dtypes: Sequence[np.dtype], allowed: Sequence[frozenset[np.dtype]], same: Sequence[int] = ()
+) -> None:
+    """ValueError unless input k's dtype is in allowed[k] (the last set also covers every
+    later input) and the inputs at positions `same` (those present) share one dtype."""
+    for index, dtype in enumerate(dtypes):
+        if np.dtype(dtype) not in allowed[min(index, len(allowed) - 1)]:
+            raise ValueError(
+                f"input {index} has dtype {dtype}, which the kernel does not implement"
+            )
+    shared = {np.dtype(dtypes[i]) for i in same if i < len(dtypes)}
+    if len(shared) > 1:
+        names = ", ".join(sorted(str(d) for d in shared))
+        raise ValueError(f"inputs must share one dtype, got {names}")
+
+
+def dtype_check(*allowed: frozenset[np.dtype], same: Sequence[int] = ()) -> SupportCheck:
+    """A support check of input dtypes only (see `check_dtypes`)."""
+
+    def check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
+        check_dtypes(dtypes, allowed, same)
+
+    return check
+
+
 # ---- PE: matmul-type ops ---------------------------------------------------------------
 
 
-@kernel("MatMul", Engine.PE, inputs=(2, 2), macs=_matmul_macs)
+def via_float32(fn: Callable[..., Any], *arrays: np.ndarray, **kwargs: Any) -> np.ndarray:
+    """fn(*arrays, **kwargs); float16 arrays are computed in float32 (one rounding at
+    the end rather than one per step) and the result rounded back to float16."""
+    if arrays[0].dtype != np.float16:
+        return np.asarray(fn(*arrays, **kwargs))
+    widened = [a.astype(np.float32) for a in arrays]
+    return np.asarray(fn(*widened, **kwargs)).astype(np.float16)
+
+
+@kernel(
+    "MatMul",
+    Engine.PE,
+    inputs=(2, 2),
+    macs=_matmul_macs,
+    since=(1, 9, 13),
+    check=dtype_check(FLOATS | dtype_set("int32", "int64", "uint32", "uint64"), same=(0, 1)),
+)
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.matmul(a, b)
+    """Y = A @ B with numpy.matmul broadcasting (1-D operands promoted and dropped)."""
+    return via_float32(np.matmul, a, b)
 
 
 @kernel(
@@ -253,6 +312,8 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         "transB": Attr(flag_attr, 0),
     },
     macs=_gemm_macs,
+    since=(7, 9, 11, 13),
+    check=dtype_check(FLOATS, same=(0, 1, 2)),
 )
 def _gemm(
     a: np.ndarray,
@@ -264,39 +325,71 @@ def _gemm(
     transA: int,  # the ONNX attribute names
     transB: int,
 ) -> np.ndarray:
+    """Y = alpha * A' @ B' + beta * C, C unidirectionally broadcast to Y."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"Gemm needs 2-D A and B, got shapes {a.shape} and {b.shape}")
-    y = np.matmul(a.T if transA else a, b.T if transB else b)
+    a = a.T if transA else a
+    b = b.T if transB else b
+    if c is None or beta == 0.0:
+        return via_float32(_scaled_product, a, b, alpha=alpha, beta=beta)
+    return via_float32(_scaled_product, a, b, c, alpha=alpha, beta=beta)
+
+
+def _scaled_product(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: float, beta: float
+) -> np.ndarray:
+    y = np.matmul(a, b)
     if alpha != 1.0:
-        np.multiply(y, alpha, out=y, casting="unsafe")
-    if c is not None and beta != 0.0:
-        bias = c if beta == 1.0 else c * beta
-        np.add(y, bias, out=y, casting="unsafe")
+        y *= alpha
+    if c is not None:
+        y += c if beta == 1.0 else c * beta
     return y
 
 
 # ---- ACT: activations --------------------------------------------------------------------
 
 
-@kernel("Relu", Engine.ACT)
+@kernel("Relu", Engine.ACT, since=(6, 13, 14), check=dtype_check(FLOATS | SIGNED))
 def _relu(x: np.ndarray) -> np.ndarray:
+    """Y = max(X, 0)."""
     return np.maximum(x, 0)
 
 
-@kernel("Sigmoid", Engine.ACT)
+@kernel("Sigmoid", Engine.ACT, since=(6, 13), check=dtype_check(FLOATS))
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    decay = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + decay), decay / (1 + decay))
+    """Y = 1 / (1 + exp(-X)), from exp(-|X|) so that nothing overflows."""
+    return via_float32(_stable_sigmoid, x)
 
 
-@kernel("Tanh", Engine.ACT)
+def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
+    y = np.abs(x, out=np.empty_like(x))
+    np.negative(y, out=y)
+    np.exp(y, out=y)  # e = exp(-|x|), in (0, 1]
+    np.divide(y, y + 1, out=y)  # sigmoid(-|x|) = e / (1 + e)
+    np.subtract(1, y, out=y, where=np.greater_equal(x, 0))  # sigmoid(|x|) = 1 - that
+    return y
+
+
+@kernel("Tanh", Engine.ACT, since=(6, 13), check=dtype_check(FLOATS))
 def _tanh(x: np.ndarray) -> np.ndarray:
+    """Y = tanh(X)."""
     return np.tanh(x)
 
 
-@kernel("Softmax", Engine.ACT, attrs={"axis": Attr(int_attr, -1)})
+@kernel(
+    "Softmax",
+    Engine.ACT,
+    attrs={"axis": Attr(int_attr, -1)},
+    since=(13,),  # versions 1 and 11 coerce the input to 2-D around `axis` (default 1)
+    check=dtype_check(FLOATS),
+)
 def _softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    """Y = exp(X - max) / sum(exp(X - max)) along `axis`, in one temporary."""
+    return via_float32(_shifted_softmax, x, axis=axis)
+
+
+def _shifted_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=np.empty_like(x))
     np.exp(shifted, out=shifted)
     shifted /= np.sum(shifted, axis=axis, keepdims=True)
     return shifted
@@ -304,34 +397,73 @@ def _softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
 
 # ---- POOL: elementwise and data movement ---------------------------------------------------
 
+_BINARY_SINCE = (7, 13, 14)  # version 6 and older broadcast only by attribute
+_BINARY_CHECK = dtype_check(NUMBERS, same=(0, 1))
 
-@kernel("Add", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+
+@kernel(
+    "Add",
+    Engine.POOL,
+    inputs=(2, 2),
+    read_modify_write=True,
+    since=_BINARY_SINCE,
+    check=_BINARY_CHECK,
+)
 def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C = A + B (integers wrap)."""
     return np.add(a, b)
 
 
-@kernel("Sub", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+@kernel(
+    "Sub",
+    Engine.POOL,
+    inputs=(2, 2),
+    read_modify_write=True,
+    since=_BINARY_SINCE,
+    check=_BINARY_CHECK,
+)
 def _sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C = A - B (integers wrap)."""
     return np.subtract(a, b)
 
 
-@kernel("Mul", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+@kernel(
+    "Mul",
+    Engine.POOL,
+    inputs=(2, 2),
+    read_modify_write=True,
+    since=_BINARY_SINCE,
+    check=_BINARY_CHECK,
+)
 def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C = A * B (integers wrap)."""
     return np.multiply(a, b)
 
 
-@kernel("Div", Engine.POOL, inputs=(2, 2), read_modify_write=True)
+@kernel(
+    "Div",
+    Engine.POOL,
+    inputs=(2, 2),
+    read_modify_write=True,
+    since=_BINARY_SINCE,
+    check=_BINARY_CHECK,
+)
 def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.result_type(a, b).kind not in "iu":
+    """C = A / B; integer division truncates toward zero, as in C."""
+    if a.dtype.kind == "f":
         return np.divide(a, b)
     quotient = np.floor_divide(a, b)
-    remainder = np.subtract(a, np.multiply(quotient, b))
-    toward_zero = (remainder != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
-    return quotient + toward_zero.astype(quotient.dtype)
+    if a.dtype.kind == "u":
+        return quotient
+    # floor and truncation differ where the division is inexact and the signs differ
+    inexact = np.remainder(a, b) != 0
+    fix = inexact & (np.less(a, 0) != np.less(b, 0))
+    return np.add(quotient, fix, dtype=quotient.dtype)
 
 
-@kernel("Identity", Engine.POOL)
+@kernel("Identity", Engine.POOL, since=(1, 13, 14, 16, 19, 21, 23, 24, 25))
 def _identity(x: np.ndarray) -> np.ndarray:
+    """Y = X (the same array: kernels never write their inputs)."""
     return x
 
 
