@@ -22,6 +22,30 @@ from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
 
 ABSENT = ""  # an input name that leaves an optional input out
 MAX_CACHED_COSTS = 1024  # input-shape sets whose run cost a program remembers
+# Ops whose output shape can depend on the values (not only the shapes) of their inputs.
+VALUE_SHAPED_OPS = frozenset(
+    {
+        "Reshape",
+        "Slice",
+        "Range",
+        "ConstantOfShape",
+        "Expand",
+        "Tile",
+        "TopK",
+        "Split",
+        "Squeeze",
+        "Unsqueeze",
+        "Pad",
+        "Resize",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL2",
+        "NonZero",
+    }
+)
 
 
 class Instr(NamedTuple):
@@ -74,14 +98,15 @@ class LoadedProgram:
     input_slots: tuple[tuple[str, int], ...]
     output_slots: tuple[tuple[str, int, int | None], ...]
     static_totals: np.ndarray
+    value_shaped: tuple[int, ...] = ()  # output slots of ops shaped by input values
     costs: dict[tuple[Shape, ...], RunCost] = field(default_factory=dict)
 
     def cost_of(self, key: tuple[Shape, ...], env: list[Any]) -> RunCost:
         """The counter increments of a run whose inputs had shapes `key`; `env` holds
         that run's tensors, from which the first run of each shape set is measured.
-
-        (An op whose output shape depends on input values would need its own key part;
-        none of the current ops has one.)"""
+        The outputs of ops whose shape depends on input values are part of the key."""
+        if self.value_shaped:
+            key = key + tuple(_shape(env[slot]) for slot in self.value_shaped)
         cost = self.costs.get(key)
         if cost is None:
             cost = _measure(self, env)
@@ -198,8 +223,15 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
         (name, _program_output_slot(resolver, name), resolver.producer.get(name))
         for name in program.outputs
     )
+    value_shaped = tuple(
+        slot
+        for step, kern in zip(steps, kernels, strict=True)
+        if kern.op in VALUE_SHAPED_OPS
+        for slot in step.outputs
+    )
     return LoadedProgram(
         owner=owner,
+        value_shaped=value_shaped,
         program=program,
         steps=tuple(steps),
         kernels=tuple(kernels),

@@ -393,3 +393,24 @@ def test_host_execution_counts_nothing() -> None:
     execute_program(loaded, {"x": x}, outs)
     ref_logits = 2.0 * (np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"])
     np.testing.assert_allclose(outs["logits"], ref_logits, rtol=1e-4, atol=1e-5)
+
+
+def test_run_cost_follows_shapes_set_by_input_values() -> None:
+    """Tile's output size depends on the values of its `repeats` input: two runs with the
+    same input shapes but other repeats cost differently (the cost cache keys on it)."""
+    from driver_sim.execute import bind_inputs, run_steps
+    from driver_sim.program import Instr, NcProgram, load_program
+
+    program = load_program(
+        "test",
+        NcProgram([Instr("Tile", ("x", "reps"), ("y",))], {}, ["x", "reps"], ["y"]),
+    )
+    costs = []
+    for reps in ([1, 1], [4, 4]):
+        env = program.template.copy()
+        key = bind_inputs(
+            program, {"x": np.ones((8, 128), np.float32), "reps": np.array(reps)}, env
+        )
+        run_steps(program, env)
+        costs.append(int(program.cost_of(key, env).engine_cycles.sum()))
+    assert costs[1] > costs[0]
