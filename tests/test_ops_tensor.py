@@ -38,11 +38,6 @@ OPS = (
 # The cases the kernels refuse at compile time (a CPU node runs them), with a part of
 # the reason they give.
 REFUSED = {
-    # Split-13 without split sizes splits equally into as many parts as the node has
-    # outputs, and a kernel is not told how many outputs its node has.
-    "test_split_equal_parts_1d_opset13": "output count",
-    "test_split_equal_parts_2d_opset13": "output count",
-    "test_split_equal_parts_default_axis_opset13": "output count",
     # strings and bfloat16 are not NC dtypes
     "test_equal_string": "dtype object",
     "test_equal_string_broadcast": "dtype object",

@@ -47,5 +47,11 @@ def attr_value(attr: onnx.AttributeProto) -> Any:
 
 
 def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    """Every attribute of `node` as JSON values; UnsupportedAttr for graphs and the like."""
-    return {attr.name: attr_value(attr) for attr in node.attribute}
+    """Every attribute of `node` as JSON values; UnsupportedAttr for graphs and the like.
+    What an NC instruction needs that ONNX leaves implicit is made explicit: a Split
+    with no sizes splits into as many equal parts as the node has outputs."""
+    attrs = {attr.name: attr_value(attr) for attr in node.attribute}
+    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs:
+        if len(node.input) < 2 or not node.input[1]:
+            attrs["num_outputs"] = len(node.output)
+    return attrs
