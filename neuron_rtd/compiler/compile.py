@@ -234,7 +234,7 @@ def _emit(graph: Graph, builder: NeffBuilder, num_nc: int, prefix: str) -> Emitt
     runs = segments(order(graph, refusals), refusals)
     emitter = Emitter(graph, builder, refusals, prefix)
     nc_runs = [run for run in runs if run.kind == NC]
-    costs = [sum(emitter._cost(node) for node in run.nodes) for run in nc_runs]
+    costs = [sum(emitter.cost(node) for node in run.nodes) for run in nc_runs]
     return emitter.emit(runs, stages_per_node(costs, num_nc, [len(r.nodes) for r in nc_runs]))
 
 

@@ -144,7 +144,7 @@ class Emitter:
         """The segment's ops as `stage_count` Neuron nodes of one NC each, cut where the
         work (MACs plus written elements) is balanced."""
         nodes = list(segment.nodes)
-        costs = [self._cost(node) for node in nodes]
+        costs = [self.cost(node) for node in nodes]
         cuts = split_by_cost(costs, stage_count)
         stages: list[StageSpec] = []
         stage_macs: list[int] = []
@@ -208,7 +208,8 @@ class Emitter:
         except (ValueError, TypeError, IndexError, KeyError):
             return 0
 
-    def _cost(self, node: onnx.NodeProto) -> int:
+    def cost(self, node: onnx.NodeProto) -> int:
+        """Estimated host work of one op: its MACs plus ELEMENT_COST per written element."""
         elements = sum(math.prod(s) for n in node.output if n and (s := self._static(n)))
         return self._macs(node) + ELEMENT_COST * elements
 

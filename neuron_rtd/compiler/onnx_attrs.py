@@ -51,7 +51,7 @@ def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
     What an NC instruction needs that ONNX leaves implicit is made explicit: a Split
     with no sizes splits into as many equal parts as the node has outputs."""
     attrs = {attr.name: attr_value(attr) for attr in node.attribute}
-    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs:
-        if len(node.input) < 2 or not node.input[1]:
-            attrs["num_outputs"] = len(node.output)
+    sizes_given = "split" in attrs or (len(node.input) > 1 and node.input[1])
+    if node.op_type == "Split" and not sizes_given and "num_outputs" not in attrs:
+        attrs["num_outputs"] = len(node.output)
     return attrs
