@@ -68,9 +68,9 @@ class NeuronCore:
             self._device.before_run(self.index)
             env = program.template.copy()
             key = bind_inputs(program, inputs, env)
-            run_steps(program, env)
+            freed = run_steps(program, env)
             copy_outputs(program, env, outputs)
-            cost = program.cost_of(key, env)
+            cost = program.cost_of(key, env, freed)
             counters, cycles = self._counters, self._cycles
             if counters is None or cycles is None:
                 raise DriverError(f"{self!r}: device {self.device_index} was released")

@@ -76,23 +76,31 @@ def bind_inputs(
     return tuple(shapes)
 
 
-def run_steps(program: LoadedProgram, env: list[Any]) -> None:
-    """Run the kernels in order. Like the hardware, arithmetic overflow and invalid
-    operations give Inf/NaN silently (the runtime flags them), never a warning."""
+def run_steps(program: LoadedProgram, env: list[Any]) -> dict[int, Shape]:
+    """Run the kernels in order, freeing each intermediate after its last reader (so a
+    run holds only the tensors still needed); the shapes of the freed ones are returned.
+    Like the hardware, arithmetic overflow and invalid operations give Inf/NaN silently
+    (the runtime flags them), never a warning."""
     index = 0
+    freed: dict[int, Shape] = {}
+    release = program.release
     try:
         with np.errstate(all="ignore"):
             # `index` is read by the handler below, to name the failing instruction.
-            for index, (fn, ins, outs, multi) in enumerate(program.steps):  # noqa: B007
+            for index, (fn, ins, outs, multi) in enumerate(program.steps):
                 result = fn(*[env[i] for i in ins])
                 if not multi:
                     env[outs[0]] = result
                 else:
                     for slot, value in zip(outs, result, strict=False):
                         env[slot] = value
+                for slot in release[index]:
+                    freed[slot] = np.shape(env[slot])
+                    env[slot] = None
     except _KERNEL_FAILURES as exc:
         op = program.kernels[index].op
         raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
+    return freed
 
 
 def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, Any]) -> None:

@@ -298,7 +298,16 @@ def via_float32(fn: Callable[..., Any], *arrays: np.ndarray, **kwargs: Any) -> n
 )
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Y = A @ B with numpy.matmul broadcasting (1-D operands promoted and dropped)."""
-    return via_float32(np.matmul, a, b)
+    return via_float32(_stacked_matmul, a, b)
+
+
+def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul, with a stack of rows times one matrix (B, S, K) @ (K, N) done as one
+    (B*S, K) @ (K, N) GEMM: numpy would make it B separate ones."""
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
+        flat = np.matmul(a.reshape(-1, a.shape[-1]), b)
+        return flat.reshape(*a.shape[:-1], b.shape[-1])
+    return np.matmul(a, b)
 
 
 @kernel(

@@ -99,17 +99,22 @@ class LoadedProgram:
     output_slots: tuple[tuple[str, int, int | None], ...]
     static_totals: np.ndarray
     value_shaped: tuple[int, ...] = ()  # output slots of ops shaped by input values
+    # Per step, the slots no later step reads: a run frees them right after the step.
+    release: tuple[tuple[int, ...], ...] = ()
     costs: dict[tuple[Shape, ...], RunCost] = field(default_factory=dict)
 
-    def cost_of(self, key: tuple[Shape, ...], env: list[Any]) -> RunCost:
+    def cost_of(
+        self, key: tuple[Shape, ...], env: list[Any], freed: Mapping[int, Shape]
+    ) -> RunCost:
         """The counter increments of a run whose inputs had shapes `key`; `env` holds
-        that run's tensors, from which the first run of each shape set is measured.
-        The outputs of ops whose shape depends on input values are part of the key."""
+        that run's tensors and `freed` the shapes of those it released, from which the
+        first run of each shape set is measured. The outputs of ops whose shape depends
+        on input values are part of the key."""
         if self.value_shaped:
-            key = key + tuple(_shape(env[slot]) for slot in self.value_shaped)
+            key = key + tuple(_slot_shape(s, env, freed) for s in self.value_shaped)
         cost = self.costs.get(key)
         if cost is None:
-            cost = _measure(self, env)
+            cost = _measure(self, env, freed)
             if len(self.costs) < MAX_CACHED_COSTS:
                 self.costs[key] = cost
         return cost
@@ -119,12 +124,17 @@ def _shape(value: Any) -> Shape:
     return () if value is None else tuple(np.shape(value))
 
 
-def _measure(loaded: LoadedProgram, env: list[Any]) -> RunCost:
+def _slot_shape(slot: int, env: list[Any], freed: Mapping[int, Shape]) -> Shape:
+    shape = freed.get(slot)
+    return _shape(env[slot]) if shape is None else shape
+
+
+def _measure(loaded: LoadedProgram, env: list[Any], freed: Mapping[int, Shape]) -> RunCost:
     totals = loaded.static_totals.copy()
     cycles = np.zeros(len(Engine), dtype=SLOT_DTYPE)
     for step, kern, attrs in zip(loaded.steps, loaded.kernels, loaded.attrs, strict=True):
-        ins = [_shape(env[s]) for s in step.inputs]
-        outs = [_shape(env[s]) for s in step.outputs]
+        ins = [_slot_shape(s, env, freed) for s in step.inputs]
+        outs = [_slot_shape(s, env, freed) for s in step.outputs]
         macs = kern.macs(ins, outs, attrs)
         elements = sum(int(np.prod(shape)) for shape in outs)
         totals[NC_FIELD["macs"]] += macs
@@ -232,6 +242,7 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
     return LoadedProgram(
         owner=owner,
         value_shaped=value_shaped,
+        release=_releases(steps, {slot for _, slot, _ in output_slots}, len(template)),
         program=program,
         steps=tuple(steps),
         kernels=tuple(kernels),
@@ -241,6 +252,25 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
         output_slots=output_slots,
         static_totals=_static_totals(kernels),
     )
+
+
+def _releases(
+    steps: Sequence[Step], keep: set[int], slot_count: int
+) -> tuple[tuple[int, ...], ...]:
+    """Per step, the intermediate slots whose last reader (or, for those never read, whose
+    producer) it is: program outputs, inputs and weights are never released."""
+    last: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for slot in step.outputs:
+            last[slot] = index
+        for slot in step.inputs:
+            if slot in last:
+                last[slot] = index
+    release: list[list[int]] = [[] for _ in steps]
+    for slot, index in last.items():
+        if slot not in keep and slot < slot_count:
+            release[index].append(slot)
+    return tuple(tuple(slots) for slots in release)
 
 
 def _define_output(resolver: _Resolver, name: str, index: int, op: str) -> int:
