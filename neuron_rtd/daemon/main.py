@@ -27,6 +27,7 @@ from neuron_rtd.daemon.listener import (
     parse_address,
 )
 from neuron_rtd.daemon.logs import setup_logging
+from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.runtime.runtime import Runtime, RuntimeOptions
 from neuron_rtd.server.servicer import add_servicers
 
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"neuron-rtd: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, console=config.log_console)
+    keep_freed_memory()
     daemon = Daemon(config)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
