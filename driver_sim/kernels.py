@@ -311,6 +311,23 @@ def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @kernel(
+    "MatMulBias",
+    Engine.PE,
+    inputs=(3, 3),
+    macs=_matmul_macs,
+    check=dtype_check(FLOATS, same=(0, 1, 2)),
+)
+def _matmul_bias(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Y = A @ B + bias (bias along the last axis), the bias added in place into the
+    product. Not an ONNX op: the compiler fuses MatMul + Add of a constant into it."""
+    if a.dtype == np.float16:
+        return via_float32(_matmul_bias, a, b, bias)
+    product = _stacked_matmul(a, b)
+    np.add(product, bias, out=product)
+    return product
+
+
+@kernel(
     "Gemm",
     Engine.PE,
     inputs=(2, 3),
@@ -477,4 +494,4 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 
 # The rest of the op library registers itself on import.
-from driver_sim import ops_nn, ops_tensor  # noqa: E402, F401
+from driver_sim import ops_nn, ops_tensor, ops_winograd  # noqa: E402, F401

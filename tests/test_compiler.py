@@ -358,3 +358,47 @@ def test_shape_functions_bound_value_dependent_outputs(local: LocalRuntime) -> N
     np.testing.assert_array_equal(got["nz"], want["nz"])
     np.testing.assert_array_equal(got["r"], want["r"])
     np.testing.assert_allclose(got["total"], want["total"], rtol=1e-6)
+
+
+def test_gelu_and_matmul_bias_are_fused(local: LocalRuntime) -> None:
+    """x * 0.5 * (1 + erf(x / sqrt 2)) in both usual orders becomes one Gelu, and
+    MatMul + Add of a constant bias one MatMulBias; the outputs stay the same."""
+    rng = np.random.default_rng(6)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["bias", "h"], ["hb"]),
+        # gelu, form 1: (x * (1 + erf(x / sqrt2))) * 0.5
+        helper.make_node("Div", ["hb", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["hb", "e1"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["g1"]),
+        # gelu, form 2: (x * 0.5) * (1 + erf(x * (1 / sqrt2)))
+        helper.make_node("Mul", ["g1", "inv_sqrt2"], ["d2"]),
+        helper.make_node("Erf", ["d2"], ["e2"]),
+        helper.make_node("Add", ["one", "e2"], ["e21"]),
+        helper.make_node("Mul", ["g1", "half"], ["x_half"]),
+        helper.make_node("Mul", ["x_half", "e21"], ["y"]),
+    ]
+    scalars = {
+        "sqrt2": np.float32(np.sqrt(2)),
+        "inv_sqrt2": np.float32(1 / np.sqrt(2)),
+        "one": np.float32(1),
+        "half": np.float32(0.5),
+    }
+    model = make_model(
+        nodes,
+        [helper.make_tensor_value_info("x", F32, [2, 5, 8])],
+        [helper.make_tensor_value_info("y", F32, [2, 5, 16])],
+        {
+            "w": rng.standard_normal((8, 16)).astype(np.float32),
+            "bias": rng.standard_normal(16).astype(np.float32),
+            **{k: np.array(v) for k, v in scalars.items()},
+        },
+    )
+    neff = compile_model(model).neff
+    ops = [i.op for node in read_neff(neff).nodes for s in node.stages for i in s.instructions]
+    assert ops == ["MatMulBias", "Gelu", "Gelu"]
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    got = run(local, neff, {"x": x})["y"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)

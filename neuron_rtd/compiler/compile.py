@@ -22,6 +22,7 @@ import onnx
 
 from neuron_rtd.compiler.emit import Emitted, Emitter
 from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.compiler.fuse import fuse
 from neuron_rtd.compiler.onnx_graph import (
     Dim,
     Graph,
@@ -34,7 +35,7 @@ from neuron_rtd.compiler.onnx_graph import (
     value_type,
     with_input_shapes,
 )
-from neuron_rtd.compiler.partition import NC, order, place, segments
+from neuron_rtd.compiler.partition import NC, nc_refusal, order, place, segments
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder
@@ -230,6 +231,7 @@ def _graph_for(
 
 def _emit(graph: Graph, builder: NeffBuilder, num_nc: int, prefix: str) -> Emitted:
     _add_output_copies(graph)
+    fuse(graph, lambda node: nc_refusal(node, graph) is None)
     refusals = place(graph)
     runs = segments(order(graph, refusals), refusals)
     emitter = Emitter(graph, builder, refusals, prefix)

@@ -19,6 +19,7 @@ import onnx
 import onnx.defs
 
 from driver_sim.kernels import KERNELS
+from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN
 from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
 from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
@@ -37,17 +38,19 @@ class Segment:
 
 def nc_refusal(node: onnx.NodeProto, graph: Graph) -> str | None:
     """Why the NC cannot run `node` (None when it can)."""
-    if node.domain not in ("", "ai.onnx"):
+    internal = node.domain == INTERNAL_DOMAIN  # made by the compiler's own fusions
+    if node.domain not in ("", "ai.onnx") and not internal:
         return f"domain {node.domain!r} is not in the NC library"
     kern = KERNELS.get(node.op_type)
     if kern is None:
         return "no NC kernel for this op"
-    try:
-        version = onnx.defs.get_schema(node.op_type, graph.opset, "").since_version
-    except onnx.defs.SchemaError:
-        return f"no schema for this op under opset {graph.opset}"
-    if kern.since is not None and version not in kern.since:
-        return f"op version {version} is not one the NC implements {kern.since}"
+    if not internal:
+        try:
+            version = onnx.defs.get_schema(node.op_type, graph.opset, "").since_version
+        except onnx.defs.SchemaError:
+            return f"no schema for this op under opset {graph.opset}"
+        if kern.since is not None and version not in kern.since:
+            return f"op version {version} is not one the NC implements {kern.since}"
     try:
         values = kern.parse_attrs(node_attrs(node))
     except (UnsupportedAttr, ValueError) as exc:
