@@ -169,6 +169,27 @@ def flag_attr(value: Any) -> int:
     return number
 
 
+def positive_attr(value: Any) -> int:
+    number = int_attr(value)
+    if number < 1:
+        raise ValueError(f"must be positive, got {number}")
+    return number
+
+
+def positive_ints_attr(value: Any) -> tuple[int, ...]:
+    numbers = ints_attr(value)
+    if any(n < 1 for n in numbers):
+        raise ValueError(f"must all be positive, got {list(numbers)}")
+    return numbers
+
+
+def non_negative_ints_attr(value: Any) -> tuple[int, ...]:
+    numbers = ints_attr(value)
+    if any(n < 0 for n in numbers):
+        raise ValueError(f"must not be negative, got {list(numbers)}")
+    return numbers
+
+
 def float_attr(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise ValueError(f"must be a number, got {value!r}")

@@ -51,6 +51,9 @@ from driver_sim.kernels import (
     int_attr,
     ints_attr,
     kernel,
+    non_negative_ints_attr,
+    positive_attr,
+    positive_ints_attr,
 )
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -119,27 +122,6 @@ def _pad_spatial(
         out[tuple(before)] = fill
         out[tuple(after)] = fill
     return out
-
-
-def _positive_ints_attr(value: Any) -> tuple[int, ...]:
-    numbers = ints_attr(value)
-    if any(n < 1 for n in numbers):
-        raise ValueError(f"must all be positive, got {list(numbers)}")
-    return numbers
-
-
-def _non_negative_ints_attr(value: Any) -> tuple[int, ...]:
-    numbers = ints_attr(value)
-    if any(n < 0 for n in numbers):
-        raise ValueError(f"must not be negative, got {list(numbers)}")
-    return numbers
-
-
-def _positive_attr(value: Any) -> int:
-    number = int_attr(value)
-    if number < 1:
-        raise ValueError(f"must be positive, got {number}")
-    return number
 
 
 def _zero_attr(what: str) -> Callable[[Any], int]:
@@ -403,11 +385,11 @@ def _conv_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
 
 _CONV_ATTRS = {
     "auto_pad": Attr(choice_attr(*_AUTO_PADS), "NOTSET"),
-    "dilations": Attr(_positive_ints_attr, None),
-    "group": Attr(_positive_attr, 1),
-    "kernel_shape": Attr(_positive_ints_attr, None),
-    "pads": Attr(_non_negative_ints_attr, None),
-    "strides": Attr(_positive_ints_attr, None),
+    "dilations": Attr(positive_ints_attr, None),
+    "group": Attr(positive_attr, 1),
+    "kernel_shape": Attr(positive_ints_attr, None),
+    "pads": Attr(non_negative_ints_attr, None),
+    "strides": Attr(positive_ints_attr, None),
 }
 
 
@@ -543,8 +525,8 @@ def _depthwise_conv(x: np.ndarray, w: np.ndarray, window: _Window) -> np.ndarray
 
 _CONV_TRANSPOSE_ATTRS = {
     **_CONV_ATTRS,
-    "output_padding": Attr(_non_negative_ints_attr, None),
-    "output_shape": Attr(_positive_ints_attr, None),
+    "output_padding": Attr(non_negative_ints_attr, None),
+    "output_shape": Attr(positive_ints_attr, None),
 }
 
 
@@ -723,10 +705,10 @@ def _avg_pool_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> No
 _POOL_ATTRS = {
     "auto_pad": Attr(choice_attr(*_AUTO_PADS), "NOTSET"),
     "ceil_mode": Attr(flag_attr, 0),
-    "dilations": Attr(_positive_ints_attr, None),
-    "kernel_shape": Attr(_positive_ints_attr),
-    "pads": Attr(_non_negative_ints_attr, None),
-    "strides": Attr(_positive_ints_attr, None),
+    "dilations": Attr(positive_ints_attr, None),
+    "kernel_shape": Attr(positive_ints_attr),
+    "pads": Attr(non_negative_ints_attr, None),
+    "strides": Attr(positive_ints_attr, None),
 }
 
 
@@ -970,7 +952,7 @@ def _layer_normalization(
         "alpha": Attr(float_attr, 1e-4),
         "beta": Attr(float_attr, 0.75),
         "bias": Attr(float_attr, 1.0),
-        "size": Attr(_positive_attr),
+        "size": Attr(positive_attr),
     },
     since=(1, 13),
     check=_FLOAT_CHECK,
@@ -1335,7 +1317,7 @@ def _block_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
 @kernel(
     "DepthToSpace",
     Engine.POOL,
-    attrs={"blocksize": Attr(_positive_attr), "mode": Attr(choice_attr("DCR", "CRD"), "DCR")},
+    attrs={"blocksize": Attr(positive_attr), "mode": Attr(choice_attr("DCR", "CRD"), "DCR")},
     since=(1, 11, 13, 28),
     check=_block_check,
 )
@@ -1357,7 +1339,7 @@ def _depth_to_space(x: np.ndarray, *, blocksize: int, mode: str) -> np.ndarray:
 @kernel(
     "SpaceToDepth",
     Engine.POOL,
-    attrs={"blocksize": Attr(_positive_attr), "mode": Attr(choice_attr("DCR", "CRD"), "DCR")},
+    attrs={"blocksize": Attr(positive_attr), "mode": Attr(choice_attr("DCR", "CRD"), "DCR")},
     since=(1, 13, 28),
     check=_block_check,
 )

@@ -36,6 +36,8 @@ from driver_sim.kernels import (
     int_attr,
     ints_attr,
     kernel,
+    non_negative_ints_attr,
+    positive_attr,
     tensor_attr,
     via_float32,
 )
@@ -90,20 +92,6 @@ def _perm_attr(value: Any) -> tuple[int, ...]:
     if sorted(perm) != list(range(len(perm))):
         raise ValueError(f"must be a permutation of 0..{len(perm) - 1}, got {list(perm)}")
     return perm
-
-
-def _positive_attr(value: Any) -> int:
-    number = int_attr(value)
-    if number < 1:
-        raise ValueError(f"must be positive, got {number}")
-    return number
-
-
-def _sizes_attr(value: Any) -> tuple[int, ...]:
-    sizes = ints_attr(value)
-    if any(size < 0 for size in sizes):
-        raise ValueError(f"sizes must not be negative, got {list(sizes)}")
-    return sizes
 
 
 def _tensor_value_attr(value: Any) -> np.ndarray:
@@ -896,8 +884,8 @@ def _split_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
     outputs=_VARIADIC,
     attrs={
         "axis": Attr(int_attr, 0),
-        "split": Attr(_sizes_attr, None),  # the attribute form, up to Split-11
-        "num_outputs": Attr(_positive_attr, None),  # Split-18
+        "split": Attr(non_negative_ints_attr, None),  # the attribute form, up to Split-11
+        "num_outputs": Attr(positive_attr, None),  # Split-18
     },
     since=(2, 11, 13, 18),
     check=_split_check,
