@@ -313,19 +313,9 @@ def _symbolic_outputs(
     model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]]
 ) -> dict[str, tuple[Dim, ...]]:
     """Each output's dims with the input symbols carried through by shape inference."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    del copy.graph.value_info[:]
-    for vi in copy.graph.input:
-        if vi.name not in axes:
-            continue
-        shape = vi.type.tensor_type.shape
-        shape.ClearField("dim")
-        for dim in axes[vi.name]:
-            if isinstance(dim, str):
-                shape.dim.add().dim_param = dim
-            else:
-                shape.dim.add().dim_value = int(dim)  # type: ignore[arg-type]
+    copy = with_input_shapes(
+        model, {name: [d for d in dims if d is not None] for name, dims in axes.items()}
+    )
     try:
         _, types = infer_types(copy)
     except CompileError:

@@ -125,10 +125,10 @@ def input_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
 
 
 def with_input_shapes(
-    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]
 ) -> onnx.ModelProto:
-    """A copy of `model` whose inputs have these static shapes, with the shapes of the
-    inner tensors forgotten (shape inference works them out again)."""
+    """A copy of `model` whose inputs have these shapes (a str is a symbolic dimension),
+    with the shapes of the inner tensors forgotten (shape inference works them out)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     del fixed.graph.value_info[:]
@@ -138,7 +138,10 @@ def with_input_shapes(
         shape = vi.type.tensor_type.shape
         shape.ClearField("dim")
         for size in shapes[vi.name]:
-            shape.dim.add().dim_value = int(size)
+            if isinstance(size, str):
+                shape.dim.add().dim_param = size
+            else:
+                shape.dim.add().dim_value = int(size)
     return fixed
 
 
