@@ -170,3 +170,13 @@ def test_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: A
     assert conformance.main(["--match", "test_relu", "--no-ort", "--failures"]) == 1
     assert "failing cases of claimed ops: 1" in capsys.readouterr().out
     assert conformance.main(["--match", "no_such_case"]) == 2
+
+
+def test_a_case_belongs_to_the_op_it_tests_not_to_its_primitives() -> None:
+    """An expansion of an op the NC does not claim is no case of a claimed op, though its
+    primitives run on NC kernels; a claimed op's expansion is one."""
+    (attention,) = named("test_attention_4d_causal_fp16_expanded")
+    assert conformance.case_op(attention) == "Attention" and "Attention" not in KERNELS
+    assert conformance.claimed_ops(attention)  # MatMul, Softmax, ... are NC kernels
+    (softmax,) = named("test_softmax_example_expanded")
+    assert conformance.case_op(softmax) == "Softmax" and "Softmax" in KERNELS
