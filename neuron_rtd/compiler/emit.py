@@ -21,6 +21,7 @@ from driver_sim.errors import KernelError
 from driver_sim.kernels import KERNELS
 from neuron_rtd.compiler.bounds import Bound, plan_bounds
 from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.compiler.lower import lower
 from neuron_rtd.compiler.onnx_attrs import node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
 from neuron_rtd.compiler.partition import CPU, NC, Segment
@@ -179,13 +180,14 @@ class Emitter:
         self, name: str, j: int, part: list[onnx.NodeProto], inputs: list[str], outputs: list[str]
     ) -> StageSpec:
         consts = self.graph.consts
-        weights = {n: consts[n] for node in part for n in node.input if n in consts}
-        instructions = [
-            driver_sim.Instr(
-                node.op_type, tuple(_trim(node.input)), tuple(_trim(node.output)), node_attrs(node)
-            )
-            for node in part
-        ]
+        instructions: list[driver_sim.Instr] = []
+        weights: dict[str, np.ndarray] = {}
+        for node in part:
+            instr, made = lower(node, self.graph)
+            instructions.append(instr)
+            weights.update(made)
+        for instr in instructions:
+            weights.update({n: consts[n] for n in instr.inputs if n in consts})
         program = driver_sim.NcProgram(instructions, weights, inputs, outputs)
         try:
             driver_sim.load_program(f"compiler ({name} stage {j})", program)
@@ -327,14 +329,6 @@ def split_by_cost(costs: Sequence[int], parts: int) -> list[int]:
             cuts.append(i + 1)
     cuts.append(count)
     return cuts
-
-
-def _trim(names: Sequence[str]) -> list[str]:
-    """Names with trailing empty (absent optional) entries dropped."""
-    out = list(names)
-    while out and not out[-1]:
-        out.pop()
-    return out
 
 
 def _ordered_outputs(segment: Segment) -> list[str]:
