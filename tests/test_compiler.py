@@ -402,3 +402,24 @@ def test_gelu_and_matmul_bias_are_fused(local: LocalRuntime) -> None:
     x = rng.standard_normal((2, 5, 8)).astype(np.float32)
     got = run(local, neff, {"x": x})["y"]
     np.testing.assert_allclose(got, reference(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_3x3_stride_1_conv_is_lowered_to_winograd(local: LocalRuntime) -> None:
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32)
+    model = make_model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["c", "w"], ["y"], pads=[0, 1, 1, 0], strides=[2, 2]),
+        ],
+        [helper.make_tensor_value_info("x", F32, [2, 16, 17, 16])],
+        [helper.make_tensor_value_info("y", F32, [2, 16, 8, 8])],
+        {"w": w, "b": rng.standard_normal(16).astype(np.float32)},
+    )
+    neff = compile_model(model).neff
+    stage = read_neff(neff).nodes[0].stages[0]
+    assert [i.op for i in stage.instructions] == ["WinogradConv", "Conv"]  # stride 2 stays
+    assert stage.weights["w.winograd"].shape == (16, 16, 16)
+    x = rng.standard_normal((2, 16, 17, 16)).astype(np.float32)
+    got = run(local, neff, {"x": x})["y"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})["y"], rtol=1e-4, atol=1e-5)
