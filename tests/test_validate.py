@@ -291,6 +291,9 @@ def test_bad_files_exit_2_in_process(
     argv = ["validate", str(files.onnx), str(files.neff), "--inputs", str(text), "-a", address]
     assert main(argv) == 2
     assert "inputs.npz: not an npz archive" in capsys.readouterr().err
+    argv = ["validate", str(files.onnx), str(files.neff), "--timeout", "0", "-a", address]
+    assert main(argv) == 2
+    assert "--timeout must be at least 1 second, got 0" in capsys.readouterr().err
 
 
 def test_runs_as_a_module() -> None:

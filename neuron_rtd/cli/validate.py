@@ -347,6 +347,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-abs-error", type=float, metavar="X", help="largest absolute error allowed"
     )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="how long one call to the daemon, and the inference itself, may take (default 60)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -574,11 +581,13 @@ def run_neff(
     neff: Neff,
     inputs: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
+    timeout_s: int = 60,
 ) -> NeffRun:
-    """Load the NEFF on the daemon, infer once, unload it (whatever happened)."""
-    with Client(address) as client:
+    """Load the NEFF on the daemon, infer once, unload it (whatever happened). Each call
+    and the inference itself may take `timeout_s` seconds."""
+    with Client(address, timeout_s=timeout_s) as client:
         try:
-            model = client.load(neff_path)
+            model = client.load(neff_path, timeout_s=timeout_s)
         except grpc.RpcError as exc:
             raise UsageError(_rpc_message(exc, address)) from None
         except NrtClientError as exc:
@@ -732,7 +741,9 @@ def _run(args: argparse.Namespace) -> int:
         source = f"random, seed {args.seed}, range {low:g}:{high:g}"
 
     reference = run_onnx(session, inputs)
-    result = run_neff(address, args.neff, neff, inputs, reference)
+    if args.timeout < 1:
+        raise UsageError(f"--timeout must be at least 1 second, got {args.timeout}")
+    result = run_neff(address, args.neff, neff, inputs, reference, args.timeout)
     reports = [] if result.error else compare(reference, result.outputs, thresholds)
     passed = result.error is None and all(r.passed for r in reports)
 
