@@ -223,10 +223,19 @@ def _graph_for(
     model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]], sizes: Mapping[str, int]
 ) -> Graph:
     shapes = {
-        name: [sizes[d] if isinstance(d, str) else int(d) for d in dims]  # type: ignore[arg-type]
+        name: [_size(d, sizes) for d in dims]
         for name, dims in axes.items()
     }
     return build_graph(with_input_shapes(model, shapes))
+
+
+def _size(dim: Dim, sizes: Mapping[str, int]) -> int:
+    """A fixed axis's size, or the size `sizes` gives its symbol."""
+    if isinstance(dim, str):
+        return sizes[dim]
+    if dim is None:
+        raise CompileError("internal error: an input axis without a size reached planning")
+    return dim
 
 
 def _emit(graph: Graph, builder: NeffBuilder, num_nc: int, prefix: str) -> Emitted:
@@ -295,7 +304,7 @@ def _compile_buckets(
         results.append((sizes, emitted))
     for name, dims in axes.items():
         dtype = _input_dtype(model, name)
-        shape = [tops[d] if isinstance(d, str) else int(d) for d in dims]  # type: ignore[arg-type]
+        shape = [_size(d, tops) for d in dims]
         builder.add_input(
             name, dtype, shape, symbols=[d if isinstance(d, str) else None for d in dims]
         )

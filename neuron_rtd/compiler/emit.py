@@ -200,13 +200,14 @@ class Emitter:
 
     def _macs(self, node: onnx.NodeProto) -> int:
         kern = KERNELS[node.op_type]
-        ins = [self._static(n) for n in node.input if n]
-        outs = [self._static(n) for n in node.output if n]
-        if any(s is None for s in ins + outs):
+        shapes = [self._static(n) for n in [*node.input, *node.output] if n]
+        known = [shape for shape in shapes if shape is not None]
+        if len(known) != len(shapes):
             return 0
+        count = len([n for n in node.input if n])
         try:
             values = kern.parse_attrs(node_attrs(node))
-            return int(kern.macs(ins, outs, values))  # type: ignore[arg-type]
+            return int(kern.macs(known[:count], known[count:], values))
         except (ValueError, TypeError, IndexError, KeyError):
             return 0
 

@@ -26,8 +26,11 @@ class LocalRuntime:
     """A Runtime owning every device of a fresh simulated machine in a temp folder."""
 
     def __init__(self, instance_type: str = "inf1.6xlarge", *, root: Path | None = None) -> None:
-        self._tmp = None if root is not None else tempfile.TemporaryDirectory(prefix="nrt-local-")
-        base = root if root is not None else Path(self._tmp.name)  # type: ignore[union-attr]
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if root is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="nrt-local-")
+            root = Path(self._tmp.name)
+        base = root
         self.machine = driver_sim.Machine.open(base / "sim", instance_type=instance_type)
         self.devices = self.machine.acquire(
             range(self.machine.device_count), address="in-process", version="local"
