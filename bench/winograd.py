@@ -33,7 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+
+# The sibling bench (this folder is on sys.path); numpy is loaded already, so its
+# OPENBLAS_THREAD_TIMEOUT setting does not reach this bench's BLAS.
+from conv_kernels import onnxruntime_conv
+from onnx import helper
 
 from driver_sim.kernels import KERNELS
 from driver_sim.ops_winograd import winograd_pays, winograd_weights
@@ -78,26 +82,11 @@ EXTRA = (
 )
 
 
-def onnxruntime_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> Callable[[], np.ndarray]:
+def onnxruntime_3x3(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> Callable[[], np.ndarray]:
     node = helper.make_node(
         "Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]
     )
-    graph = helper.make_graph(
-        [node],
-        "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return lambda: session.run(None, {"x": x})[0]
+    return onnxruntime_conv(node, x, w, b)
 
 
 def nc_kernel(op: str, *arrays: np.ndarray) -> Callable[[], np.ndarray]:
@@ -121,7 +110,7 @@ def bench(shape: Shape, batch: int, rounds: int, calls: int) -> dict[str, float]
     fns = {
         "conv": nc_kernel("Conv", x, w, b),
         "winograd": nc_kernel("WinogradConv", x, u, b),
-        "onnxruntime": onnxruntime_conv(x, w, b),
+        "onnxruntime": onnxruntime_3x3(x, w, b),
     }
     wide = nc_kernel("Conv", x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
     reference = wide()
