@@ -515,4 +515,4 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 
 # The rest of the op library registers itself on import.
-from driver_sim import ops_nn, ops_tensor, ops_winograd  # noqa: E402, F401
+from driver_sim import ops_more, ops_nn, ops_tensor, ops_winograd  # noqa: E402, F401
