@@ -53,6 +53,9 @@ def _ort_stage(node: str, stage: Stage) -> HostFn:
         raise NeffInvalid(f"CPU node '{node}': its {ORT_OP} instruction names no '{ORT_MODEL}'")
     options = ort.SessionOptions()
     options.intra_op_num_threads = host_threads()
+    options.inter_op_num_threads = 1
+    # Its pool must not spin after a run: the NC kernels that follow need those cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 4  # its errors come back as InferError, not on stderr
     try:
         session = ort.InferenceSession(
