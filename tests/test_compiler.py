@@ -423,3 +423,21 @@ def test_3x3_stride_1_conv_is_lowered_to_winograd(local: LocalRuntime) -> None:
     x = rng.standard_normal((2, 16, 17, 16)).astype(np.float32)
     got = run(local, neff, {"x": x})["y"]
     np.testing.assert_allclose(got, reference(model, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_cli_dynamic_symbol_and_argument_errors(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(mlp_with_cpu_op(), str(source))
+    out = tmp_path / "model.neff"
+    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)]
+    done = subprocess.run(
+        [*cli, "--dynamic", "N=1:4:uniform:2", "-q"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert [b.symbols["N"] for b in read_neff(out.read_bytes()).buckets] == [(1, 2), (3, 4)]
+    done = subprocess.run([*cli, "--input-shape", "x"], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "expected NAME=D0,D1,..." in done.stderr
+    done = subprocess.run(
+        [*cli, "--input-shape", "y=1,16"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1 and "--input-shape names y; the inputs are x" in done.stderr
