@@ -1,0 +1,101 @@
+"""Client shared memory in process: every bad case is a clean error, never a SIGBUS."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from neuron_rtd.errors import BadInput, InvalidError
+from neuron_rtd.runtime.shm import PROT_READ, PROT_WRITE, ShmTable
+
+RW = PROT_READ | PROT_WRITE
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def make(root: Path, name: str, data: bytes) -> None:
+    (root / name).write_bytes(data)
+
+
+def test_round_trip_and_the_name_may_be_unlinked_after_mapping(root: Path) -> None:
+    table = ShmTable(root=root)
+    make(root, "aws_neuron_runtime_1", b"abcdefgh")
+    table.map("/aws_neuron_runtime_1", RW, session_id=7)
+    (root / "aws_neuron_runtime_1").unlink()  # as the client may do right after shm_map
+    assert table.read("/aws_neuron_runtime_1", 4, "ifmap 'x'") == b"abcd"
+    table.write("/aws_neuron_runtime_1", b"WXYZ", "ofmap 'y'")
+    assert table.read("/aws_neuron_runtime_1", 8, "ifmap 'x'") == b"WXYZefgh"
+    assert table.size("/aws_neuron_runtime_1", "x") == 8
+    assert table.unmap_session(7) == ["/aws_neuron_runtime_1"] and len(table) == 0
+
+
+def test_bad_names_are_refused(root: Path) -> None:
+    table = ShmTable(root=root)
+    for path in ("../etc/passwd", "/a/b", "", "/..", "..", "/", "/x y", "/" + "a" * 300):
+        with pytest.raises(InvalidError, match="not a plain shared memory name"):
+            table.map(path, RW)
+
+
+def test_missing_object_directory_and_symlink_are_refused(root: Path) -> None:
+    table = ShmTable(root=root)
+    with pytest.raises(InvalidError, match="no shared memory object '/nothing'"):
+        table.map("/nothing", RW)
+    (root / "folder").mkdir()
+    with pytest.raises(InvalidError, match="'/folder' is not a shared memory object"):
+        table.map("/folder", PROT_READ)
+    outside = root / "outside"
+    outside.write_bytes(b"secret")
+    (root / "link").symlink_to(outside)
+    with pytest.raises(InvalidError, match="cannot open '/link'"):
+        table.map("/link", RW)
+    assert len(table) == 0
+
+
+def test_unmapped_too_small_and_shrunk_objects_are_clean_errors(root: Path) -> None:
+    table = ShmTable(root=root)
+    with pytest.raises(BadInput, match="'/x' is not mapped"):
+        table.read("/x", 4, "ifmap 'x'")
+    make(root, "small", b"12")
+    table.map("/small", RW)
+    with pytest.raises(BadInput, match="holds 2 bytes, the tensor takes 4"):
+        table.read("/small", 4, "ifmap 'x'")
+    with pytest.raises(BadInput, match="holds 2 bytes, the tensor takes 4"):
+        table.write("/small", b"1234", "ofmap 'y'")
+    assert (root / "small").read_bytes() == b"12"  # not grown by the write
+    make(root, "shrinks", bytes(4096))
+    table.map("/shrinks", RW)
+    os.truncate(root / "shrinks", 100)  # the client shrinks it while it is mapped
+    with pytest.raises(BadInput, match="holds 100 bytes, the tensor takes 4096"):
+        table.read("/shrinks", 4096, "ifmap 'x'")
+
+
+def test_read_only_mapping_refuses_outputs(root: Path) -> None:
+    table = ShmTable(root=root)
+    make(root, "ro", bytes(8))
+    table.map("/ro", PROT_READ)
+    with pytest.raises(BadInput, match="without PROT_WRITE"):
+        table.write("/ro", b"12345678", "ofmap 'y'")
+
+
+def test_unmap_while_in_use_is_deferred(root: Path) -> None:
+    table = ShmTable(root=root)
+    make(root, "busy", b"abcd")
+    table.map("/busy", RW)
+    with table._use("/busy", "ifmap 'x'") as mapping:
+        table.unmap("/busy")
+        assert os.pread(mapping.fd, 4, 0) == b"abcd"  # still open for its user
+    with pytest.raises(OSError):
+        os.fstat(mapping.fd)  # closed once the user let it go
+    with pytest.raises(InvalidError, match="is not mapped"):
+        table.unmap("/busy")
+
+
+def test_disabled_shared_memory_says_so(root: Path) -> None:
+    make(root, "x", b"1")
+    with pytest.raises(InvalidError, match="shmem_enabled false"):
+        ShmTable(root=root, enabled=False).map("/x", RW)
