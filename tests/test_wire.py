@@ -279,7 +279,6 @@ def test_bad_inputs(stub: Any, mlp: SampleModel) -> None:
     ("method", "request_"),
     [
         ("infer_post", pb.infer_request()),
-        ("shm_map", pb.shm_map_request(path="/x")),
         ("read_nc_counters", pb.read_nc_counters_request()),
         ("random_seed", pb.random_seed_request()),
     ],

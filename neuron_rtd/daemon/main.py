@@ -29,6 +29,7 @@ from neuron_rtd.daemon.listener import (
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.runtime.runtime import Runtime, RuntimeOptions
+from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.server.servicer import add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
@@ -168,6 +169,7 @@ class Daemon:
         add_servicers(
             server,
             runtime,
+            ShmTable(enabled=config.shmem_enabled),
             address=self.address.text,
             sim_root=str(machine.root),
             instance_type=machine.instance_type,

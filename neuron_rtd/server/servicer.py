@@ -17,9 +17,10 @@ import psutil
 
 import driver_sim
 from neuron_rtd.errors import InvalidError, Nerr, NrtError, ResourceError
-from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.neff import Neff, TensorSpec, read_neff, read_neff_file
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb, pb_grpc
 from neuron_rtd.runtime.runtime import Runtime, parse_version
+from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.server.request_log import capture
 
 log = logging.getLogger("nrtd.NMGR")
@@ -50,8 +51,9 @@ def _finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
 
 
 class NmgrServicer(pb_grpc.nmgr_v1Servicer):
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, shm: ShmTable | None = None) -> None:
         self.runtime = runtime
+        self.shm = shm if shm is not None else ShmTable()
 
     # --- model lifecycle -------------------------------------------------------------
     def load(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
@@ -99,32 +101,65 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     # --- inference ----------------------------------------------------------------
     def infer(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
-            inputs = self._ifmaps(request)
-            if request.shm_ofmap:
-                raise InvalidError(
-                    f"shm_ofmap '{request.shm_ofmap[0].name}' names shared memory that is "
-                    "not mapped"
-                )
+            model = self.runtime.model(request.h_nn.id)
+            inputs = self._ifmaps(request, {t.name: t for t in model.neff.inputs})
+            shm_outputs = self._shm_ofmaps(request)
             result = self.runtime.infer(request.h_nn.id, inputs)
-            response = pb.infer_response(
-                ofmap=[pb.infer_io(name=n, buf=b) for n, b in result.outputs.items()]
-            )
+            response = pb.infer_response()
+            for name, data in result.outputs.items():
+                if name in shm_outputs:
+                    self.shm.write(shm_outputs[name], data, f"shm_ofmap '{name}'")
+                elif not shm_outputs:
+                    response.ofmap.append(pb.infer_io(name=name, buf=data))
             response.status.code = int(result.code)
             return response
 
         return _finish("infer", make, pb.infer_response)
 
-    def _ifmaps(self, request: Any) -> dict[str, bytes]:
-        inputs: dict[str, bytes] = {}
+    def _ifmaps(self, request: Any, specs: dict[str, TensorSpec]) -> dict[str, bytes | bytearray]:
+        """The inputs by name: inline, or read from the client's shared memory (as many
+        bytes as the input takes; for an input whose size varies, the whole object)."""
+        inputs: dict[str, bytes | bytearray] = {}
         for io in request.ifmap:
-            if io.WhichOneof("data") == "buf_shm":
-                raise InvalidError(
-                    f"ifmap '{io.name}': shared memory '{io.buf_shm.path}' is not mapped"
-                )
             if io.name in inputs:
                 raise InvalidError(f"ifmap '{io.name}' is given twice")
-            inputs[io.name] = io.buf
+            if io.WhichOneof("data") == "buf_shm":
+                what, path = f"ifmap '{io.name}'", io.buf_shm.path
+                spec = specs.get(io.name)
+                fixed = spec is not None and not spec.varying_axes
+                size = spec.nbytes if spec is not None and fixed else self.shm.size(path, what)
+                inputs[io.name] = self.shm.read(path, size, what)
+            else:
+                inputs[io.name] = io.buf
         return inputs
+
+    def _shm_ofmaps(self, request: Any) -> dict[str, str]:
+        """The outputs the client wants written to its shared memory: name -> path."""
+        paths: dict[str, str] = {}
+        for io in request.shm_ofmap:
+            if io.WhichOneof("data") != "buf_shm":
+                raise InvalidError(f"shm_ofmap '{io.name}' names no shared memory (buf_shm)")
+            if io.name in paths:
+                raise InvalidError(f"shm_ofmap '{io.name}' is given twice")
+            paths[io.name] = io.buf_shm.path
+        return paths
+
+    # --- shared memory --------------------------------------------------------------
+    def shm_map(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            if request.WhichOneof("data") != "path":
+                raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
+            self.shm.map(request.path, request.mmap_prot, request.session_id)
+            return pb.shm_map_response()
+
+        return _finish("shm_map", make, pb.shm_map_response)
+
+    def shm_unmap(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.shm.unmap(request.path)
+            return pb.shm_unmap_response()
+
+        return _finish("shm_unmap", make, pb.shm_unmap_response)
 
     # --- NeuronCore groups ----------------------------------------------------------
     def create_eg(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -292,6 +327,8 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
         )
 
 
-def add_servicers(server: grpc.Server, runtime: Runtime, **ext: Any) -> None:
-    pb_grpc.add_nmgr_v1Servicer_to_server(NmgrServicer(runtime), server)
+def add_servicers(
+    server: grpc.Server, runtime: Runtime, shm: ShmTable | None = None, **ext: Any
+) -> None:
+    pb_grpc.add_nmgr_v1Servicer_to_server(NmgrServicer(runtime, shm), server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(ExtServicer(runtime, **ext), server)
