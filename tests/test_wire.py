@@ -289,11 +289,7 @@ def test_later_methods_are_unimplemented(stub: Any, method: str, request_: Any) 
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_session_and_stream_services_are_unimplemented(channel: grpc.Channel) -> None:
-    sessions = pb_grpc.nmgr_session_managerStub(channel)
-    with pytest.raises(grpc.RpcError) as info:
-        next(iter(sessions.session_monitor(iter([pb.session_monitor_request()]))))
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+def test_stream_service_is_unimplemented(channel: grpc.Channel) -> None:
     stream = pb_grpc.nmgr_streamStub(channel)
     with pytest.raises(grpc.RpcError) as info:
         next(iter(stream.infer_stream(iter([pb.infer_request()]))))

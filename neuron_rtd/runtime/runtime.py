@@ -243,6 +243,20 @@ class Runtime:
                 self.ncgs.destroy(ncg.id)
         log.info("Unloaded all models and destroyed all NCGs", extra={"fn": "unload_all"})
 
+    def release_session(self, session_id: int) -> tuple[list[int], list[int]]:
+        """Unload the models of session `session_id` (and any model on its NCGs) and
+        destroy its NCGs: what a client that went away leaves. The model and NCG ids."""
+        with self._lock:
+            ncgs = [ncg for ncg in self.ncgs.list() if ncg.session_id == session_id]
+            on_them = {m for ncg in ncgs for m in ncg.models}
+            models = [m.id for m in self.models() if m.session_id == session_id or m.id in on_them]
+            for model_id in models:
+                self._unload(model_id)
+            left = [ncg.id for ncg in ncgs if ncg.id in {n.id for n in self.ncgs.list()}]
+            for ncg_id in left:
+                self.ncgs.destroy(ncg_id)
+        return models, [ncg.id for ncg in ncgs]
+
     # --- inference -----------------------------------------------------------------
     def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
         self._ensure_ready()

@@ -7,8 +7,11 @@ answer gRPC UNIMPLEMENTED (the generated base class does that).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -327,8 +330,66 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
         )
 
 
+class SessionServicer(pb_grpc.nmgr_session_managerServicer):
+    """`session_monitor`: a client's stream for its whole life. When the stream ends (the
+    client exited or was killed) the models, NCGs and shm maps made with its session id
+    are released."""
+
+    def __init__(self, runtime: Runtime, shm: ShmTable) -> None:
+        self.runtime = runtime
+        self.shm = shm
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def session_monitor(
+        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+    ) -> Any:
+        if next(request_iterator, None) is None:
+            return
+        with self._lock:
+            session_id = next(self._ids)
+        ended = threading.Event()
+
+        def end() -> None:
+            if not ended.is_set():
+                ended.set()
+                self._release(session_id)
+
+        context.add_callback(end)
+        log.info("Session %d opened", session_id, extra={"fn": "session_monitor"})
+        major, minor = parse_version(self.runtime.version)
+        yield pb.session_monitor_response(
+            session_id=session_id,
+            runtime_version=pb.version(
+                full_version=self.runtime.version, major_num=major, minor_num=minor
+            ),
+        )
+        with contextlib.suppress(grpc.RpcError):
+            for _ in request_iterator:  # the client keeps the stream open while it lives
+                pass
+        end()
+
+    def _release(self, session_id: int) -> None:
+        try:
+            models, ncgs = self.runtime.release_session(session_id)
+            maps = self.shm.unmap_session(session_id)
+        except Exception:
+            log.exception("releasing session %d failed", session_id, extra={"fn": "session"})
+            return
+        log.info(
+            "Session %d ended: unloaded models %s, destroyed NCGs %s, unmapped %s",
+            session_id,
+            models or "none",
+            ncgs or "none",
+            maps or "none",
+            extra={"fn": "session_monitor"},
+        )
+
+
 def add_servicers(
     server: grpc.Server, runtime: Runtime, shm: ShmTable | None = None, **ext: Any
 ) -> None:
+    shm = shm if shm is not None else ShmTable()
     pb_grpc.add_nmgr_v1Servicer_to_server(NmgrServicer(runtime, shm), server)
+    pb_grpc.add_nmgr_session_managerServicer_to_server(SessionServicer(runtime, shm), server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(ExtServicer(runtime, **ext), server)

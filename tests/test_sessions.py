@@ -1,0 +1,130 @@
+"""session_monitor: what a client makes with its session id is released when its stream
+ends, also when the client is killed with SIGKILL; the daemon keeps serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_wire import load
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.proto import pb, pb_grpc
+
+pytestmark = pytest.mark.daemon
+
+CLIENT = textwrap.dedent(
+    """
+    import os, sys, time
+    import grpc
+    from neuron_rtd.proto import pb, pb_grpc
+    from test_wire import load_stream
+
+    address, neff_path, shm_path = sys.argv[1:4]
+    channel = grpc.insecure_channel(address)
+    stub = pb_grpc.nmgr_v1Stub(channel)
+    sessions = pb_grpc.nmgr_session_managerStub(channel)
+    import queue
+    requests = queue.Queue()
+    requests.put(pb.session_monitor_request(framework_name="test"))
+    stream = sessions.session_monitor(iter(requests.get, None))
+    session = next(stream).session_id
+    ncg = stub.create_eg(pb.create_eg_request(nc_count=2, session_id=session)).h_eg
+    neff = open(neff_path, "rb").read()
+
+    def stream_with_session():
+        yield pb.load_request(h_eg=ncg)
+        yield pb.load_request(session_id=session)
+        yield from load_stream(neff)
+
+    model = stub.load(stream_with_session()).h_nn
+    stub.start(pb.start_request(h_nn=model))
+    implicit = stub.load(iter([pb.load_request(session_id=session), *load_stream(neff)])).h_nn
+    status = stub.shm_map(pb.shm_map_request(path=shm_path, mmap_prot=3, session_id=session))
+    print(session, ncg.id, model.id, implicit.id, status.status.code, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def neff_file(module_work: Path) -> Path:
+    path = module_work / "mlp.neff"
+    path.write_bytes(build_mlp((16, 32, 8), batch=2, seed=9).neff)
+    return path
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(condition: Any, limit_s: float) -> float:
+    """Seconds until `condition()` held; fails past `limit_s`."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < limit_s, "not released in time"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_killed_clients_leave_nothing_behind(
+    daemon: DaemonProcess, neff_file: Path, tmp_path: Path
+) -> None:
+    tests_dir = str(Path(__file__).parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]),
+    }
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.nmgr_v1Stub(channel)
+        baseline_fds = open_fds(daemon.pid)
+        mine = load(stub, neff_file.read_bytes()).h_nn  # another client's model survives
+        times: list[float] = []
+        fds: list[int] = []
+        for _ in range(20):
+            shm = Path("/dev/shm") / f"nrtd_session_{uuid.uuid4().hex}"
+            shm.write_bytes(bytes(64))
+            child = subprocess.Popen(
+                [sys.executable, "-c", CLIENT, daemon.address, str(neff_file), f"/{shm.name}"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            try:
+                assert child.stdout is not None
+                _session, _ncg, model, implicit, mapped = map(int, child.stdout.readline().split())
+                assert mapped == 0 and len(stub.list_egs(pb.empty()).eg_info) == 3
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+            finally:
+                shm.unlink(missing_ok=True)
+
+            unmap = pb.shm_unmap_request(path=f"/{shm.name}")
+
+            def released(unmap: Any = unmap) -> bool:
+                ncgs = stub.list_egs(pb.empty()).eg_info
+                return len(ncgs) == 1 and stub.shm_unmap(unmap).status.code == Nerr.INVALID
+
+            times.append(wait_until(released, 5.0))
+            for gone in (model, implicit):
+                status = stub.start(pb.start_request(h_nn=pb.h_nn(id=gone))).status
+                assert status.code == Nerr.INVALID_HANDLE
+            fds.append(open_fds(daemon.pid))
+        request = pb.infer_request(h_nn=mine, ifmap=[pb.infer_io(name="x", buf=bytes(2 * 16 * 4))])
+        assert stub.infer(request).status.code == Nerr.OK  # the other client is still served
+        stub.unload(pb.unload_request(h_nn=mine))
+    # No fd is left from any of the 20: after the first client (gRPC keeps one more for
+    # good) the daemon's count stays where it was.
+    assert fds[0] <= baseline_fds + 1 and set(fds) == {fds[0]}, (baseline_fds, fds)
+    print(f"released after {max(times):.3f} s at most; fds {baseline_fds} -> {fds}")
