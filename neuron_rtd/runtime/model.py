@@ -96,6 +96,16 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Job:
+    """An inference with its inputs checked and its slot taken, not yet run."""
+
+    variant: Variant
+    slot: int
+    arrays: Mapping[str, np.ndarray]
+    sizes: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class InferResult:
     outputs: dict[str, bytes]
     code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
@@ -138,17 +148,29 @@ class Model:
     # --- inference -----------------------------------------------------------------
     def infer(self, inputs: Mapping[str, Any]) -> InferResult:
         """Run one inference with inputs given as bytes-like objects, by name."""
+        return self.execute(self.prepare(inputs))
+
+    def prepare(self, inputs: Mapping[str, Any]) -> Job:
+        """Check the inputs and take a slot for them (NERR_QUEUE_FULL when `ninfer` are in
+        flight): the part of an inference that answers at once, before it is queued."""
         self._check_runnable()
         arrays, sizes = self._check_inputs(inputs)
         variant = self._variant_for(sizes)
-        slot = self._take_slot()
+        return Job(variant, self._take_slot(), arrays, sizes)
+
+    def execute_abandoned(self, job: Job) -> None:
+        """Give back the slot of a prepared inference that will not run."""
+        self._give_slot(job.slot)
+
+    def execute(self, job: Job) -> InferResult:
+        """Run a prepared inference; its slot is given back whatever happens."""
         try:
             start = time.monotonic()
             if self.mode is LoadMode.SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
-                    outputs = self._run(variant, slot, arrays, sizes)
+                    outputs = self._run(job.variant, job.slot, job.arrays, job.sizes)
             else:
-                outputs = self._run(variant, slot, arrays, sizes)
+                outputs = self._run(job.variant, job.slot, job.arrays, job.sizes)
             elapsed = time.monotonic() - start
             if elapsed > self.params.timeout_s:
                 raise InferTimeout(
@@ -156,7 +178,7 @@ class Model:
                     f"of {self.params.timeout_s:g} s"
                 )
         finally:
-            self._give_slot(slot)
+            self._give_slot(job.slot)
         self.infer_count += 1
         return InferResult(outputs=outputs, code=self._numerical_code(outputs))
 

@@ -12,16 +12,19 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
 import psutil
 
 import driver_sim
-from neuron_rtd.errors import InvalidError, Nerr, NrtError, ResourceError
+from neuron_rtd.errors import InferTimeout, InvalidError, Nerr, NrtError, ResourceError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff, read_neff_file
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb, pb_grpc
+from neuron_rtd.runtime.inflight import Inflight, Posted
+from neuron_rtd.runtime.model import InferResult
 from neuron_rtd.runtime.runtime import Runtime, parse_version
 from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.server.request_log import capture
@@ -54,9 +57,12 @@ def _finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
 
 
 class NmgrServicer(pb_grpc.nmgr_v1Servicer):
-    def __init__(self, runtime: Runtime, shm: ShmTable | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime, shm: ShmTable | None = None, inflight: Inflight | None = None
+    ) -> None:
         self.runtime = runtime
         self.shm = shm if shm is not None else ShmTable()
+        self.inflight = inflight if inflight is not None else Inflight()
 
     # --- model lifecycle -------------------------------------------------------------
     def load(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
@@ -108,16 +114,67 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             inputs = self._ifmaps(request, {t.name: t for t in model.neff.inputs})
             shm_outputs = self._shm_ofmaps(request)
             result = self.runtime.infer(request.h_nn.id, inputs)
-            response = pb.infer_response()
-            for name, data in result.outputs.items():
-                if name in shm_outputs:
-                    self.shm.write(shm_outputs[name], data, f"shm_ofmap '{name}'")
-                elif not shm_outputs:
-                    response.ofmap.append(pb.infer_io(name=name, buf=data))
-            response.status.code = int(result.code)
-            return response
+            return self._respond(result, shm_outputs)
 
         return _finish("infer", make, pb.infer_response)
+
+    def _respond(self, result: InferResult, shm_outputs: Mapping[str, str]) -> Any:
+        """The infer_response of a result: outputs inline, or written to the client's
+        shared memory when it named any there."""
+        response = pb.infer_response()
+        for name, data in result.outputs.items():
+            if name in shm_outputs:
+                self.shm.write(shm_outputs[name], data, f"shm_ofmap '{name}'")
+            elif not shm_outputs:
+                response.ofmap.append(pb.infer_io(name=name, buf=data))
+        response.status.code = int(result.code)
+        return response
+
+    # --- asynchronous inference -----------------------------------------------------
+    def infer_post(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            model = self.runtime.model(request.h_nn.id)
+            inputs = self._ifmaps(request, {t.name: t for t in model.neff.inputs})
+            cookie = self.inflight.post(model, inputs, self._shm_ofmaps(request))
+            return pb.infer_post_response(cookie=cookie)
+
+        return _finish("infer_post", make, pb.infer_post_response)
+
+    def infer_wait(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            return self._answer(self.inflight.take(request.cookie), request)
+
+        return _finish("infer_wait", make, pb.infer_response)
+
+    def infer_poll(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            if not self.inflight.peek(request.cookie).future.done():
+                response = pb.infer_response()
+                response.status.code = int(Nerr.INFER_PENDING)
+                return response
+            return self._answer(self.inflight.take(request.cookie), request)
+
+        return _finish("infer_poll", make, pb.infer_response)
+
+    def infer_check_completion(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            done = self.inflight.completed(request.cookie)
+            return pb.infer_check_completion_response(cookie=done)
+
+        return _finish("infer_check_completion", make, pb.infer_check_completion_response)
+
+    def _answer(self, posted: Posted, request: Any) -> Any:
+        """The response for a posted inference, waiting at most its model's timeout."""
+        timeout_s = posted.model.params.timeout_s
+        try:
+            result = posted.future.result(timeout=timeout_s)
+        except futures.TimeoutError:
+            raise InferTimeout(
+                f"cookie {posted.cookie}: inference on model {posted.model.id} is not done "
+                f"after its timeout of {timeout_s:g} s"
+            ) from None
+        shm_outputs = self._shm_ofmaps(request) or posted.shm_outputs
+        return self._respond(result, shm_outputs)
 
     def _ifmaps(self, request: Any, specs: dict[str, TensorSpec]) -> dict[str, bytes | bytearray]:
         """The inputs by name: inline, or read from the client's shared memory (as many
