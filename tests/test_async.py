@@ -11,7 +11,7 @@ from test_wire import assert_nerr, infer, load, outputs
 
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import pb, pb_grpc
 
 pytestmark = pytest.mark.daemon
 
@@ -78,4 +78,24 @@ def test_bad_input_and_full_queue_are_answered_by_the_post(stub: Any) -> None:
     assert stub.infer_wait(pb.infer_wait_request(cookie=first.cookie)).status.code == Nerr.OK
     third = post(stub, model, x)  # the slot is free again
     assert stub.infer_wait(pb.infer_wait_request(cookie=third.cookie)).status.code == Nerr.OK
+    stub.unload(pb.unload_request(h_nn=model))
+
+
+def test_infer_stream_answers_each_request_in_order(
+    channel: Any, stub: Any, sample: SampleModel
+) -> None:
+    model = load(stub, sample.neff).h_nn
+    inputs = [sample.random_inputs(seed=i) for i in range(5)]
+    requests = [
+        pb.infer_request(h_nn=model, ifmap=[pb.infer_io(name="x", buf=x["x"].tobytes())])
+        for x in inputs
+    ]
+    requests.insert(2, pb.infer_request(h_nn=pb.h_nn(id=424242)))  # a bad one in between
+    answers = list(pb_grpc.nmgr_streamStub(channel).infer_stream(iter(requests)))
+    assert [a.status.code for a in answers] == [0, 0, Nerr.INVALID_HANDLE, 0, 0, 0]
+    good = [a for a in answers if a.status.code == 0]
+    for x, answer in zip(inputs, good, strict=True):
+        expected = outputs(infer(stub, model.id, x), sample)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(outputs(answer, sample)[name], value)
     stub.unload(pb.unload_request(h_nn=model))

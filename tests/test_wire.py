@@ -14,7 +14,7 @@ import pytest
 from neuron_rtd import __version__
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import pb
 
 CHUNK = 1 << 20
 
@@ -288,8 +288,3 @@ def test_later_methods_are_unimplemented(stub: Any, method: str, request_: Any) 
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_stream_service_is_unimplemented(channel: grpc.Channel) -> None:
-    stream = pb_grpc.nmgr_streamStub(channel)
-    with pytest.raises(grpc.RpcError) as info:
-        next(iter(stream.infer_stream(iter([pb.infer_request()]))))
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED

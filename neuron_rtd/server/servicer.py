@@ -387,6 +387,18 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
         )
 
 
+class StreamServicer(pb_grpc.nmgr_streamServicer):
+    """`infer_stream`: one infer_response per infer_request, in order, each answered as
+    `nmgr_v1.infer` answers it."""
+
+    def __init__(self, nmgr: NmgrServicer) -> None:
+        self.nmgr = nmgr
+
+    def infer_stream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        for request in request_iterator:
+            yield self.nmgr.infer(request, context)
+
+
 class SessionServicer(pb_grpc.nmgr_session_managerServicer):
     """`session_monitor`: a client's stream for its whole life. When the stream ends (the
     client exited or was killed) the models, NCGs and shm maps made with its session id
@@ -447,6 +459,8 @@ def add_servicers(
     server: grpc.Server, runtime: Runtime, shm: ShmTable | None = None, **ext: Any
 ) -> None:
     shm = shm if shm is not None else ShmTable()
-    pb_grpc.add_nmgr_v1Servicer_to_server(NmgrServicer(runtime, shm), server)
+    nmgr = NmgrServicer(runtime, shm)
+    pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
+    pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), server)
     pb_grpc.add_nmgr_session_managerServicer_to_server(SessionServicer(runtime, shm), server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(ExtServicer(runtime, **ext), server)
