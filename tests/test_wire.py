@@ -278,7 +278,6 @@ def test_bad_inputs(stub: Any, mlp: SampleModel) -> None:
 @pytest.mark.parametrize(
     ("method", "request_"),
     [
-        ("read_nc_counters", pb.read_nc_counters_request()),
         ("random_seed", pb.random_seed_request()),
     ],
 )

@@ -257,6 +257,30 @@ class Runtime:
                 self.ncgs.destroy(ncg_id)
         return models, [ncg.id for ncg in ncgs]
 
+    # --- counters ------------------------------------------------------------------
+    def nc_counters(self, vnc: int) -> Any:
+        """The counters of virtual NC `vnc` since the devices were initialized."""
+        self._ensure_ready()
+        if not 0 <= vnc < self.ncgs.total_ncs:
+            raise InvalidError(
+                f"no virtual NC {vnc}: this runtime has {self.ncgs.total_ncs} "
+                f"(0..{self.ncgs.total_ncs - 1})"
+            )
+        loc = self.ncgs.locate(vnc)
+        with driver_errors(f"counters of NC {vnc}"):
+            return self.devices[loc.device_slot].nc(loc.nc).counters()
+
+    def device(self, *, bdf: str | None = None, index: int | None = None) -> DeviceApi:
+        """One of this runtime's devices, by PCI BDF or by its device index."""
+        for device in self.devices:
+            if (bdf is not None and device.bdf == bdf) or (
+                index is not None and device.index == index
+            ):
+                return device
+        owned = ", ".join(f"{d.index} ({d.bdf})" for d in self.devices)
+        wanted = f"BDF {bdf}" if bdf is not None else f"index {index}"
+        raise InvalidError(f"no device with {wanted} in this runtime; it owns {owned}")
+
     # --- inference -----------------------------------------------------------------
     def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
         self._ensure_ready()

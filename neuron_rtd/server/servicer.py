@@ -204,6 +204,49 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             paths[io.name] = io.buf_shm.path
         return paths
 
+    # --- counters -------------------------------------------------------------------
+    def read_nc_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            counters = self.runtime.nc_counters(request.vnc_id)
+            fields = {f: getattr(counters, f) for f in NC_COUNTER_FIELDS}
+            return pb.read_nc_counters_response(
+                nc_counters=pb.nc_counters(virtual_nc_id=request.vnc_id, **fields)
+            )
+
+        return _finish("read_nc_counters", make, pb.read_nc_counters_response)
+
+    def read_nc_time_in_use(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            counters = self.runtime.nc_counters(request.vnc_id)
+            return pb.read_nc_time_in_use_response(
+                nc_time_in_use=pb.nc_time_in_use(
+                    virtual_nc_id=request.vnc_id, time_in_use=counters.busy_ns
+                )
+            )
+
+        return _finish("read_nc_time_in_use", make, pb.read_nc_time_in_use_response)
+
+    def get_hw_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            which = request.WhichOneof("device")
+            if which == "bdf":
+                device = self.runtime.device(bdf=request.bdf)
+            elif which == "device_id":
+                device = self.runtime.device(index=request.device_id)
+            else:
+                raise InvalidError("get_hw_counters needs a bdf or a device_id")
+            return pb.get_hw_counters_response(counters=_hw_counters(device))
+
+        return _finish("get_hw_counters", make, pb.get_hw_counters_response)
+
+    def get_all_hw_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            return pb.get_all_hw_counters_response(
+                counters=[_hw_counters(d) for d in self.runtime.devices]
+            )
+
+        return _finish("get_all_hw_counters", make, pb.get_all_hw_counters_response)
+
     # --- shared memory --------------------------------------------------------------
     def shm_map(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -264,6 +307,35 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 full_version=self.runtime.version, major_num=major, minor_num=minor
             )
         )
+
+
+NC_COUNTER_FIELDS = (
+    "pe_num_idle_cycles",
+    "pe_num_wait_event_cycles",
+    "pe_matmul_num_wait_event_cycles",
+    "pe_num_executed_instr",
+    "pe_matmul_num_executed_instr",
+    "pool_num_idle_cycles",
+    "pool_num_wait_event_cycles",
+    "pool_num_executed_instr",
+    "act_num_idle_cycles",
+    "act_num_wait_event_cycles",
+    "act_num_executed_instr",
+    "sb_rmw_count",
+    "macs_count",
+)
+
+
+def _hw_counters(device: Any) -> Any:
+    ecc = device.hw_counters()
+    return pb.hw_counters(
+        bdf=device.bdf,
+        device_index=device.index,
+        mem_ecc_corr=ecc.mem_ecc_corr,
+        mem_ecc_uncorr=ecc.mem_ecc_uncorr,
+        sram_ecc_corr=ecc.sram_ecc_corr,
+        sram_ecc_uncorr=ecc.sram_ecc_uncorr,
+    )
 
 
 class _StatusOnly:
