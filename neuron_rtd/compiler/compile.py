@@ -39,6 +39,7 @@ from neuron_rtd.compiler.partition import NC, nc_refusal, order, place, segments
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder
+from neuron_rtd.neff.header import parse_header
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
 
@@ -139,15 +140,9 @@ def compile_model(
         neff = builder.build(gzip=gzip, shared_weights=True)
     except NrtError as exc:  # the NEFF the builder made does not read back
         raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
-    summary.nc_count = _nc_count(neff)
+    summary.nc_count = parse_header(neff).nc_count  # the builder read it all back already
     summary.neff_bytes = len(neff)
     return CompileResult(neff=neff, summary=summary)
-
-
-def _nc_count(neff: bytes) -> int:
-    from neuron_rtd.neff import read_neff
-
-    return read_neff(neff).nc_count
 
 
 def _fix_single_sizes(

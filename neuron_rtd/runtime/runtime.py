@@ -252,9 +252,10 @@ class Runtime:
             models = [m.id for m in self.models() if m.session_id == session_id or m.id in on_them]
             for model_id in models:
                 self._unload(model_id)
-            left = [ncg.id for ncg in ncgs if ncg.id in {n.id for n in self.ncgs.list()}]
-            for ncg_id in left:
-                self.ncgs.destroy(ncg_id)
+            remaining = {ncg.id for ncg in self.ncgs.list()}  # unloading took the implicit ones
+            for ncg in ncgs:
+                if ncg.id in remaining:
+                    self.ncgs.destroy(ncg.id)
         return models, [ncg.id for ncg in ncgs]
 
     # --- counters ------------------------------------------------------------------
