@@ -269,6 +269,7 @@ INTEGERS = SIGNED | UNSIGNED
 NUMBERS = FLOATS | INTEGERS
 BOOL = dtype_set("bool")
 ALL_DTYPES = NUMBERS | BOOL  # strings, bfloat16, float8, 4-bit and complex are refused
+VARIADIC = (1, 1 << 16)  # the input count range of ops taking any number of inputs
 INDICES = dtype_set("int32", "int64")
 
 
@@ -295,6 +296,9 @@ def dtype_check(*allowed: frozenset[np.dtype], same: Sequence[int] = ()) -> Supp
         check_dtypes(dtypes, allowed, same)
 
     return check
+
+
+FLOAT_CHECK = dtype_check(FLOATS)  # the support check of float-only ops
 
 
 # ---- PE: matmul-type ops ---------------------------------------------------------------

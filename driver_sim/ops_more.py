@@ -13,17 +13,16 @@ import numpy as np
 from driver_sim.cost import Engine
 from driver_sim.kernels import (
     BOOL,
+    FLOAT_CHECK,
     FLOATS,
     NUMBERS,
+    VARIADIC,
     Attr,
     dtype_check,
     flag_attr,
     float_attr,
     kernel,
 )
-
-_FLOAT = dtype_check(FLOATS)
-_VARIADIC = (1, 1 << 16)
 
 
 def _unary(op: str, since: tuple[int, ...], fn: Any, doc: str, engine: Engine = Engine.ACT) -> None:
@@ -33,7 +32,7 @@ def _unary(op: str, since: tuple[int, ...], fn: Any, doc: str, engine: Engine = 
         return np.asarray(fn(x))
 
     compute.__doc__ = doc
-    kernel(op, engine, since=since, check=_FLOAT)(compute)
+    kernel(op, engine, since=since, check=FLOAT_CHECK)(compute)
 
 
 _unary("Floor", (6, 13), np.floor, "Y = floor(X).", Engine.POOL)
@@ -66,13 +65,13 @@ def _fold(fn: Any, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
 _SAME = dtype_check(NUMBERS, same=tuple(range(64)))
 
 
-@kernel("Max", Engine.POOL, inputs=_VARIADIC, since=(8, 12, 13), check=_SAME)
+@kernel("Max", Engine.POOL, inputs=VARIADIC, since=(8, 12, 13), check=_SAME)
 def _max(*arrays: np.ndarray) -> np.ndarray:
     """Y = the elementwise maximum of the inputs (NaN wins)."""
     return _fold(np.maximum, arrays)
 
 
-@kernel("Min", Engine.POOL, inputs=_VARIADIC, since=(8, 12, 13), check=_SAME)
+@kernel("Min", Engine.POOL, inputs=VARIADIC, since=(8, 12, 13), check=_SAME)
 def _min(*arrays: np.ndarray) -> np.ndarray:
     """Y = the elementwise minimum of the inputs (NaN wins)."""
     return _fold(np.minimum, arrays)
@@ -81,13 +80,13 @@ def _min(*arrays: np.ndarray) -> np.ndarray:
 _SAME_FLOAT = dtype_check(FLOATS, same=tuple(range(64)))
 
 
-@kernel("Sum", Engine.POOL, inputs=_VARIADIC, since=(8, 13), check=_SAME_FLOAT)
+@kernel("Sum", Engine.POOL, inputs=VARIADIC, since=(8, 13), check=_SAME_FLOAT)
 def _sum(*arrays: np.ndarray) -> np.ndarray:
     """Y = the elementwise sum of the inputs."""
     return _fold(np.add, arrays)
 
 
-@kernel("Mean", Engine.POOL, inputs=_VARIADIC, since=(8, 13), check=_SAME_FLOAT)
+@kernel("Mean", Engine.POOL, inputs=VARIADIC, since=(8, 13), check=_SAME_FLOAT)
 def _mean(*arrays: np.ndarray) -> np.ndarray:
     """Y = the elementwise mean of the inputs."""
     total = _fold(np.add, arrays)
@@ -124,7 +123,7 @@ def _less_or_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.less_equal(a, b)
 
 
-@kernel("IsNaN", Engine.POOL, since=(9, 13, 20), check=_FLOAT)
+@kernel("IsNaN", Engine.POOL, since=(9, 13, 20), check=FLOAT_CHECK)
 def _is_nan(x: np.ndarray) -> np.ndarray:
     """Y = X is NaN, bool."""
     return np.isnan(x)
@@ -135,7 +134,7 @@ def _is_nan(x: np.ndarray) -> np.ndarray:
     Engine.POOL,
     attrs={"detect_negative": Attr(flag_attr, 1), "detect_positive": Attr(flag_attr, 1)},
     since=(10, 20),
-    check=_FLOAT,
+    check=FLOAT_CHECK,
 )
 def _is_inf(x: np.ndarray, *, detect_negative: int, detect_positive: int) -> np.ndarray:
     """Y = X is an infinity of a detected sign, bool."""
@@ -158,7 +157,7 @@ def _keep_dtype(fn: Any) -> Any:
     return wrapped
 
 
-@kernel("Elu", Engine.ACT, attrs={"alpha": Attr(float_attr, 1.0)}, since=(6, 22), check=_FLOAT)
+@kernel("Elu", Engine.ACT, attrs={"alpha": Attr(float_attr, 1.0)}, since=(6, 22), check=FLOAT_CHECK)
 @_keep_dtype
 def _elu(x: np.ndarray, *, alpha: float) -> np.ndarray:
     """Y = X for X > 0, alpha * (exp(X) - 1) otherwise."""
@@ -173,7 +172,7 @@ def _elu(x: np.ndarray, *, alpha: float) -> np.ndarray:
         "gamma": Attr(float_attr, 1.05070102214813232421875),
     },
     since=(6, 22),
-    check=_FLOAT,
+    check=FLOAT_CHECK,
 )
 @_keep_dtype
 def _selu(x: np.ndarray, *, alpha: float, gamma: float) -> np.ndarray:
@@ -181,14 +180,14 @@ def _selu(x: np.ndarray, *, alpha: float, gamma: float) -> np.ndarray:
     return gamma * np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
 
 
-@kernel("Softsign", Engine.ACT, since=(1, 22), check=_FLOAT)
+@kernel("Softsign", Engine.ACT, since=(1, 22), check=FLOAT_CHECK)
 @_keep_dtype
 def _softsign(x: np.ndarray) -> np.ndarray:
     """Y = X / (1 + |X|)."""
     return x / (1 + np.abs(x))
 
 
-@kernel("HardSwish", Engine.ACT, since=(14, 22), check=_FLOAT)
+@kernel("HardSwish", Engine.ACT, since=(14, 22), check=FLOAT_CHECK)
 @_keep_dtype
 def _hard_swish(x: np.ndarray) -> np.ndarray:
     """Y = X * max(0, min(1, X / 6 + 1 / 2))."""

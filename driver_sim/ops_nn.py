@@ -38,6 +38,7 @@ import numpy as np
 from driver_sim.cost import Engine
 from driver_sim.kernels import (
     ALL_DTYPES,
+    FLOAT_CHECK,
     FLOATS,
     INDICES,
     Attr,
@@ -58,7 +59,6 @@ from driver_sim.kernels import (
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _SAME = ("SAME_UPPER", "SAME_LOWER")
-_FLOAT_CHECK = dtype_check(FLOATS)
 _MAX_POOL_DTYPES = FLOATS | dtype_set("int8", "uint8")
 # Conv: the output pixels one matmul covers, at most (unless one image has more).
 _MATMUL_PIXELS = 2048
@@ -817,14 +817,14 @@ def _average_pool(
     return sums.astype(x.dtype, copy=False)
 
 
-@kernel("GlobalAveragePool", Engine.POOL, since=(1, 22), check=_FLOAT_CHECK)
+@kernel("GlobalAveragePool", Engine.POOL, since=(1, 22), check=FLOAT_CHECK)
 def _global_average_pool(x: np.ndarray) -> np.ndarray:
     """The mean over all spatial axes, kept as size-1 axes."""
     axes = tuple(range(2, x.ndim))
     return np.mean(x, axis=axes, keepdims=True, dtype=_compute_dtype(x.dtype)).astype(x.dtype)
 
 
-@kernel("GlobalMaxPool", Engine.POOL, since=(1, 22), check=_FLOAT_CHECK)
+@kernel("GlobalMaxPool", Engine.POOL, since=(1, 22), check=FLOAT_CHECK)
 def _global_max_pool(x: np.ndarray) -> np.ndarray:
     """The max over all spatial axes, kept as size-1 axes."""
     return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
@@ -955,7 +955,7 @@ def _layer_normalization(
         "size": Attr(positive_attr),
     },
     since=(1, 13),
-    check=_FLOAT_CHECK,
+    check=FLOAT_CHECK,
 )
 def _lrn(x: np.ndarray, *, alpha: float, beta: float, bias: float, size: int) -> np.ndarray:
     """Y = X / (bias + alpha / size * square_sum) ^ beta, the square sum over channels

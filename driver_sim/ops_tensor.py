@@ -20,10 +20,12 @@ from driver_sim.cost import Engine
 from driver_sim.kernels import (
     ALL_DTYPES,
     BOOL,
+    FLOAT_CHECK,
     FLOATS,
     INDICES,
     NUMBERS,
     SIGNED,
+    VARIADIC,
     Attr,
     SupportCheck,
     check_dtypes,
@@ -41,9 +43,6 @@ from driver_sim.kernels import (
     tensor_attr,
     via_float32,
 )
-
-_FLOAT_CHECK = dtype_check(FLOATS)
-_VARIADIC = (1, 1 << 16)
 
 # ---- helpers -----------------------------------------------------------------------------
 
@@ -154,25 +153,25 @@ def _stash_type_attr(value: Any) -> np.dtype:
 # ---- ACT: activations and transcendentals ------------------------------------------------
 
 
-@kernel("Sqrt", Engine.ACT, since=(6, 13), check=_FLOAT_CHECK)
+@kernel("Sqrt", Engine.ACT, since=(6, 13), check=FLOAT_CHECK)
 def _sqrt(x: np.ndarray) -> np.ndarray:
     """Y = sqrt(X)."""
     return np.sqrt(x)
 
 
-@kernel("Exp", Engine.ACT, since=(6, 13), check=_FLOAT_CHECK)
+@kernel("Exp", Engine.ACT, since=(6, 13), check=FLOAT_CHECK)
 def _exp(x: np.ndarray) -> np.ndarray:
     """Y = exp(X)."""
     return np.exp(x)
 
 
-@kernel("Log", Engine.ACT, since=(6, 13), check=_FLOAT_CHECK)
+@kernel("Log", Engine.ACT, since=(6, 13), check=FLOAT_CHECK)
 def _log(x: np.ndarray) -> np.ndarray:
     """Y = ln(X)."""
     return np.log(x)
 
 
-@kernel("Reciprocal", Engine.ACT, since=(6, 13), check=_FLOAT_CHECK)
+@kernel("Reciprocal", Engine.ACT, since=(6, 13), check=FLOAT_CHECK)
 def _reciprocal(x: np.ndarray) -> np.ndarray:
     """Y = 1 / X."""
     return np.reciprocal(x)
@@ -228,7 +227,7 @@ def _erf32(x: np.ndarray) -> np.ndarray:
     return np.tanh(g, out=g)
 
 
-@kernel("Erf", Engine.ACT, since=(9, 13), check=_FLOAT_CHECK)
+@kernel("Erf", Engine.ACT, since=(9, 13), check=FLOAT_CHECK)
 def _erf(x: np.ndarray) -> np.ndarray:
     """Y = erf(X)."""
     if x.dtype == np.float64:
@@ -270,7 +269,7 @@ def _square_root_power(x: np.ndarray) -> np.ndarray:
     Engine.ACT,
     attrs={"alpha": Attr(float_attr, 0.01)},
     since=(6, 16),
-    check=_FLOAT_CHECK,
+    check=FLOAT_CHECK,
 )
 def _leaky_relu(x: np.ndarray, *, alpha: float) -> np.ndarray:
     """Y = X where X >= 0, alpha * X elsewhere."""
@@ -300,7 +299,7 @@ def _prelu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
     Engine.ACT,
     attrs={"alpha": Attr(float_attr, 0.2), "beta": Attr(float_attr, 0.5)},
     since=(6, 22),
-    check=_FLOAT_CHECK,
+    check=FLOAT_CHECK,
 )
 def _hard_sigmoid(x: np.ndarray, *, alpha: float, beta: float) -> np.ndarray:
     """Y = max(0, min(1, alpha * X + beta))."""
@@ -313,7 +312,7 @@ def _hard_sigmoid_of(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return np.clip(y, 0, 1, out=y)
 
 
-@kernel("Softplus", Engine.ACT, since=(1, 22), check=_FLOAT_CHECK)
+@kernel("Softplus", Engine.ACT, since=(1, 22), check=FLOAT_CHECK)
 def _softplus(x: np.ndarray) -> np.ndarray:
     """Y = ln(exp(X) + 1), without overflow."""
     return np.logaddexp(x, 0)
@@ -364,7 +363,7 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     Engine.ACT,
     attrs={"approximate": Attr(choice_attr("none", "tanh"), "none")},
     since=(20,),
-    check=_FLOAT_CHECK,
+    check=FLOAT_CHECK,
 )
 def _gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
     """Y = X * Phi(X); approximate="tanh": Phi(x) ~ (1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))/2."""
@@ -378,7 +377,7 @@ def _gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
     Engine.ACT,
     attrs={"axis": Attr(int_attr, -1)},
     since=(13,),  # versions 1 and 11 coerce the input to 2-D around `axis` (default 1)
-    check=_FLOAT_CHECK,
+    check=FLOAT_CHECK,
 )
 def _log_softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
     """Y = X - max - ln(sum(exp(X - max))) along `axis`, in one temporary."""
@@ -856,7 +855,7 @@ def _concat_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None
 @kernel(
     "Concat",
     Engine.POOL,
-    inputs=_VARIADIC,
+    inputs=VARIADIC,
     attrs={"axis": Attr(int_attr)},
     since=(4, 11, 13),
     check=_concat_check,
@@ -881,7 +880,7 @@ def _split_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
     "Split",
     Engine.POOL,
     inputs=(1, 2),
-    outputs=_VARIADIC,
+    outputs=VARIADIC,
     attrs={
         "axis": Attr(int_attr, 0),
         "split": Attr(non_negative_ints_attr, None),  # the attribute form, up to Split-11
