@@ -16,6 +16,7 @@ import numpy as np
 
 from driver_sim.errors import DriverError
 from driver_sim.execute import bind_inputs, copy_outputs, run_steps
+from driver_sim.ops_random import drawing_from
 from driver_sim.program import LoadedProgram, NcProgram, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
 
@@ -33,6 +34,7 @@ class NeuronCore:
         self.index = index
         self._device = device
         self.lock = threading.Lock()
+        self.rng = np.random.default_rng()
         self._slots: np.ndarray | None = None
         self._counters: np.ndarray | None = None
         self._cycles: np.ndarray | None = None
@@ -59,8 +61,9 @@ class NeuronCore:
         program: LoadedProgram,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
-    ) -> None:
-        """Run `program` on `inputs`, copying each program output into `outputs[name]`."""
+    ) -> int:
+        """Run `program` on `inputs`, copying each program output into `outputs[name]`;
+        the run's cycles (its busiest engine's)."""
         if program.owner is not self:
             raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
         with self.lock:
@@ -68,7 +71,8 @@ class NeuronCore:
             self._device.before_run(self.index)
             env = program.template.copy()
             key = bind_inputs(program, inputs, env)
-            freed = run_steps(program, env)
+            with drawing_from(self.rng):
+                freed = run_steps(program, env)
             copy_outputs(program, env, outputs)
             cost = program.cost_of(key, env, freed)
             counters, cycles = self._counters, self._cycles
@@ -77,6 +81,13 @@ class NeuronCore:
             counters += cost.nc_totals
             counters[_BUSY_NS] += time.perf_counter_ns() - start
             cycles += cost.engine_cycles
+            return int(cost.engine_cycles.max())
+
+    def seed(self, seed: int, stream: int = 0) -> None:
+        """Restart this core's random generator from `seed` (`stream` tells apart the
+        cores seeded alike: the NCs of one NCG draw different numbers)."""
+        with self.lock:
+            self.rng = np.random.default_rng([seed, stream])
 
     def counters(self) -> NcCounters:
         """This core's counters since the device's last reset."""

@@ -519,4 +519,4 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 
 # The rest of the op library registers itself on import.
-from driver_sim import ops_more, ops_nn, ops_tensor, ops_winograd  # noqa: E402, F401
+from driver_sim import ops_more, ops_nn, ops_random, ops_tensor, ops_winograd  # noqa: E402, F401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -147,12 +148,16 @@ def test_input_checks(runtime: Runtime) -> None:
 def test_queue_full_past_ninfer(runtime: Runtime) -> None:
     sample = build_mlp((8, 8, 4))
     model = runtime.load(read_neff(sample.neff), params=runtime.params(ninfer=1))
-    slot = model._take_slot()  # one inference in flight
-    try:
-        with pytest.raises(QueueFull, match="ninfer 1"):
-            runtime.infer(model.id, {"x": sample.random_inputs()["x"].tobytes()})
-    finally:
-        model._give_slot(slot)
+    x = {"x": sample.random_inputs()["x"].tobytes()}
+    cookie = runtime.post(model.id, x)  # in flight until it is waited for, done or not
+    deadline = time.monotonic() + 30
+    while not runtime.poll(cookie) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pytest.raises(QueueFull, match="ninfer 1"):
+        runtime.infer(model.id, x)
+    assert runtime.stats.snapshot().infer_queue_drop_count == 1
+    assert set(runtime.wait(cookie).outputs) == {t.name for t in model.neff.outputs}
+    assert runtime.infer(model.id, x).code == Nerr.OK  # the slot is free again
 
 
 def test_non_finite_output_is_flagged(runtime: Runtime) -> None:

@@ -1,5 +1,6 @@
 """session_monitor: what a client makes with its session id is released when its stream
-ends, also when the client is killed with SIGKILL; the daemon keeps serving."""
+ends, also when the client is killed with SIGKILL with inferences in flight; the daemon
+keeps serving."""
 
 from __future__ import annotations
 
@@ -52,7 +53,15 @@ CLIENT = textwrap.dedent(
     stub.start(pb.start_request(h_nn=model))
     implicit = stub.load(iter([pb.load_request(session_id=session), *load_stream(neff)])).h_nn
     status = stub.shm_map(pb.shm_map_request(path=shm_path, mmap_prot=3, session_id=session))
-    print(session, ncg.id, model.id, implicit.id, status.status.code, flush=True)
+    # Inferences in flight: posted, inputs read from the shm object, on slow NCs.
+    x = pb.infer_io(name="x", buf_shm=pb.shared_mem_buf(path=shm_path))
+    cookies = [
+        stub.infer_post(pb.infer_request(h_nn=m, ifmap=[x])).cookie
+        for m in (model, model, model, implicit, implicit)
+    ]
+    done = stub.infer_check_completion(pb.infer_check_completion_request(cookie=cookies))
+    print(session, ncg.id, model.id, implicit.id, status.status.code, len(set(cookies)),
+          len(done.cookie), flush=True)
     time.sleep(600)
     """
 )
@@ -92,9 +101,13 @@ def test_killed_clients_leave_nothing_behind(
         mine = load(stub, neff_file.read_bytes()).h_nn  # another client's model survives
         times: list[float] = []
         fds: list[int] = []
+        # Every NC run on device 0 (where the clients' NCGs land) sleeps first, so the
+        # clients' inferences are still in flight when they are killed.
+        inject = Path(daemon.sim_root) / "neuron0" / "inject"
+        inject.write_text("nc_delay_ms=200\n")
         for _ in range(20):
             shm = Path("/dev/shm") / f"nrtd_session_{uuid.uuid4().hex}"
-            shm.write_bytes(bytes(64))
+            shm.write_bytes(bytes(2 * 16 * 4))
             child = subprocess.Popen(
                 [sys.executable, "-c", CLIENT, daemon.address, str(neff_file), f"/{shm.name}"],
                 stdout=subprocess.PIPE,
@@ -103,8 +116,10 @@ def test_killed_clients_leave_nothing_behind(
             )
             try:
                 assert child.stdout is not None
-                _session, _ncg, model, implicit, mapped = map(int, child.stdout.readline().split())
+                line = child.stdout.readline().split()
+                _session, _ncg, model, implicit, mapped, posted, ended = map(int, line)
                 assert mapped == 0 and len(stub.list_egs(pb.empty()).eg_info) == 3
+                assert posted == 5 and ended < 5  # in flight
                 child.send_signal(signal.SIGKILL)
                 child.wait()
             finally:
@@ -116,11 +131,12 @@ def test_killed_clients_leave_nothing_behind(
                 ncgs = stub.list_egs(pb.empty()).eg_info
                 return len(ncgs) == 1 and stub.shm_unmap(unmap).status.code == Nerr.INVALID
 
-            times.append(wait_until(released, 5.0))
+            times.append(wait_until(released, 2.0))
             for gone in (model, implicit):
                 status = stub.start(pb.start_request(h_nn=pb.h_nn(id=gone))).status
                 assert status.code == Nerr.INVALID_HANDLE
             fds.append(open_fds(daemon.pid))
+        inject.write_text("nc_delay_ms=0\n")
         request = pb.infer_request(h_nn=mine, ifmap=[pb.infer_io(name="x", buf=bytes(2 * 16 * 4))])
         assert stub.infer(request).status.code == Nerr.OK  # the other client is still served
         stub.unload(pb.unload_request(h_nn=mine))

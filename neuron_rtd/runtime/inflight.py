@@ -1,48 +1,75 @@
 """Posted inferences: `infer_post` answers a cookie at once, the inference runs on a worker
 pool, and `infer_wait` / `infer_poll` answer the cookie once.
 
-The check of the inputs and the model's slot are taken at post time, so a bad input or a
-full queue (`ninfer` in flight: NERR_QUEUE_FULL) is answered by the post itself.
+The post checks the inputs, takes the model's slot and copies the inputs in before it
+answers, so a bad input or a full queue (NERR_QUEUE_FULL) is the post's own answer, and the
+client may reuse its input buffers as soon as it has the cookie. The slot stays taken until
+the cookie is answered. A cookie nobody collects within `ttl_s` of its end (its client went
+away) is dropped, and its slot given back.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from neuron_rtd.errors import InvalidHandle
-from neuron_rtd.runtime.model import InferResult, Model
+from neuron_rtd.errors import InferCancelled, InferTimeout, InvalidHandle
+from neuron_rtd.runtime.model import Job, Model
+
+log = logging.getLogger("nrtd.NMGR")
+
+DEFAULT_WORKERS = 64  # inferences running (or waiting for an NC) at once, all models
+DEFAULT_TTL_S = 60.0
 
 
-@dataclass
+@dataclass(eq=False)
 class Posted:
     cookie: int
     model: Model
-    future: futures.Future[InferResult]
-    shm_outputs: Mapping[str, str] = field(default_factory=dict)
+    job: Job
+    extra: Any = None  # what the caller keeps with it (the server: shm OFMAP paths)
+
+    @property
+    def done(self) -> bool:
+        return self.job.done_event.is_set()
 
 
 class Inflight:
-    def __init__(self, workers: int = 4) -> None:
+    def __init__(self, workers: int = DEFAULT_WORKERS, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="infer")
         self._cookies = itertools.count(1)
         self._posted: dict[int, Posted] = {}
         self._lock = threading.Lock()
+        self.ttl_s = ttl_s
+        self._closed = threading.Event()
+        self._sweeper: threading.Thread | None = None
 
-    def post(self, model: Model, inputs: Mapping[str, Any], shm_outputs: Mapping[str, str]) -> int:
-        job = model.prepare(inputs)
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._posted)
+
+    def post(self, model: Model, inputs: Mapping[str, Any], extra: Any = None) -> int:
+        """Submit an inference and queue it; its cookie."""
+        job = model.submit(inputs)
         try:
-            future = self._pool.submit(model.execute, job)
+            self._pool.submit(model.run, job)
         except RuntimeError:  # the pool is shut down: the daemon is stopping
-            model.execute_abandoned(job)
-            raise
+            model.release(job)
+            raise InferCancelled("the runtime is shutting down") from None
         with self._lock:
             cookie = next(self._cookies)
-            self._posted[cookie] = Posted(cookie, model, future, dict(shm_outputs))
+            self._posted[cookie] = Posted(cookie, model, job, extra)
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(
+                    target=self._sweep_loop, name="cookie-sweeper", daemon=True
+                )
+                self._sweeper.start()
         return cookie
 
     def peek(self, cookie: int) -> Posted:
@@ -60,9 +87,51 @@ class Inflight:
             raise InvalidHandle(f"cookie {cookie} is unknown or was answered already")
         return posted
 
+    def wait(self, cookie: int) -> Posted:
+        """Take the cookie once its inference has ended. Waits at most as long as every
+        inference the model may hold could take (NERR_TIMEOUT after that, the slot freed
+        when the inference ends): a wait never hangs."""
+        posted = self.take(cookie)
+        params = posted.model.params
+        bound = params.timeout_s * (params.ninfer + 1) + 1.0
+        if not posted.model.wait(posted.job, bound):
+            posted.model.abandon(posted.job)
+            raise InferTimeout(
+                f"cookie {cookie}: inference on model {posted.model.id} has not ended after "
+                f"{bound:g} s"
+            )
+        return posted
+
     def completed(self, cookies: Iterable[int]) -> list[int]:
         with self._lock:
-            return [c for c in cookies if c in self._posted and self._posted[c].future.done()]
+            return [c for c in cookies if c in self._posted and self._posted[c].done]
+
+    def sweep(self, now: float | None = None) -> list[int]:
+        """Drop cookies that ended more than `ttl_s` ago and were never collected."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [
+                p
+                for p in self._posted.values()
+                if p.done and p.job.ended and now - p.job.ended > self.ttl_s
+            ]
+            for posted in stale:
+                del self._posted[posted.cookie]
+        for posted in stale:
+            posted.model.abandon(posted.job)
+            log.warning(
+                "Dropped cookie %d of model %d: not collected %g s after it ended",
+                posted.cookie,
+                posted.model.id,
+                self.ttl_s,
+                extra={"fn": "infer_wait"},
+            )
+        return [p.cookie for p in stale]
+
+    def _sweep_loop(self) -> None:
+        while not self._closed.wait(max(self.ttl_s / 4, 0.05)):
+            self.sweep()
 
     def close(self) -> None:
+        self._closed.set()
         self._pool.shutdown(wait=True, cancel_futures=False)

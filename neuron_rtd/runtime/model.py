@@ -2,9 +2,17 @@
 
 A model owns `ninfer` I/O slots. A slot holds one buffer per tensor that crosses a node or
 stage boundary (model inputs and outputs included), in device DRAM next to the NC that
-produces it (or host memory for tensors only CPU nodes touch). An inference takes a free
-slot (none free: NERR_QUEUE_FULL), copies its inputs in, runs the nodes in order, copies
-its outputs out, and gives the slot back.
+produces it (or host memory for tensors only CPU nodes touch). An inference (`Job`) takes
+a free slot (none free: NERR_QUEUE_FULL) and copies its inputs in (`submit`), runs its
+steps (`run`), and is answered from the slot (`answer`), which gives the slot back: a slot
+is held from the post until the answer, so `ninfer` bounds what is posted and not yet
+waited for.
+
+The pipeline: each Neuron node runs under its NC's lock and each CPU node under the host
+pool's semaphore, so inferences of one model in different threads overlap stage by stage
+(request 2 on NC 0 while request 1 is on NC 1), and copies in and out (in the callers'
+threads) overlap with compute. Shared-NC mode runs one inference at a time. Stop and
+unload cancel what has not ended at its next step boundary (NERR_INFER_CANCELLED).
 
 A bucketed NEFF loads one `Variant` per bucket (each with its own steps and slots; slot i
 of every variant belongs to the same reservation). An inference finds the sizes of its
@@ -14,27 +22,38 @@ pads the inputs with zeros up to the bucket's sizes and cuts the outputs back do
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from neuron_rtd.errors import (
     BadInput,
     FailedState,
+    HwError,
+    InferCancelled,
+    InferError,
     InferTimeout,
     InvalidHandle,
     ModelNotRunning,
     Nerr,
+    NrtError,
     QueueFull,
 )
 from neuron_rtd.neff import Bucket, Neff, TensorSpec
 from neuron_rtd.runtime.driver import driver_errors
+
+log = logging.getLogger("nrtd.NMGR")
+
+Shape = tuple[int, ...]
 
 
 class ModelState(enum.Enum):
@@ -95,20 +114,69 @@ class Variant:
         return all(lo <= sizes[sym] <= hi for sym, (lo, hi) in self.bucket.symbols.items())
 
 
-@dataclass(frozen=True)
-class Job:
-    """An inference with its inputs checked and its slot taken, not yet run."""
+class Source(Protocol):
+    """An input the model reads into its own slot (client shared memory): no copy on
+    the way to the slot."""
 
+    nbytes: int
+
+    def read_into(self, target: memoryview) -> None: ...
+
+
+class Observer(Protocol):
+    """Told of each inference's end (the runtime's counters and metrics)."""
+
+    def inference_done(self, job: Job) -> None: ...
+
+    def queue_drop(self, model: Model) -> None: ...
+
+    def rejected(self, model: Model, error: NrtError) -> None: ...
+
+
+class JobState(enum.Enum):
+    SUBMITTING = "submitting"  # copying its inputs in
+    QUEUED = "queued"  # inputs in its slot, waiting to run
+    RUNNING = "running"
+    DONE = "done"  # ended: `error` set, or the outputs are in the slot
+
+
+_BUSY = (JobState.SUBMITTING, JobState.RUNNING)  # touching the slot's memory
+
+
+@dataclass(eq=False)
+class Job:
+    """One inference: its slot taken and its inputs copied in, then run, then answered.
+
+    The slot (and so the outputs in it) is held until the job is answered or dropped:
+    `ninfer` bounds the inferences posted and not yet waited for."""
+
+    model: Model
     variant: Variant
     slot: int
-    arrays: Mapping[str, np.ndarray]
     sizes: Mapping[str, int]
+    state: JobState = JobState.SUBMITTING
+    code: Nerr = Nerr.OK
+    error: NrtError | None = None
+    cancel: NrtError | None = None  # set by stop/unload: end at the next step boundary
+    posted: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    ended: float = 0.0
+    nc_ns: int = 0  # time on the NCs
+    cycles: int = 0  # NC cycles, as the simulated NCs count them
+    answering: bool = False
+    released: bool = False
+    abandoned: bool = False  # nobody will answer it: release the slot when it ends
+    done_event: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
 class InferResult:
     outputs: dict[str, bytes]
     code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
+
+
+def _default_host_pool() -> threading.BoundedSemaphore:
+    return threading.BoundedSemaphore(os.cpu_count() or 1)
 
 
 @dataclass
@@ -126,7 +194,10 @@ class Model:
     state: ModelState = ModelState.STANDBY
     failure: str = ""
     infer_count: int = 0
+    host_pool: threading.BoundedSemaphore = field(default_factory=_default_host_pool)
+    observer: Observer | None = None
     _free: list[int] = field(default_factory=list)
+    _jobs: set[Job] = field(default_factory=set)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _serial: threading.Lock = field(default_factory=threading.Lock)
 
@@ -143,61 +214,213 @@ class Model:
 
     @property
     def in_flight(self) -> int:
+        """Inferences holding a slot: submitted and not yet answered."""
         return self.params.ninfer - len(self._free)
+
+    def set_state(self, state: ModelState, failure: str = "") -> None:
+        with self._cond:
+            self.state = state
+            self.failure = failure
 
     # --- inference -----------------------------------------------------------------
     def infer(self, inputs: Mapping[str, Any]) -> InferResult:
         """Run one inference with inputs given as bytes-like objects, by name."""
-        return self.execute(self.prepare(inputs))
+        job = self.submit(inputs)
+        self.run(job)
+        with self.answer(job) as outputs:
+            data = {name: value.tobytes() for name, value in outputs.items()}
+        return InferResult(outputs=data, code=job.code)
 
-    def prepare(self, inputs: Mapping[str, Any]) -> Job:
-        """Check the inputs and take a slot for them (NERR_QUEUE_FULL when `ninfer` are in
-        flight): the part of an inference that answers at once, before it is queued."""
+    def submit(self, inputs: Mapping[str, Any]) -> Job:
+        """Check the inputs, take a slot (NERR_QUEUE_FULL when `ninfer` are in flight)
+        and copy the inputs into it: what an inference does before it is queued.
+
+        `inputs` maps names to bytes-like objects or `Source`s."""
         self._check_runnable()
-        arrays, sizes = self._check_inputs(inputs)
-        variant = self._variant_for(sizes)
-        return Job(variant, self._take_slot(), arrays, sizes)
-
-    def execute_abandoned(self, job: Job) -> None:
-        """Give back the slot of a prepared inference that will not run."""
-        self._give_slot(job.slot)
-
-    def execute(self, job: Job) -> InferResult:
-        """Run a prepared inference; its slot is given back whatever happens."""
         try:
-            start = time.monotonic()
+            shapes, sizes = self._check_inputs(inputs)
+            variant = self._variant_for(sizes)
+        except BadInput as exc:
+            if self.observer is not None:
+                self.observer.rejected(self, exc)
+            raise
+        with self._cond:
+            self._check_runnable()  # again, now that stop/unload cannot slip in between
+            if not self._free:
+                if self.observer is not None:
+                    self.observer.queue_drop(self)
+                raise QueueFull(
+                    f"model {self.id} already has {self.params.ninfer} inferences in flight "
+                    f"(ninfer {self.params.ninfer})"
+                )
+            job = Job(self, variant, self._free.pop(), sizes)
+            self._jobs.add(job)
+        try:
+            self._copy_in(job, inputs, shapes)
+        except BaseException:
+            self.release(job)
+            raise
+        with self._cond:
+            job.state = JobState.QUEUED
+            self._cond.notify_all()
+        return job
+
+    def run(self, job: Job) -> None:
+        """Run a submitted inference to its end; the outcome is in the job (never raises)."""
+        try:
             if self.mode is LoadMode.SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
-                    outputs = self._run(job.variant, job.slot, job.arrays, job.sizes)
+                    self._execute(job)
             else:
-                outputs = self._run(job.variant, job.slot, job.arrays, job.sizes)
-            elapsed = time.monotonic() - start
-            if elapsed > self.params.timeout_s:
-                raise InferTimeout(
-                    f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
-                    f"of {self.params.timeout_s:g} s"
-                )
-        finally:
-            self._give_slot(job.slot)
-        self.infer_count += 1
-        return InferResult(outputs=outputs, code=self._numerical_code(outputs))
+                self._execute(job)
+        except NrtError as exc:
+            job.error = exc
+        except Exception as exc:  # a bug, not the client's fault: still answer
+            log.exception("inference on model %d failed", self.id, extra={"fn": "infer"})
+            job.error = InferError(f"model {self.id}: internal error: {exc}")
+        if isinstance(job.error, HwError):
+            self._fail(job.error)
+        with self._cond:
+            job.state = JobState.DONE
+            job.ended = time.monotonic()
+            if job.abandoned:
+                self._release_locked(job)
+            self._cond.notify_all()
+        if job.error is None:
+            self.infer_count += 1
+        if self.observer is not None:
+            self.observer.inference_done(job)
+        job.done_event.set()
 
-    def _run(
-        self,
-        variant: Variant,
-        slot_index: int,
-        arrays: Mapping[str, np.ndarray],
-        sizes: Mapping[str, int],
-    ) -> dict[str, bytes]:
-        slot = variant.slots[slot_index]
-        for name, array in arrays.items():
-            _copy_padded(slot[name], array)
+    def _execute(self, job: Job) -> None:
+        job.state = JobState.RUNNING
+        job.started = time.monotonic()
+        deadline = job.started + self.params.timeout_s
+        steps = job.variant.steps
         with driver_errors(f"model {self.id} ({self.name})"):
-            for run, ins, outs in variant.bound[slot_index]:
-                run(ins, outs)
-        return {
-            t.name: _cut(np.asarray(slot[t.name]), t, sizes).tobytes() for t in self.neff.outputs
-        }
+            for step, (run, ins, outs) in zip(steps, job.variant.bound[job.slot], strict=True):
+                self._may_go_on(job, deadline)
+                if isinstance(step, StageRun):
+                    begin = time.perf_counter_ns()
+                    job.cycles += run(ins, outs) or 0
+                    job.nc_ns += time.perf_counter_ns() - begin
+                else:
+                    with self.host_pool:  # CPU nodes: at most the host pool's width at once
+                        run(ins, outs)
+        elapsed = time.monotonic() - job.started
+        if elapsed > self.params.timeout_s:
+            raise InferTimeout(
+                f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
+                f"of {self.params.timeout_s:g} s"
+            )
+        job.code = self._numerical_code(job)
+
+    def _may_go_on(self, job: Job, deadline: float) -> None:
+        if job.cancel is not None:
+            raise job.cancel
+        if time.monotonic() > deadline:
+            raise InferTimeout(
+                f"inference on model {self.id} ran past its timeout of "
+                f"{self.params.timeout_s:g} s"
+            )
+
+    def _fail(self, error: NrtError) -> None:
+        """An unrecoverable error: the model stops until it is started again."""
+        with self._cond:
+            if self.state is not ModelState.READY:
+                return
+            self.state = ModelState.FAILED
+            self.failure = str(error)
+        log.error("Model %d stopped after an unrecoverable error", self.id, extra={"fn": "infer"})
+
+    def wait(self, job: Job, timeout_s: float | None = None) -> bool:
+        """Wait until `job` has ended; False if it has not within `timeout_s`."""
+        return job.done_event.wait(timeout_s)
+
+    @contextlib.contextmanager
+    def answer(self, job: Job) -> Iterator[dict[str, np.ndarray]]:
+        """The outputs of an ended job, as views of its slot, for the caller to send; the
+        slot is given back afterwards. Raises the job's error instead, if it has one."""
+        with self._cond:
+            if job.released:
+                raise job.error or InferCancelled(f"model {self.id}: the inference was dropped")
+            job.answering = True
+        try:
+            if job.error is not None:
+                raise job.error
+            slot = job.variant.slots[job.slot]
+            yield {t.name: _cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
+        finally:
+            with self._cond:
+                job.answering = False
+                self._release_locked(job)
+                self._cond.notify_all()
+
+    def release(self, job: Job) -> None:
+        """Give the job's slot back now (it must not be running)."""
+        with self._cond:
+            self._release_locked(job)
+            self._cond.notify_all()
+
+    def abandon(self, job: Job) -> None:
+        """Nobody will answer `job`: give its slot back, now or when it ends."""
+        with self._cond:
+            if job.state is JobState.DONE:
+                self._release_locked(job)
+                self._cond.notify_all()
+            else:
+                job.abandoned = True
+
+    def _release_locked(self, job: Job) -> None:
+        if not job.released:
+            job.released = True
+            self._jobs.discard(job)
+            self._free.append(job.slot)
+
+    def cancel(self, why: str) -> int:
+        """End every inference not yet ended with NERR_INFER_CANCELLED (at its next step
+        boundary) and wait until none is running; the number cancelled."""
+        with self._cond:
+            pending = [j for j in self._jobs if j.state is not JobState.DONE]
+            for job in pending:
+                job.cancel = InferCancelled(f"model {self.id}: inference cancelled: {why}")
+            self._cond.wait_for(
+                lambda: all(j.state is not JobState.RUNNING for j in pending),
+                timeout=self.params.timeout_s + 1,
+            )
+        return len(pending)
+
+    def drop_all(self, why: str, timeout_s: float) -> bool:
+        """Cancel what runs, wait until nothing runs or is being answered, and give every
+        slot back (unload). False if something was still busy at `timeout_s`."""
+        self.cancel(why)
+        with self._cond:
+            idle = self._cond.wait_for(
+                lambda: not any(j.answering or j.state in _BUSY for j in self._jobs),
+                timeout=timeout_s,
+            )
+            for job in list(self._jobs):
+                if job.state is JobState.DONE or job.cancel is not None:
+                    job.error = job.error or InferCancelled(
+                        f"model {self.id}: inference cancelled: {why}"
+                    )
+                self._release_locked(job)
+        return idle
+
+    # --- inputs and outputs ----------------------------------------------------------
+    def _copy_in(self, job: Job, inputs: Mapping[str, Any], shapes: Mapping[str, Shape]) -> None:
+        slot = job.variant.slots[job.slot]
+        for name, data in inputs.items():
+            target, shape = slot[name], shapes[name]
+            spec = self._inputs[name]
+            if not isinstance(data, bytes | bytearray | memoryview | np.ndarray):
+                if target.shape == shape and target.flags.c_contiguous:
+                    data.read_into(target.reshape(-1).view(np.uint8).data)
+                    continue
+                buffer = bytearray(data.nbytes)
+                data.read_into(memoryview(buffer))
+                data = buffer
+            _copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
 
     def _variant_for(self, sizes: Mapping[str, int]) -> Variant:
         for variant in self.variants:
@@ -211,10 +434,11 @@ class Model:
             f"model {self.id} ({self.name}) has no bucket for {given} (buckets: {ranges})"
         )
 
-    def _numerical_code(self, outputs: Mapping[str, bytes]) -> Nerr:
+    def _numerical_code(self, job: Job) -> Nerr:
+        slot = job.variant.slots[job.slot]
         for name in self._float_outputs:
-            spec = self.neff.tensors[name]
-            if not np.isfinite(np.frombuffer(outputs[name], dtype=spec.dtype)).all():
+            value = _cut(np.asarray(slot[name]), self.neff.tensors[name], job.sizes)
+            if not np.isfinite(value).all():
                 return Nerr.INFER_COMPLETED_WITH_NUM_ERR
         return Nerr.OK
 
@@ -230,11 +454,9 @@ class Model:
             "start it first"
         )
 
-    def _check_inputs(
-        self, inputs: Mapping[str, Any]
-    ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-        """The inputs as arrays, and the size each dynamic dimension takes in them."""
-        arrays: dict[str, np.ndarray] = {}
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
+        """The shape of each input, and the size each dynamic dimension takes in them."""
+        shapes: dict[str, Shape] = {}
         sizes: dict[str, int] = {}
         for name, data in inputs.items():
             spec = self._inputs.get(name)
@@ -243,10 +465,9 @@ class Model:
                     f"model {self.id} ({self.name}) has no input named '{name}'; "
                     f"its inputs are: {', '.join(self._inputs)}"
                 )
-            size = memoryview(data).nbytes
-            shape = self._input_shape(spec, size, sizes)
-            arrays[name] = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
-        missing = [name for name in self._inputs if name not in arrays]
+            size = data.nbytes if hasattr(data, "read_into") else memoryview(data).nbytes
+            shapes[name] = self._input_shape(spec, size, sizes)
+        missing = [name for name in self._inputs if name not in shapes]
         if missing:
             raise BadInput(
                 f"model {self.id} ({self.name}) is missing input(s): "
@@ -255,8 +476,7 @@ class Model:
                     for n in missing
                 )
             )
-        return arrays, sizes
-
+        return shapes, sizes
     def _input_shape(self, spec: TensorSpec, size: int, sizes: dict[str, int]) -> tuple[int, ...]:
         """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
         axis worked out from the byte count (and checked against the other inputs)."""
@@ -284,26 +504,6 @@ class Model:
                 f"input has {symbol}={sizes[symbol]}"
             )
         return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
-
-    # --- slots ---------------------------------------------------------------------
-    def _take_slot(self) -> int:
-        with self._cond:
-            if not self._free:
-                raise QueueFull(
-                    f"model {self.id} already has {self.params.ninfer} inferences in flight "
-                    f"(ninfer {self.params.ninfer})"
-                )
-            return self._free.pop()
-
-    def _give_slot(self, slot: int) -> None:
-        with self._cond:
-            self._free.append(slot)
-            self._cond.notify_all()
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no inference is in flight; False if still busy at the timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self.in_flight, timeout=timeout_s)
 
 
 BoundStep = tuple[

@@ -18,9 +18,12 @@ from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi, driver_errors
+from neuron_rtd.runtime.host import host_threads
+from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import InferResult, Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.stats import Metric, Stats
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -35,6 +38,8 @@ class RuntimeOptions:
     max_ninfer: int = 256
     ncs_per_device: int = 4
     models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
+    host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
+    cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -56,6 +61,11 @@ class Runtime:
         self._init_error: str | None = None
         self._init_tried = 0.0
         self.started_ns = time.time_ns()
+        self.inflight = Inflight(ttl_s=self.options.cookie_ttl_s)
+        self.stats = Stats()
+        logging.getLogger("nrtd").addHandler(self.stats.logs)
+        self.host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
+        self.transfer_adjustment = 0
 
     # --- devices -------------------------------------------------------------------
     def init_devices(self) -> None:
@@ -146,6 +156,7 @@ class Runtime:
         (started) when `ncg_id` is None."""
         self._ensure_ready()
         params = params or self.params()
+        began = time.monotonic()
         with self._lock:
             implicit = ncg_id is None
             if ncg_id is None:
@@ -172,8 +183,11 @@ class Runtime:
                 if implicit:
                     self.ncgs.destroy(ncg.id)
                 raise
+            model.host_pool = self.host_pool
+            model.observer = self.stats
             ncg.models.append(model.id)
             self._models[model.id] = model
+            self.stats.model_loaded(model, time.monotonic() - began)
             log.info(
                 "Loaded model %d '%s' on NCG %d (%s mode, NCs %s, %d bytes of DRAM, ninfer %d)",
                 model.id,
@@ -191,6 +205,7 @@ class Runtime:
 
     def start(self, model_id: int) -> None:
         self._ensure_ready()
+        began = time.monotonic()
         with self._lock:
             model = self.model(model_id)
             if model.state is ModelState.READY:
@@ -198,32 +213,43 @@ class Runtime:
             for other_id in self.ncgs.get(model.ncg_id).models:
                 other = self._models[other_id]
                 if other is not model and other.state is ModelState.READY:
-                    other.state = ModelState.STANDBY
+                    other.set_state(ModelState.STANDBY)
+                    other.cancel(f"model {model_id} was started on NCG {model.ncg_id}")
                     log.info("Model %d is now STANDBY", other.id, extra={"fn": "start"})
-            model.state = ModelState.READY
-            model.failure = ""
+            model.set_state(ModelState.READY)
+        self.stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
         log.info("Started model %d", model_id, extra={"fn": "start"})
 
     def stop(self, model_id: int) -> None:
+        """Stop a model: inferences not yet ended end with NERR_INFER_CANCELLED."""
         self._ensure_ready()
+        began = time.monotonic()
         with self._lock:
             model = self.model(model_id)
-            model.state = ModelState.STANDBY
-        log.info("Stopped model %d", model_id, extra={"fn": "stop"})
+            model.set_state(ModelState.STANDBY)
+        cancelled = model.cancel("the model was stopped")
+        self.stats.model_event(Metric.MODEL_STOP_LATENCY, time.monotonic() - began)
+        log.info(
+            "Stopped model %d%s",
+            model_id,
+            f" ({cancelled} inference(s) cancelled)" if cancelled else "",
+            extra={"fn": "stop"},
+        )
 
     def unload(self, model_id: int) -> None:
         self._ensure_ready()
         self._unload(model_id)
 
     def _unload(self, model_id: int) -> None:
+        began = time.monotonic()
         with self._lock:
             model = self._models.pop(model_id, None)
             if model is None:
                 raise InvalidHandle(f"model {model_id} is not loaded")
-            model.state = ModelState.UNLOADING
+            model.set_state(ModelState.UNLOADING)
             ncg = self.ncgs.get(model.ncg_id)
             ncg.models.remove(model_id)
-        if not model.wait_idle(model.params.timeout_s + 1):
+        if not model.drop_all("the model was unloaded", model.params.timeout_s + 1):
             log.warning(
                 "Model %d still busy at unload; freeing it anyway", model_id, extra={"fn": "unload"}
             )
@@ -232,6 +258,7 @@ class Runtime:
         with self._lock:
             if ncg.implicit and not ncg.models:
                 self.ncgs.destroy(ncg.id)
+        self.stats.model_event(Metric.MODEL_UNLOAD_LATENCY, time.monotonic() - began)
         log.info("Unloaded model %d", model_id, extra={"fn": "unload"})
 
     def unload_all(self) -> None:
@@ -284,8 +311,41 @@ class Runtime:
 
     # --- inference -----------------------------------------------------------------
     def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
+        """One inference, in this thread; inputs as bytes-like objects by name."""
         self._ensure_ready()
         return self.model(model_id).infer(inputs)
+
+    def post(self, model_id: int, inputs: Mapping[str, Any], extra: Any = None) -> int:
+        """Queue an inference; its cookie (see `Inflight`)."""
+        self._ensure_ready()
+        return self.inflight.post(self.model(model_id), inputs, extra)
+
+    def wait(self, cookie: int) -> InferResult:
+        """The result of a posted inference, once it has ended; the cookie is spent."""
+        posted = self.inflight.wait(cookie)
+        with posted.model.answer(posted.job) as outputs:
+            data = {name: value.tobytes() for name, value in outputs.items()}
+        return InferResult(outputs=data, code=posted.job.code)
+
+    def poll(self, cookie: int) -> bool:
+        """Whether the inference of `cookie` has ended (it stays to be waited for)."""
+        return self.inflight.peek(cookie).done
+
+    def random_seed(self, ncg_id: int, seed: int) -> None:
+        """Seed the random number generators of the NCs of NCG `ncg_id`: random ops of
+        the models there repeat their draws from this point."""
+        self._ensure_ready()
+        ncg = self.ncgs.get(ncg_id)
+        for offset, vnc in enumerate(range(ncg.start, ncg.start + ncg.nc_count)):
+            loc = self.ncgs.locate(vnc)
+            with driver_errors(f"random_seed of NC {vnc}"):
+                self.devices[loc.device_slot].nc(loc.nc).seed(seed, offset)
+        log.info("Seeded NCG %d with %d", ncg_id, seed, extra={"fn": "random_seed"})
+
+    def set_transfer_adjustment(self, count: int) -> None:
+        """Set the static DMA transfer adjustment count the devices report."""
+        self.transfer_adjustment = count
+        log.info("Static transfer adjustment set to %d", count, extra={"fn": "transfer_adjust"})
 
     def responsive(self, timeout_s: float) -> bool:
         """True when a control-plane call could run now: the runtime's lock is free
@@ -298,3 +358,5 @@ class Runtime:
     def close(self) -> None:
         """Unload everything (the daemon's drain at exit)."""
         self.unload_all()
+        self.inflight.close()
+        logging.getLogger("nrtd").removeHandler(self.stats.logs)

@@ -133,13 +133,28 @@ class ShmTable:
     def read(self, path: str, nbytes: int, what: str) -> bytearray:
         """The first `nbytes` of the object; BadInput if it holds fewer."""
         buffer = bytearray(nbytes)
+        self.read_into(path, memoryview(buffer), what)
+        return buffer
+
+    def source(self, path: str, nbytes: int | None, what: str) -> ShmSource:
+        """An input read from `path` when the model copies it in: its first `nbytes`
+        (None: the whole object, as it is now)."""
+        if nbytes is None:
+            nbytes = self.size(path, what)
+        else:
+            with self._use(path, what):
+                pass  # mapped now: a clean error at once if not
+        return ShmSource(self, path, nbytes, what)
+
+    def read_into(self, path: str, target: memoryview, what: str) -> None:
+        """Fill `target` from the start of the object; BadInput if it holds fewer bytes."""
+        nbytes = target.nbytes
         with self._use(path, what) as mapping:
-            got = os.preadv(mapping.fd, [buffer], 0) if nbytes else 0
+            got = os.preadv(mapping.fd, [target], 0) if nbytes else 0
         if got < nbytes:
             raise BadInput(
                 f"{what}: shared memory '{path}' holds {got} bytes, the tensor takes {nbytes}"
             )
-        return buffer
 
     def write(self, path: str, data: bytes | memoryview, what: str) -> None:
         """Write `data` at the start of the object, which must already be large enough
@@ -156,6 +171,19 @@ class ShmTable:
             written = os.pwritev(mapping.fd, [data], 0) if size else 0
         if written != size:
             raise BadInput(f"{what}: wrote {written} of {size} bytes to '{path}'")
+
+
+@dataclass(frozen=True)
+class ShmSource:
+    """A model input in client shared memory (a `model.Source`)."""
+
+    table: ShmTable
+    path: str
+    nbytes: int
+    what: str
+
+    def read_into(self, target: memoryview) -> None:
+        self.table.read_into(self.path, target, self.what)
 
 
 def _plain_name(path: str) -> str:

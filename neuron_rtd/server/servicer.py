@@ -13,20 +13,21 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 import psutil
 
 import driver_sim
-from neuron_rtd.errors import InferTimeout, InvalidError, Nerr, NrtError, ResourceError
-from neuron_rtd.neff import Neff, TensorSpec, read_neff, read_neff_file
+from neuron_rtd.errors import InvalidError, Nerr, NrtError, ResourceError
+from neuron_rtd.neff import Neff, read_neff, read_neff_file
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb, pb_grpc
-from neuron_rtd.runtime.inflight import Inflight, Posted
-from neuron_rtd.runtime.model import InferResult
+from neuron_rtd.runtime.inflight import Posted
+from neuron_rtd.runtime.model import Job, Model
 from neuron_rtd.runtime.runtime import Runtime, parse_version
 from neuron_rtd.runtime.shm import ShmTable
+from neuron_rtd.runtime.stats import NmgrCounters
 from neuron_rtd.server.request_log import capture
 
 log = logging.getLogger("nrtd.NMGR")
@@ -57,12 +58,9 @@ def _finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
 
 
 class NmgrServicer(pb_grpc.nmgr_v1Servicer):
-    def __init__(
-        self, runtime: Runtime, shm: ShmTable | None = None, inflight: Inflight | None = None
-    ) -> None:
+    def __init__(self, runtime: Runtime, shm: ShmTable | None = None) -> None:
         self.runtime = runtime
         self.shm = shm if shm is not None else ShmTable()
-        self.inflight = inflight if inflight is not None else Inflight()
 
     # --- model lifecycle -------------------------------------------------------------
     def load(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
@@ -111,84 +109,80 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def infer(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             model = self.runtime.model(request.h_nn.id)
-            inputs = self._ifmaps(request, {t.name: t for t in model.neff.inputs})
             shm_outputs = self._shm_ofmaps(request)
-            result = self.runtime.infer(request.h_nn.id, inputs)
-            return self._respond(result, shm_outputs)
+            job = model.submit(self._ifmaps(request, model))
+            model.run(job)
+            return self._respond(model, job, shm_outputs)
 
         return _finish("infer", make, pb.infer_response)
 
-    def _respond(self, result: InferResult, shm_outputs: Mapping[str, str]) -> Any:
-        """The infer_response of a result: outputs inline, or written to the client's
-        shared memory when it named any there."""
+    def _respond(self, model: Model, job: Job, shm_outputs: Mapping[str, str]) -> Any:
+        """The infer_response of an ended inference: outputs inline, or written straight
+        from its slot to the client's shared memory when it named any there."""
         response = pb.infer_response()
-        for name, data in result.outputs.items():
-            if name in shm_outputs:
-                self.shm.write(shm_outputs[name], data, f"shm_ofmap '{name}'")
-            elif not shm_outputs:
-                response.ofmap.append(pb.infer_io(name=name, buf=data))
-        response.status.code = int(result.code)
+        with model.answer(job) as outputs:
+            for name, value in outputs.items():
+                if name in shm_outputs:
+                    data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
+                    self.shm.write(shm_outputs[name], data, f"shm_ofmap '{name}'")
+                elif not shm_outputs:
+                    response.ofmap.append(pb.infer_io(name=name, buf=value.tobytes()))
+        response.status.code = int(job.code)
         return response
 
     # --- asynchronous inference -----------------------------------------------------
     def infer_post(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             model = self.runtime.model(request.h_nn.id)
-            inputs = self._ifmaps(request, {t.name: t for t in model.neff.inputs})
-            cookie = self.inflight.post(model, inputs, self._shm_ofmaps(request))
+            shm_outputs = self._shm_ofmaps(request)
+            cookie = self.runtime.post(model.id, self._ifmaps(request, model), shm_outputs)
             return pb.infer_post_response(cookie=cookie)
 
         return _finish("infer_post", make, pb.infer_post_response)
 
     def infer_wait(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
-            return self._answer(self.inflight.take(request.cookie), request)
+            return self._answer(self.runtime.inflight.wait(request.cookie), request)
 
         return _finish("infer_wait", make, pb.infer_response)
 
     def infer_poll(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
-            if not self.inflight.peek(request.cookie).future.done():
+            if not self.runtime.poll(request.cookie):
                 response = pb.infer_response()
                 response.status.code = int(Nerr.INFER_PENDING)
                 return response
-            return self._answer(self.inflight.take(request.cookie), request)
+            return self._answer(self.runtime.inflight.wait(request.cookie), request)
 
         return _finish("infer_poll", make, pb.infer_response)
 
     def infer_check_completion(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
-            done = self.inflight.completed(request.cookie)
+            done = self.runtime.inflight.completed(request.cookie)
             return pb.infer_check_completion_response(cookie=done)
 
         return _finish("infer_check_completion", make, pb.infer_check_completion_response)
 
     def _answer(self, posted: Posted, request: Any) -> Any:
-        """The response for a posted inference, waiting at most its model's timeout."""
-        timeout_s = posted.model.params.timeout_s
-        try:
-            result = posted.future.result(timeout=timeout_s)
-        except futures.TimeoutError:
-            raise InferTimeout(
-                f"cookie {posted.cookie}: inference on model {posted.model.id} is not done "
-                f"after its timeout of {timeout_s:g} s"
-            ) from None
-        shm_outputs = self._shm_ofmaps(request) or posted.shm_outputs
-        return self._respond(result, shm_outputs)
+        """The response for an ended posted inference; the OFMAP buffers named by the
+        wait, else those named by the post."""
+        shm_outputs = self._shm_ofmaps(request) or posted.extra or {}
+        return self._respond(posted.model, posted.job, shm_outputs)
 
-    def _ifmaps(self, request: Any, specs: dict[str, TensorSpec]) -> dict[str, bytes | bytearray]:
-        """The inputs by name: inline, or read from the client's shared memory (as many
-        bytes as the input takes; for an input whose size varies, the whole object)."""
-        inputs: dict[str, bytes | bytearray] = {}
+    def _ifmaps(self, request: Any, model: Model) -> dict[str, Any]:
+        """The inputs by name: inline bytes, or a source the model reads from the client's
+        shared memory straight into its slot (as many bytes as the input takes; for an
+        input whose size varies, the whole object)."""
+        specs = {t.name: t for t in model.neff.inputs}
+        inputs: dict[str, Any] = {}
         for io in request.ifmap:
             if io.name in inputs:
                 raise InvalidError(f"ifmap '{io.name}' is given twice")
             if io.WhichOneof("data") == "buf_shm":
-                what, path = f"ifmap '{io.name}'", io.buf_shm.path
                 spec = specs.get(io.name)
                 fixed = spec is not None and not spec.varying_axes
-                size = spec.nbytes if spec is not None and fixed else self.shm.size(path, what)
-                inputs[io.name] = self.shm.read(path, size, what)
+                size = spec.nbytes if spec is not None and fixed else None
+                inputs[io.name] = self.shm.source(io.buf_shm.path, size, f"ifmap '{io.name}'")
             else:
                 inputs[io.name] = io.buf
         return inputs
@@ -208,10 +202,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def read_nc_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             counters = self.runtime.nc_counters(request.vnc_id)
-            fields = {f: getattr(counters, f) for f in NC_COUNTER_FIELDS}
-            return pb.read_nc_counters_response(
-                nc_counters=pb.nc_counters(virtual_nc_id=request.vnc_id, **fields)
-            )
+            return pb.read_nc_counters_response(nc_counters=_nc_counters(request.vnc_id, counters))
 
         return _finish("read_nc_counters", make, pb.read_nc_counters_response)
 
@@ -235,17 +226,105 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 device = self.runtime.device(index=request.device_id)
             else:
                 raise InvalidError("get_hw_counters needs a bdf or a device_id")
-            return pb.get_hw_counters_response(counters=_hw_counters(device))
+            return pb.get_hw_counters_response(
+                counters=_hw_counters(device, self.runtime.transfer_adjustment)
+            )
 
         return _finish("get_hw_counters", make, pb.get_hw_counters_response)
 
     def get_all_hw_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             return pb.get_all_hw_counters_response(
-                counters=[_hw_counters(d) for d in self.runtime.devices]
+                counters=[
+                    _hw_counters(d, self.runtime.transfer_adjustment) for d in self.runtime.devices
+                ]
             )
 
         return _finish("get_all_hw_counters", make, pb.get_all_hw_counters_response)
+
+    def read_inference_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        # Its response has no status field: every failure here is a bug, logged.
+        return pb.read_inference_counters_response(
+            nmgr_counters=_nmgr_counters(self.runtime.stats.snapshot())
+        )
+
+    def read_all_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            runtime = self.runtime
+            ncs = [
+                _nc_counters(vnc, runtime.nc_counters(vnc)) for vnc in range(runtime.ncgs.total_ncs)
+            ]
+            host = psutil.Process().memory_info().rss
+            memory = [
+                pb.memory_counters(
+                    infa_id=device.index,
+                    mem_used_host=host,
+                    mem_used_infa_0=device.dram_used()[0],
+                    mem_used_infa_1=device.dram_used()[1],
+                )
+                for device in runtime.devices
+            ]
+            logs = runtime.stats.logs
+            return pb.read_all_counters_response(
+                nc_counters=ncs,
+                nmgr_counters=_nmgr_counters(runtime.stats.snapshot()),
+                system_counters=pb.system_counters(
+                    num_logs_error=logs.errors,
+                    num_logs_warning=logs.warnings,
+                    memory_counters=memory,
+                ),
+            )
+
+        return _finish("read_all_counters", make, pb.read_all_counters_response)
+
+    def read_all_metrics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            metrics = []
+            for series in self.runtime.stats.read_metrics(request.summarize_period):
+                data = [
+                    pb.metric_data(ts_nanos_since_epoch=ts, value_double=value)
+                    for ts, value in series.samples
+                ]
+                data += [
+                    pb.metric_data(
+                        ts_nanos_since_epoch=agg.start_ns,
+                        value_agg=pb.aggregate(
+                            min=agg.min,
+                            max=agg.max,
+                            count=agg.count,
+                            sum=agg.sum,
+                            values=agg.values,
+                            counts=agg.counts,
+                        ),
+                    )
+                    for agg in series.aggregates
+                ]
+                metrics.append(
+                    pb.metric(
+                        metric_type=pb.metric_type.Name(series.metric),
+                        data=data,
+                        overflow=series.overflow,
+                    )
+                )
+            return pb.read_all_metrics_response(nmgr_metrics=metrics)
+
+        return _finish("read_all_metrics", make, pb.read_all_metrics_response)
+
+    def random_seed(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.random_seed(request.h_eg.id, request.seed)
+            return pb.random_seed_response()
+
+        return _finish("random_seed", make, pb.random_seed_response)
+
+    def set_static_transfer_adjustment(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def make() -> Any:
+            self.runtime.set_transfer_adjustment(request.transfer_adjust_cnt)
+            return pb.set_static_transfer_adjustment_response()
+
+        return _finish(
+            "set_static_transfer_adjustment", make, pb.set_static_transfer_adjustment_response
+        )
 
     # --- shared memory --------------------------------------------------------------
     def shm_map(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -326,7 +405,35 @@ NC_COUNTER_FIELDS = (
 )
 
 
-def _hw_counters(device: Any) -> Any:
+def _nc_counters(vnc: int, counters: Any) -> Any:
+    return pb.nc_counters(virtual_nc_id=vnc, **{f: getattr(counters, f) for f in NC_COUNTER_FIELDS})
+
+
+def _nmgr_counters(c: NmgrCounters) -> Any:
+    msg = pb.nmgr_counters(
+        infer_queue_drop_count=c.infer_queue_drop_count,
+        infer_count=c.infer_count,
+        model_start_count=c.model_start_count,
+        model_stop_count=c.model_stop_count,
+        model_load_count=c.model_load_count,
+        model_unload_count=c.model_unload_count,
+        neff_version_max_major=c.neff_version_max[0],
+        neff_version_max_minor=c.neff_version_max[1],
+        neff_version_min_major=c.neff_version_min[0],
+        neff_version_min_minor=c.neff_version_min[1],
+        neff_size_bytes_max=c.neff_size_bytes_max,
+        neff_num_ncs_max=c.neff_num_ncs_max,
+    )
+    for subtype, count in sorted(c.error_subtype.items()):
+        msg.infer_error_subtype_counts.add(
+            error_subtype=pb.infer_error_subtype.Name(subtype), count=count
+        )
+    for status, count in sorted(c.infer_status.items()):
+        msg.infer_status_counts.add(infer_status=pb.infer_status.Name(status), count=count)
+    return msg
+
+
+def _hw_counters(device: Any, transfer_adjustment: int) -> Any:
     ecc = device.hw_counters()
     return pb.hw_counters(
         bdf=device.bdf,
@@ -335,6 +442,7 @@ def _hw_counters(device: Any) -> Any:
         mem_ecc_uncorr=ecc.mem_ecc_uncorr,
         sram_ecc_corr=ecc.sram_ecc_corr,
         sram_ecc_uncorr=ecc.sram_ecc_uncorr,
+        transfer_adjustment_cnt=transfer_adjustment,
     )
 
 

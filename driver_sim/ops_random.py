@@ -1,0 +1,164 @@
+"""Random ops: RandomUniform, RandomNormal, their -Like forms, and Bernoulli.
+
+They draw from the generator of the NeuronCore that runs them (`current_rng`), which the
+runtime seeds per NCG (`random_seed`): after the same seed, the same draws. A node with a
+`seed` attribute draws from a generator of that seed instead, the same numbers every run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from driver_sim.cost import Engine
+from driver_sim.kernels import FLOATS, Attr, float_attr, ints_attr, kernel
+
+_state = threading.local()
+_fallback = np.random.default_rng()  # for runs outside a NeuronCore (host CPU nodes)
+
+
+@contextmanager
+def drawing_from(rng: np.random.Generator) -> Iterator[None]:
+    """Random ops run in this thread inside the block draw from `rng`."""
+    previous = getattr(_state, "rng", None)
+    _state.rng = rng
+    try:
+        yield
+    finally:
+        _state.rng = previous
+
+
+def current_rng(seed: float | None) -> np.random.Generator:
+    if seed is not None:
+        return np.random.default_rng(int(seed))
+    rng = getattr(_state, "rng", None)
+    return rng if rng is not None else _fallback
+
+
+_FLOAT_CODES: dict[int, np.dtype[Any]] = {
+    1: np.dtype("float32"),
+    10: np.dtype("float16"),
+    11: np.dtype("float64"),
+}
+_BERNOULLI_CODES: dict[int, np.dtype[Any]] = {
+    **_FLOAT_CODES,
+    2: np.dtype("uint8"),
+    3: np.dtype("int8"),
+    5: np.dtype("int16"),
+    6: np.dtype("int32"),
+    7: np.dtype("int64"),
+    9: np.dtype("bool"),
+}
+
+
+def _dtype_attr(codes: Mapping[int, np.dtype]) -> Any:
+    def parse(value: Any) -> np.dtype:
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise ValueError(f"must be an integer element type, got {value!r}")
+        if int(value) not in codes:
+            raise ValueError(f"element type {value} is not implemented here")
+        return codes[int(value)]
+
+    return parse
+
+
+def _float_dtype_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
+    for dtype in dtypes:
+        if dtype not in FLOATS:
+            raise ValueError(f"input dtype {dtype} is not implemented (floats only)")
+
+
+_COMMON = {"seed": Attr(float_attr, None)}
+_UNIFORM = {**_COMMON, "low": Attr(float_attr, 0.0), "high": Attr(float_attr, 1.0)}
+_NORMAL = {**_COMMON, "mean": Attr(float_attr, 0.0), "scale": Attr(float_attr, 1.0)}
+
+
+def _uniform(rng: np.random.Generator, shape: Sequence[int], low: float, high: float) -> Any:
+    return rng.uniform(low, high, tuple(shape))
+
+
+def _normal(rng: np.random.Generator, shape: Sequence[int], mean: float, scale: float) -> Any:
+    return rng.normal(mean, scale, tuple(shape))
+
+
+@kernel(
+    "RandomUniform",
+    Engine.ACT,
+    inputs=(0, 0),
+    attrs={
+        **_UNIFORM,
+        "shape": Attr(ints_attr),
+        "dtype": Attr(_dtype_attr(_FLOAT_CODES), np.dtype("float32")),
+    },
+    since=(1, 22),
+)
+def _random_uniform(
+    *, shape: tuple[int, ...], dtype: np.dtype, low: float, high: float, seed: float | None
+) -> np.ndarray:
+    """Y[shape] drawn uniformly from [low, high)."""
+    return np.asarray(_uniform(current_rng(seed), shape, low, high), dtype=dtype)
+
+
+@kernel(
+    "RandomNormal",
+    Engine.ACT,
+    inputs=(0, 0),
+    attrs={
+        **_NORMAL,
+        "shape": Attr(ints_attr),
+        "dtype": Attr(_dtype_attr(_FLOAT_CODES), np.dtype("float32")),
+    },
+    since=(1, 22),
+)
+def _random_normal(
+    *, shape: tuple[int, ...], dtype: np.dtype, mean: float, scale: float, seed: float | None
+) -> np.ndarray:
+    """Y[shape] drawn from the normal distribution N(mean, scale^2)."""
+    return np.asarray(_normal(current_rng(seed), shape, mean, scale), dtype=dtype)
+
+
+@kernel(
+    "RandomUniformLike",
+    Engine.ACT,
+    attrs={**_UNIFORM, "dtype": Attr(_dtype_attr(_FLOAT_CODES), None)},
+    since=(1, 22),
+    check=_float_dtype_check,
+)
+def _random_uniform_like(
+    x: np.ndarray, *, dtype: np.dtype | None, low: float, high: float, seed: float | None
+) -> np.ndarray:
+    """Y of X's shape (and dtype unless given) drawn uniformly from [low, high)."""
+    value = _uniform(current_rng(seed), x.shape, low, high)
+    return np.asarray(value, dtype=dtype or x.dtype)
+
+
+@kernel(
+    "RandomNormalLike",
+    Engine.ACT,
+    attrs={**_NORMAL, "dtype": Attr(_dtype_attr(_FLOAT_CODES), None)},
+    since=(1, 22),
+    check=_float_dtype_check,
+)
+def _random_normal_like(
+    x: np.ndarray, *, dtype: np.dtype | None, mean: float, scale: float, seed: float | None
+) -> np.ndarray:
+    """Y of X's shape (and dtype unless given) drawn from N(mean, scale^2)."""
+    value = _normal(current_rng(seed), x.shape, mean, scale)
+    return np.asarray(value, dtype=dtype or x.dtype)
+
+
+@kernel(
+    "Bernoulli",
+    Engine.ACT,
+    attrs={**_COMMON, "dtype": Attr(_dtype_attr(_BERNOULLI_CODES), None)},
+    since=(15, 22),
+    check=_float_dtype_check,
+)
+def _bernoulli(x: np.ndarray, *, dtype: np.dtype | None, seed: float | None) -> np.ndarray:
+    """Y = 1 with probability X, else 0 (elementwise)."""
+    draws = current_rng(seed).uniform(0.0, 1.0, x.shape) < x
+    return draws.astype(dtype or x.dtype)

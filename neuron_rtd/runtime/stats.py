@@ -1,0 +1,276 @@
+"""The runtime's own counters (`nmgr_counters`) and metrics (`read_all_metrics`).
+
+Counters count from the runtime's start. Metrics are samples kept per metric type in a
+bounded buffer; a read takes the samples gathered since the previous read and sums them
+up over windows of `summarize_period` seconds (0: every sample as it is). When more samples
+came than the buffer holds, the oldest are lost and that metric says `overflow`.
+
+Units: latencies in microseconds, sizes in bytes, cycles in thousands.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from neuron_rtd.errors import (
+    BadInput,
+    HwError,
+    InferCancelled,
+    InferError,
+    InferTimeout,
+    Nerr,
+    NrtError,
+)
+
+if TYPE_CHECKING:
+    from neuron_rtd.runtime.model import Job, Model
+
+
+class InferStatus(enum.IntEnum):  # the wire's `infer_status`
+    OK = 0
+    COMPLETED_WITH_NUM_ERR = 1
+    COMPLETED_WITH_ERR = 2
+    BAD_INPUT = 3
+    TIMEOUT = 4
+    UNKNOWN = 15
+
+
+class ErrorSubtype(enum.IntEnum):  # the wire's `infer_error_subtype`
+    NONE = 0
+    NUMERICAL = 1
+    MODEL = 2
+    TRANSIENT = 3
+    HW_ERROR = 4
+    RT = 5
+
+
+class Metric(enum.IntEnum):  # the wire's `metric_type`
+    INFER_LATENCY = 0
+    INFER_ON_INFA_LATENCY = 1
+    MODEL_START_LATENCY = 2
+    MODEL_STOP_LATENCY = 3
+    MODEL_LOAD_LATENCY = 4
+    MODEL_UNLOAD_LATENCY = 5
+    MODEL_SIZE = 6
+    MODEL_NUM_NC = 7
+    MODEL_MAJOR_VERSION = 8
+    INFER_ON_INFA_CYCLES_X1K = 9
+
+
+METRIC_CAPACITY = 100_000  # samples kept per metric type between two reads
+
+
+@dataclass
+class NmgrCounters:
+    infer_status: Counter[InferStatus] = field(default_factory=Counter)
+    error_subtype: Counter[ErrorSubtype] = field(default_factory=Counter)
+    infer_queue_drop_count: int = 0
+    infer_count: int = 0
+    model_start_count: int = 0
+    model_stop_count: int = 0
+    model_load_count: int = 0
+    model_unload_count: int = 0
+    neff_version_max: tuple[int, int] = (0, 0)
+    neff_version_min: tuple[int, int] = (0, 0)
+    neff_size_bytes_max: int = 0
+    neff_num_ncs_max: int = 0
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    start_ns: int  # the window's start
+    min: float
+    max: float
+    count: int
+    sum: float
+    values: tuple[float, ...]  # histogram: each bucket's upper bound (1-2-5 series) ...
+    counts: tuple[int, ...]  # ... and how many samples fell in it
+
+
+@dataclass
+class MetricSeries:
+    metric: Metric
+    samples: list[tuple[int, float]]  # (time ns since the epoch, value), summarize_period 0
+    aggregates: list[Aggregate]
+    overflow: bool
+
+
+def outcome(error: NrtError | None, code: Nerr) -> tuple[InferStatus, ErrorSubtype]:
+    """How an inference that ended with `error` (or result `code`) is counted."""
+    if error is None:
+        if code == Nerr.INFER_COMPLETED_WITH_NUM_ERR:
+            return InferStatus.COMPLETED_WITH_NUM_ERR, ErrorSubtype.NUMERICAL
+        return InferStatus.OK, ErrorSubtype.NONE
+    if isinstance(error, BadInput):
+        return InferStatus.BAD_INPUT, ErrorSubtype.MODEL
+    if isinstance(error, InferTimeout):
+        return InferStatus.TIMEOUT, ErrorSubtype.TRANSIENT
+    if isinstance(error, HwError):
+        return InferStatus.COMPLETED_WITH_ERR, ErrorSubtype.HW_ERROR
+    if isinstance(error, InferCancelled):
+        return InferStatus.UNKNOWN, ErrorSubtype.RT
+    if isinstance(error, InferError):
+        return InferStatus.COMPLETED_WITH_ERR, ErrorSubtype.MODEL
+    return InferStatus.COMPLETED_WITH_ERR, ErrorSubtype.RT
+
+
+class LogCounter(logging.Handler):
+    """Counts the warnings and errors logged under `nrtd`."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.warnings = 0
+        self.errors = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.errors += 1
+        else:
+            self.warnings += 1
+
+
+class Stats:
+    """Counters and metrics of one runtime; every method is thread-safe."""
+
+    def __init__(self, capacity: int = METRIC_CAPACITY) -> None:
+        self._lock = threading.Lock()
+        self.counters = NmgrCounters()
+        self._capacity = capacity
+        self._samples: dict[Metric, deque[tuple[int, float]]] = {
+            m: deque(maxlen=capacity) for m in Metric
+        }
+        self._seen: Counter[Metric] = Counter()  # samples added since the last read
+        self.logs = LogCounter()
+
+    # --- what happens -----------------------------------------------------------
+    def inference_done(self, job: Job) -> None:
+        status, subtype = outcome(job.error, job.code)
+        now = time.time_ns()
+        with self._lock:
+            c = self.counters
+            c.infer_count += 1
+            c.infer_status[status] += 1
+            if subtype is not ErrorSubtype.NONE:
+                c.error_subtype[subtype] += 1
+            if job.started:
+                self._add(Metric.INFER_LATENCY, now, (job.ended - job.posted) * 1e6)
+                self._add(Metric.INFER_ON_INFA_LATENCY, now, job.nc_ns / 1e3)
+                self._add(Metric.INFER_ON_INFA_CYCLES_X1K, now, job.cycles / 1e3)
+
+    def queue_drop(self, model: Model) -> None:
+        with self._lock:
+            self.counters.infer_queue_drop_count += 1
+
+    def rejected(self, model: Model, error: NrtError) -> None:
+        status, subtype = outcome(error, error.code)
+        with self._lock:
+            self.counters.infer_count += 1
+            self.counters.infer_status[status] += 1
+            self.counters.error_subtype[subtype] += 1
+
+    def model_loaded(self, model: Model, seconds: float) -> None:
+        neff = model.neff
+        version = (neff.header.major, neff.header.minor)
+        size = neff.header.header_size + neff.header.data_size
+        now = time.time_ns()
+        with self._lock:
+            c = self.counters
+            first = c.model_load_count == 0
+            c.model_load_count += 1
+            c.neff_version_max = version if first else max(c.neff_version_max, version)
+            c.neff_version_min = version if first else min(c.neff_version_min, version)
+            c.neff_size_bytes_max = max(c.neff_size_bytes_max, size)
+            c.neff_num_ncs_max = max(c.neff_num_ncs_max, neff.nc_count)
+            self._add(Metric.MODEL_LOAD_LATENCY, now, seconds * 1e6)
+            self._add(Metric.MODEL_SIZE, now, float(size))
+            self._add(Metric.MODEL_NUM_NC, now, float(neff.nc_count))
+            self._add(Metric.MODEL_MAJOR_VERSION, now, float(version[0]))
+
+    def model_event(self, metric: Metric, seconds: float) -> None:
+        """A start, stop or unload that took `seconds`."""
+        count = {
+            Metric.MODEL_START_LATENCY: "model_start_count",
+            Metric.MODEL_STOP_LATENCY: "model_stop_count",
+            Metric.MODEL_UNLOAD_LATENCY: "model_unload_count",
+        }[metric]
+        with self._lock:
+            setattr(self.counters, count, getattr(self.counters, count) + 1)
+            self._add(metric, time.time_ns(), seconds * 1e6)
+
+    def _add(self, metric: Metric, ts_ns: int, value: float) -> None:
+        self._samples[metric].append((ts_ns, value))
+        self._seen[metric] += 1
+
+    # --- reads ----------------------------------------------------------------------
+    def snapshot(self) -> NmgrCounters:
+        with self._lock:
+            return _copy_counters(self.counters)
+
+    def read_metrics(self, summarize_period_s: int) -> list[MetricSeries]:
+        """Every metric type with the samples since the last read: as they are
+        (`summarize_period_s` 0) or summed up per window of that many seconds."""
+        with self._lock:
+            taken = {m: list(q) for m, q in self._samples.items()}
+            overflow = {m: self._seen[m] > self._capacity for m in Metric}
+            for q in self._samples.values():
+                q.clear()
+            self._seen.clear()
+        series = []
+        for metric in Metric:
+            samples = taken[metric]
+            if summarize_period_s <= 0:
+                series.append(MetricSeries(metric, samples, [], overflow[metric]))
+            else:
+                aggs = summarize(samples, summarize_period_s * 1_000_000_000)
+                series.append(MetricSeries(metric, [], aggs, overflow[metric]))
+        return series
+
+
+def _copy_counters(c: NmgrCounters) -> NmgrCounters:
+    fields = dict(c.__dict__)
+    fields["infer_status"] = Counter(c.infer_status)
+    fields["error_subtype"] = Counter(c.error_subtype)
+    return NmgrCounters(**fields)
+
+
+def summarize(samples: list[tuple[int, float]], period_ns: int) -> list[Aggregate]:
+    """The samples grouped by window of `period_ns` (aligned to the epoch), each window's
+    min, max, count, sum and histogram."""
+    windows: dict[int, list[float]] = {}
+    for ts, value in samples:
+        windows.setdefault(ts - ts % period_ns, []).append(value)
+    result = []
+    for start, values in sorted(windows.items()):
+        buckets = Counter(bucket_bound(v) for v in values)
+        bounds = sorted(buckets)
+        result.append(
+            Aggregate(
+                start_ns=start,
+                min=min(values),
+                max=max(values),
+                count=len(values),
+                sum=math.fsum(values),
+                values=tuple(bounds),
+                counts=tuple(buckets[b] for b in bounds),
+            )
+        )
+    return result
+
+
+def bucket_bound(value: float) -> float:
+    """The smallest number of the 1-2-5 series (..., 0.5, 1, 2, 5, 10, ...) >= `value`."""
+    if value <= 0:
+        return 0.0
+    decade = 10.0 ** math.floor(math.log10(value))
+    for step in (1.0, 2.0, 5.0, 10.0):
+        bound = step * decade
+        if value <= bound * (1 + 1e-12):
+            return bound
+    return 10 * decade
