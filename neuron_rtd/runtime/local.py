@@ -1,8 +1,10 @@
 """The runtime in this process, on a private simulated machine: no daemon, no gRPC.
 
     with LocalRuntime() as rt:
-        model = rt.load(neff_bytes)
-        outputs = rt.infer(model, {"x": array})
+        model = rt.load(neff_bytes, ninfer=4)
+        outputs = rt.infer(model, {"x": array})          # in this thread
+        cookies = [rt.post(model, {"x": a}) for a in batch]  # pipelined on a worker pool
+        results = [rt.wait(model, c) for c in cookies]
 
 Used by the conformance runner and the benches; the daemon serves the same `Runtime`.
 """
@@ -64,16 +66,31 @@ class LocalRuntime:
         return self.runtime.load(parsed, ncg_id=ncg_id, params=params)
 
     def infer(self, model: Model, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run `model` on numpy arrays; the outputs as arrays of their true shapes."""
-        raw = {}
-        for spec in model.neff.inputs:
-            if spec.name in inputs:
-                raw[spec.name] = np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype)
-        for name in inputs:
-            if name not in raw:
-                raw[name] = np.ascontiguousarray(inputs[name])
-        result = self.runtime.infer(model.id, raw)
-        return {t.name: t.array_from(result.outputs[t.name]) for t in model.neff.outputs}
+        """Run `model` on numpy arrays in this thread; the outputs as arrays of their true
+        shapes."""
+        result = self.runtime.infer(model.id, _raw(model, inputs))
+        return _arrays(model, result.outputs)
+
+    def post(self, model: Model, inputs: Mapping[str, Any]) -> int:
+        """Queue an inference (its inputs are copied in before this returns); a cookie."""
+        return self.runtime.post(model.id, _raw(model, inputs))
+
+    def wait(self, model: Model, cookie: int) -> dict[str, np.ndarray]:
+        """The outputs of a posted inference of `model`, once it has ended."""
+        return _arrays(model, self.runtime.wait(cookie).outputs)
 
     def unload(self, model: Model) -> None:
         self.runtime.unload(model.id)
+
+
+def _raw(model: Model, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The inputs as contiguous arrays of the model's dtypes (unknown names kept, for the
+    model to refuse)."""
+    dtypes = {spec.name: spec.dtype for spec in model.neff.inputs}
+    return {
+        name: np.ascontiguousarray(value, dtype=dtypes.get(name)) for name, value in inputs.items()
+    }
+
+
+def _arrays(model: Model, outputs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+    return {t.name: t.array_from(outputs[t.name]) for t in model.neff.outputs}

@@ -1,0 +1,136 @@
+"""The per-model pipeline in process: inferences of a multi-NC model overlap stage by
+stage, shared-NC mode runs one at a time, and posted inferences keep their slot until they
+are collected (or dropped by the cookie sweep)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import driver_sim
+from neuron_rtd.errors import InferCancelled, InvalidHandle, QueueFull
+from neuron_rtd.neff.samples import SampleModel, build_mlp
+from neuron_rtd.runtime.local import LocalRuntime
+from neuron_rtd.runtime.model import LoadMode
+
+
+@pytest.fixture
+def local() -> Iterator[LocalRuntime]:
+    with LocalRuntime("inf1.xlarge") as rt:
+        yield rt
+
+
+@pytest.fixture(scope="module")
+def four_stages() -> SampleModel:
+    return build_mlp((32, 64, 64, 64, 8), batch=2, neuron_nodes=4, seed=5)
+
+
+@pytest.fixture
+def nc_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float, float]]:
+    """(NC index, start, end) of every NC run, timed inside the NC's lock: from the start
+    of the run (where an injected delay sleeps) to its outputs' copy."""
+    runs: list[tuple[int, float, float]] = []
+    started = threading.local()
+    lock = threading.Lock()
+    before_run = driver_sim.Device.before_run
+    copy_outputs = driver_sim.core.copy_outputs
+
+    def timed_before_run(self: Any, nc: int) -> None:
+        started.at = time.monotonic()
+        before_run(self, nc)
+
+    def timed_copy_outputs(program: Any, env: Any, outputs: Any) -> None:
+        copy_outputs(program, env, outputs)
+        with lock:
+            runs.append((program.owner.index, started.at, time.monotonic()))
+
+    monkeypatch.setattr(driver_sim.Device, "before_run", timed_before_run)
+    monkeypatch.setattr(driver_sim.core, "copy_outputs", timed_copy_outputs)
+    return runs
+
+
+def overlapping_pairs(runs: list[tuple[int, float, float]]) -> int:
+    """How many pairs of runs on different NCs were running at the same time."""
+    return sum(
+        1
+        for i, (nc_a, a0, a1) in enumerate(runs)
+        for nc_b, b0, b1 in runs[i + 1 :]
+        if nc_a != nc_b and a0 < b1 and b0 < a1
+    )
+
+
+def run_posted(local: LocalRuntime, model: Any, sample: SampleModel, n: int) -> None:
+    inputs = [sample.random_inputs(seed=i) for i in range(n)]
+    cookies = [local.post(model, x) for x in inputs]
+    for cookie, x in zip(cookies, inputs, strict=True):
+        got = local.wait(model, cookie)
+        for name, value in sample.reference(x).items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_stages_of_different_inferences_overlap(
+    local: LocalRuntime, four_stages: SampleModel, nc_runs: list[tuple[int, float, float]]
+) -> None:
+    model = local.load(four_stages.neff, ninfer=4)
+    assert model.mode is LoadMode.NORMAL and len(model.vncs) == 4
+    local.devices[0].inject("nc_delay_ms=40")  # each stage long enough to be seen
+    run_posted(local, model, four_stages, 4)
+    assert len(nc_runs) == 16
+    assert overlapping_pairs(nc_runs) >= 3  # request k+1 on NC i while request k on NC i+1
+    for nc in range(4):  # each NC still runs one thing at a time
+        mine = sorted((a, b) for n, a, b in nc_runs if n == nc)
+        assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(mine))
+
+
+def test_shared_nc_mode_runs_one_inference_at_a_time(
+    local: LocalRuntime, four_stages: SampleModel, nc_runs: list[tuple[int, float, float]]
+) -> None:
+    ncg = local.runtime.create_ncg(1)  # 4 Neuron nodes on 1 NC
+    model = local.load(four_stages.neff, ninfer=4, ncg_id=ncg.id)
+    local.runtime.start(model.id)
+    assert model.mode is LoadMode.SHARED
+    local.devices[0].inject("nc_delay_ms=10")
+    run_posted(local, model, four_stages, 4)
+    assert len(nc_runs) == 16
+    runs = sorted(nc_runs, key=lambda r: r[1])
+    assert all(a[2] <= b[1] for a, b in itertools.pairwise(runs))
+
+
+def test_slot_is_held_until_collected_and_swept_when_never(
+    local: LocalRuntime, four_stages: SampleModel
+) -> None:
+    model = local.load(four_stages.neff, ninfer=2)
+    x = four_stages.random_inputs(seed=1)
+    first, second = local.post(model, x), local.post(model, x)
+    with pytest.raises(QueueFull, match="ninfer 2"):
+        local.post(model, x)
+    local.wait(model, first)
+    third = local.post(model, x)  # the collected one's slot
+    inflight = local.runtime.inflight
+    inflight.ttl_s = 0.0
+    deadline = time.monotonic() + 10
+    while len(inflight.sweep()) < 2 and time.monotonic() < deadline:
+        inflight.ttl_s = 0.0
+        time.sleep(0.01)
+    assert model.in_flight == 0  # both uncollected ones dropped
+    for cookie in (second, third):
+        with pytest.raises(InvalidHandle, match=f"cookie {cookie}"):
+            local.wait(model, cookie)
+
+
+def test_stop_cancels_posted_inferences(local: LocalRuntime, four_stages: SampleModel) -> None:
+    model = local.load(four_stages.neff, ninfer=4)
+    local.devices[0].inject("nc_delay_ms=50")
+    x = four_stages.random_inputs(seed=2)
+    cookies = [local.post(model, x) for _ in range(4)]
+    local.runtime.stop(model.id)
+    for cookie in cookies:
+        with pytest.raises(InferCancelled, match="stopped"):
+            local.wait(model, cookie)
+    assert model.in_flight == 0
