@@ -1,5 +1,5 @@
-"""Posted inferences: `infer_post` answers a cookie at once, the inference runs on a worker
-pool, and `infer_wait` / `infer_poll` answer the cookie once.
+"""Posted inferences: `infer_post` answers a cookie at once, the inference runs on its
+model's workers, and `infer_wait` / `infer_poll` answer the cookie once.
 
 The post checks the inputs, takes the model's slot and copies the inputs in before it
 answers, so a bad input or a full queue (NERR_QUEUE_FULL) is the post's own answer, and the
@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,6 @@ from neuron_rtd.runtime.model import Job, Model
 
 log = logging.getLogger("nrtd.NMGR")
 
-DEFAULT_WORKERS = 64  # inferences running (or waiting for an NC) at once, all models
 DEFAULT_TTL_S = 60.0
 
 
@@ -41,8 +39,7 @@ class Posted:
 
 
 class Inflight:
-    def __init__(self, workers: int = DEFAULT_WORKERS, ttl_s: float = DEFAULT_TTL_S) -> None:
-        self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="infer")
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._cookies = itertools.count(1)
         self._posted: dict[int, Posted] = {}
         self._lock = threading.Lock()
@@ -56,12 +53,9 @@ class Inflight:
 
     def post(self, model: Model, inputs: Mapping[str, Any], extra: Any = None) -> int:
         """Submit an inference and queue it; its cookie."""
-        job = model.submit(inputs)
-        try:
-            self._pool.submit(model.run, job)
-        except RuntimeError:  # the pool is shut down: the daemon is stopping
-            model.release(job)
-            raise InferCancelled("the runtime is shutting down") from None
+        if self._closed.is_set():
+            raise InferCancelled("the runtime is shutting down")
+        job = model.post(inputs)
         with self._lock:
             cookie = next(self._cookies)
             self._posted[cookie] = Posted(cookie, model, job, extra)
@@ -134,4 +128,3 @@ class Inflight:
 
     def close(self) -> None:
         self._closed.set()
-        self._pool.shutdown(wait=True, cancel_futures=False)

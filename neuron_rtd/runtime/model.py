@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -200,6 +201,7 @@ class Model:
     _jobs: set[Job] = field(default_factory=set)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _serial: threading.Lock = field(default_factory=threading.Lock)
+    _workers: futures.ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
         self._free = list(range(self.params.ninfer))
@@ -263,6 +265,23 @@ class Model:
         with self._cond:
             job.state = JobState.QUEUED
             self._cond.notify_all()
+        return job
+
+    def post(self, inputs: Mapping[str, Any]) -> Job:
+        """Submit an inference and queue it on this model's own workers (`ninfer` of
+        them, so every slot can be in the pipeline at once), started in order of posting."""
+        job = self.submit(inputs)
+        with self._cond:
+            if self._workers is None:
+                self._workers = futures.ThreadPoolExecutor(
+                    self.params.ninfer, thread_name_prefix=f"model-{self.id}"
+                )
+            workers = self._workers
+        try:
+            workers.submit(self.run, job)
+        except RuntimeError:  # shut down: the model was unloaded in the meantime
+            self.release(job)
+            raise InferCancelled(f"model {self.id} was unloaded") from None
         return job
 
     def run(self, job: Job) -> None:
@@ -405,6 +424,9 @@ class Model:
                         f"model {self.id}: inference cancelled: {why}"
                     )
                 self._release_locked(job)
+            workers, self._workers = self._workers, None
+        if workers is not None:  # what is still queued there ends at once, cancelled
+            workers.shutdown(wait=False)
         return idle
 
     # --- inputs and outputs ----------------------------------------------------------
