@@ -1,11 +1,20 @@
-"""The Python client of neuron-rtd."""
+"""The Python client of neuron-rtd: the framework-plugin side of the wire API.
 
-from neuron_rtd.client.client import (
-    DEFAULT_ADDRESS,
-    Client,
-    Model,
-    NrtClientError,
-    default_address,
-)
+`with Client() as client:` connects to `NEURON_RTD_ADDRESS` (or unix:/run/neuron.sock);
+`model = client.load("model.neff")` loads a NEFF; `model(x=array)` answers the outputs
+as a dict of numpy arrays.
+"""
 
-__all__ = ["DEFAULT_ADDRESS", "Client", "Model", "NrtClientError", "default_address"]
+from neuron_rtd.client._config import CHANNEL_OPTIONS, DEFAULT_ADDRESS, default_address
+from neuron_rtd.client.client import Client
+from neuron_rtd.client.errors import NrtClientError
+from neuron_rtd.client.model import Model
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "DEFAULT_ADDRESS",
+    "Client",
+    "Model",
+    "NrtClientError",
+    "default_address",
+]

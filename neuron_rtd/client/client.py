@@ -1,62 +1,106 @@
-"""A Python client of the daemon, the way framework plugins drive it.
+"""A Python client of the daemon that drives it the way the framework plugins do.
 
-Address from `NEURON_RTD_ADDRESS` (default `unix:/run/neuron.sock`), message size limits
-off, every unary call retried once on UNAVAILABLE. Errors are `NrtClientError`s carrying
-the nerr code and the daemon's details.
+- Address from `NEURON_RTD_ADDRESS` (default `unix:/run/neuron.sock`; `host:port` is TCP),
+  message size limits off, every unary call (and `load`) retried once on UNAVAILABLE.
+- A session stream (`session_monitor`) for the client's life, opened at the first call
+  that makes something on the daemon; its id goes with `create_eg`, `load` and `shm_map`,
+  so whatever the client made is released when it closes or dies.
+- IFMAPs and OFMAPs through POSIX shared memory unless `NEURON_RTD_SHM_MAP=no` (or
+  `shm=False`); buffers are reused per model and freed at unload and close.
+- `NEURONCORE_GROUP_SIZES` (or `ncg_sizes`): NCGs made at open, models placed on them in
+  turn and started; without it a model gets an implicit NCG.
+- Errors are `NrtClientError`s carrying the nerr code and the daemon's details.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import mmap
 import os
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 
-from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.client._config import (
+    CHANNEL_OPTIONS,
+    CHUNK_BYTES,
+    DEFAULT_ADDRESS,
+    DEFAULT_NINFER,
+    check_ncg_sizes,
+    default_address,
+    ncg_sizes_from_env,
+    shm_from_env,
+)
+from neuron_rtd.client._ncg import NcgGate
+from neuron_rtd.client._session import Session
+from neuron_rtd.client._shm import ShmBuffer
+from neuron_rtd.client.errors import SUCCESS, NrtClientError, check
+from neuron_rtd.client.model import Model
+from neuron_rtd.neff import Neff, read_neff
 from neuron_rtd.proto import pb, pb_grpc
 
-DEFAULT_ADDRESS = "unix:/run/neuron.sock"
-CHUNK_BYTES = 1 << 20
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "CHUNK_BYTES",
+    "DEFAULT_ADDRESS",
+    "SUCCESS",
+    "Client",
+    "Model",
+    "NrtClientError",
+    "default_address",
 ]
-SUCCESS = (Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR)
 
+log = logging.getLogger("neuron_rtd.client")
 
-def default_address() -> str:
-    return os.environ.get("NEURON_RTD_ADDRESS") or DEFAULT_ADDRESS
+PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
+ASYNC_WORKERS = 8
 
-
-class NrtClientError(Exception):
-    """The daemon answered with an nerr code other than success."""
-
-    def __init__(self, code: int, details: str, method: str) -> None:
-        self.code = code
-        self.details = details
-        self.method = method
-        try:
-            name = f"NERR_{Nerr(code).name}"
-        except ValueError:
-            name = f"nerr {code}"
-        super().__init__(f"{method}: {name}: {details}")
-
-
-def _check(method: str, status: Any) -> None:
-    if status.code not in SUCCESS:
-        raise NrtClientError(status.code, status.details.decode(errors="replace"), method)
+NeffSource = bytes | bytearray | memoryview | str | os.PathLike[str] | Neff
 
 
 class Client:
-    def __init__(self, address: str | None = None, *, timeout_s: float | None = None) -> None:
+    """A connection to the daemon. Use it as a context manager, or call `close()`."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        shm: bool | None = None,
+        ncg_sizes: Sequence[int] | None = None,
+        ninfer: int = DEFAULT_NINFER,
+        channel: grpc.Channel | None = None,
+        async_workers: int = ASYNC_WORKERS,
+    ) -> None:
+        """`address`: default from `NEURON_RTD_ADDRESS`. `timeout_s`: deadline of each
+        call (None: none). `shm`: IFMAPs/OFMAPs through shared memory (default: unless
+        `NEURON_RTD_SHM_MAP=no`). `ncg_sizes`: NCGs to make at open (default from
+        `NEURONCORE_GROUP_SIZES`). `ninfer`: the queue depth of models loaded without
+        one. `channel`: a channel to use instead of opening one (it stays the caller's)."""
         self.address = address or default_address()
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self.ninfer = ninfer
+        self.async_workers = async_workers
+        sizes = ncg_sizes_from_env() if ncg_sizes is None else check_ncg_sizes(ncg_sizes)
+        self.ncg_sizes = sizes
+        self._shm = shm_from_env() if shm is None else shm
+        self._owns_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.nmgr_v1Stub(self.channel)
+        self._lock = threading.RLock()
+        self._closed = False
+        self._session: Session | None = None
+        self._gates: list[NcgGate] = []
+        self._next_gate = 0
+        self._ncgs: set[int] = set()  # NCGs this client made
+        self._models: dict[int, Model] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> Client:
         return self
@@ -64,17 +108,103 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        self.channel.close()
+    def __repr__(self) -> str:
+        if self._closed:
+            state = "closed"
+        else:
+            state = f"session {self._session.id}" if self._session else "not open"
+        return f"Client({self.address!r}, {state})"
 
+    # --- open / close ---------------------------------------------------------------
+    def open(self) -> Client:
+        """Open the session and make the NCGs of `ncg_sizes`. Calls that make something
+        on the daemon do this themselves; `ping`, `version` and `list_ncgs` do not."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this client is closed")
+            if self._session is None or self._session.ended:
+                # the first open, or the daemon went away since (a new daemon holds
+                # nothing of ours): a new session, and new NCGs
+                self._session = Session(self.channel, timeout_s=self.timeout_s)
+                self._gates = []
+                stale, self._models = list(self._models.values()), {}
+                for model in stale:
+                    model._release(unmap=False)
+            if self.ncg_sizes and not self._gates:
+                self._gates = self._make_gates(self.ncg_sizes)
+                self._next_gate = 0
+        return self
+
+    @property
+    def session_id(self) -> int:
+        """The session's id (opens it); 0 when the daemon tracks no sessions."""
+        self.open()
+        assert self._session is not None
+        return self._session.id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def shm_enabled(self) -> bool:
+        """True while tensors go through shared memory."""
+        return self._shm
+
+    @property
+    def ncgs(self) -> list[int]:
+        """The ids of the NCGs made from `ncg_sizes` (empty before open)."""
+        return [gate.id for gate in self._gates]
+
+    def close(self) -> None:
+        """Release what this client made and end its session. With a session the daemon
+        releases the models, NCGs and shm maps itself when the stream ends (this returns
+        once it has); without one (session id 0) the client unloads, destroys and unmaps
+        them. Async inferences not started yet are cancelled; running ones finish first."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        session = self._session
+        tracked = session is not None and session.id != 0
+        with self._lock:
+            models = list(self._models.values())
+            self._models.clear()
+        for model in models:
+            if not tracked:
+                with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
+                    self._model_call("unload", pb.unload_request, model.id)
+            model._release(unmap=not tracked)
+        if not tracked:
+            for ncg_id in sorted(self._ncgs):
+                with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
+                    self.destroy_ncg(ncg_id)
+        if session is not None and not session.close():
+            log.warning("the daemon did not end session %d in time", session.id)
+        if self._owns_channel:
+            self.channel.close()
+
+    # --- calls ----------------------------------------------------------------------
     def _unary(self, method: str, request: Any) -> Any:
+        """Call `method`; retried once when the daemon is UNAVAILABLE."""
         call: Callable[..., Any] = getattr(self.stub, method)
         try:
             return call(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            if _code(exc) != grpc.StatusCode.UNAVAILABLE:
                 raise
-            return call(request, timeout=self.timeout_s)
+        return call(request, timeout=self.timeout_s)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this client is closed")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.async_workers, thread_name_prefix="nrt-client")
+            return self._pool
 
     # --- daemon ---------------------------------------------------------------------
     def ping(self) -> bool:
@@ -91,54 +221,115 @@ class Client:
 
     # --- NCGs -----------------------------------------------------------------------
     def create_ncg(self, nc_count: int = 0) -> tuple[int, int]:
-        """A new NCG of `nc_count` NCs (0: the largest free run): (id, nc_count)."""
-        response = self._unary("create_eg", pb.create_eg_request(nc_count=nc_count))
-        _check("create_eg", response.status)
+        """A new NCG of `nc_count` NCs (0: the largest free run): (id, nc_count). It
+        belongs to this client's session. Models loaded on it start stopped."""
+        self.open()
+        return self._create_eg(nc_count)
+
+    def _create_eg(self, nc_count: int) -> tuple[int, int]:
+        assert self._session is not None
+        request = pb.create_eg_request(nc_count=nc_count, session_id=self._session.id)
+        response = self._unary("create_eg", request)
+        check("create_eg", response.status)
+        self._ncgs.add(response.h_eg.id)
         return response.h_eg.id, response.nc_count
 
     def destroy_ncg(self, ncg_id: int) -> None:
         response = self._unary("destroy_eg", pb.destroy_eg_request(h_eg=pb.h_eg(id=ncg_id)))
-        _check("destroy_eg", response.status)
+        self._ncgs.discard(ncg_id)
+        if any(gate.id == ncg_id for gate in self._gates):
+            self._gates = []  # made again at the next load
+        check("destroy_eg", response.status)
 
     def list_ncgs(self) -> list[dict[str, int]]:
         response = self._unary("list_egs", pb.empty())
-        _check("list_egs", response.status)
+        check("list_egs", response.status)
         return [
             {"id": e.eg.id, "nc_count": e.nc_count, "vnc_start": e.vnc_start_index}
             for e in response.eg_info
         ]
 
+    def _make_gates(self, sizes: Sequence[int]) -> list[NcgGate]:
+        gates: list[NcgGate] = []
+        try:
+            for size in sizes:
+                gates.append(NcgGate(*self._create_eg(size)))
+        except BaseException:
+            for gate in gates:
+                with contextlib.suppress(grpc.RpcError, NrtClientError):
+                    self.destroy_ncg(gate.id)
+            raise
+        return gates
+
+    def _take_gate(self) -> NcgGate | None:
+        """The client-made NCG for the next model, in turn (None: there are none)."""
+        with self._lock:
+            if not self._gates:
+                return None
+            gate = self._gates[self._next_gate % len(self._gates)]
+            self._next_gate += 1
+            return gate
+
     # --- models ---------------------------------------------------------------------
     def load(
         self,
-        neff: bytes | str | Path,
+        neff: NeffSource,
         *,
         ncg: int | None = None,
         ninfer: int | None = None,
-        timeout_s: int | None = None,
+        timeout: float | None = None,
+        timeout_s: float | None = None,
         by_path: bool = False,
+        start: bool | None = None,
     ) -> Model:
-        """Load a NEFF given as bytes or a path; with `by_path` the daemon reads the file
-        itself (`neff_file`), else it is streamed in 1 MiB chunks."""
-        if isinstance(neff, bytes):
-            if by_path:
-                raise ValueError("by_path needs the NEFF as a path, not bytes")
-            parsed, path = read_neff(neff), None
-        else:
-            path = str(Path(neff).resolve())
-            parsed = read_neff_file(path)  # mmapped: the file is read once, for chunks too
-        data = memoryview(neff) if isinstance(neff, bytes) else parsed.buffer
-        assert data is not None
-        params = pb.model_params()
-        if ninfer is not None:
-            params.ninfer.data = ninfer
-        if timeout_s is not None:
-            params.timeout.data = timeout_s
+        """Load a NEFF given as bytes, a path or a `Neff`.
+
+        `ncg`: an NCG id (from `create_ncg`): the model loads there stopped, unless
+        `start`. Without it the model goes on the next NCG of `ncg_sizes` and is started,
+        or, with none, on an implicit NCG the daemon makes (and starts). `ninfer`: its
+        queue depth (default: the client's, 4). `timeout` (or `timeout_s`): seconds one
+        inference may take (default: the daemon's). `by_path`: the daemon reads the file
+        itself (`neff_file`); else the NEFF is streamed in 1 MiB chunks."""
+        if timeout is not None and timeout_s is not None:
+            raise TypeError("give timeout or timeout_s, not both")
+        seconds = timeout if timeout is not None else timeout_s
+        depth = self.ninfer if ninfer is None else ninfer
+        data, path = _neff_source(neff, by_path)
+        self.open()
+        gate = self._take_gate() if ncg is None else None
+        target = gate.id if gate is not None else ncg
+        params = pb.model_params(ninfer=pb.u32(data=depth))
+        if seconds is not None:
+            params.timeout.data = max(1, math.ceil(seconds))
+        response = self._load_stream(target, params, data, path if by_path else None)
+        check("load", response.status)
+        model_id = response.h_nn.id
+        try:
+            parsed = neff if isinstance(neff, Neff) else read_neff(data)
+            model = Model(self, model_id, parsed, ninfer=depth, ncg=target, gate=gate)
+            with self._lock:
+                self._models[model_id] = model
+            if gate is not None:
+                with gate.running_model(model_id, lambda: self._start_rpc(model_id)):
+                    pass
+            elif start:
+                self.start(model_id)
+        except BaseException:
+            with contextlib.suppress(grpc.RpcError, NrtClientError):
+                self.unload(model_id)
+            raise
+        return model
+
+    def _load_stream(self, ncg: int | None, params: Any, data: memoryview, path: str | None) -> Any:
+        assert self._session is not None
+        session_id = self._session.id
 
         def stream() -> Iterator[Any]:
             if ncg is not None:
                 yield pb.load_request(h_eg=pb.h_eg(id=ncg))
-            if by_path:
+            if session_id:
+                yield pb.load_request(session_id=session_id)
+            if path is not None:
                 yield pb.load_request(model_params=params)
                 yield pb.load_request(neff_file=path)
                 return
@@ -148,64 +339,129 @@ class Client:
                 chunk = bytes(data[i : i + CHUNK_BYTES])
                 yield pb.load_request(neff_chunk=pb.file_chunk(chunk=chunk))
 
-        response = self.stub.load(stream(), timeout=self.timeout_s)
-        _check("load", response.status)
-        return Model(self, response.h_nn.id, parsed)
+        try:
+            return self.stub.load(stream(), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if _code(exc) != grpc.StatusCode.UNAVAILABLE:
+                raise
+        return self.stub.load(stream(), timeout=self.timeout_s)  # a broken stream loads nothing
 
     def _model_call(self, method: str, request_cls: Any, model_id: int) -> None:
         response = self._unary(method, request_cls(h_nn=pb.h_nn(id=model_id)))
-        _check(method, response.status)
+        check(method, response.status)
+
+    def _start_rpc(self, model_id: int) -> None:
+        self._model_call("start", pb.start_request, model_id)
 
     def start(self, model_id: int) -> None:
-        self._model_call("start", pb.start_request, model_id)
+        """Make the model the running one of its NCG."""
+        self._start_rpc(model_id)
+        model = self._models.get(model_id)
+        if model is not None and model._gate is not None:
+            model._gate.started(model_id)
 
     def stop(self, model_id: int) -> None:
         self._model_call("stop", pb.stop_request, model_id)
+        model = self._models.get(model_id)
+        if model is not None and model._gate is not None:
+            model._gate.stopped(model_id)
 
     def unload(self, model_id: int) -> None:
-        self._model_call("unload", pb.unload_request, model_id)
+        """Unload the model; its shared memory is freed whatever the daemon answers."""
+        try:
+            self._model_call("unload", pb.unload_request, model_id)
+        finally:
+            with self._lock:
+                model = self._models.pop(model_id, None)
+            if model is not None:
+                model._release(unmap=True)
 
     def unload_all(self) -> None:
-        _check("unload_all", self._unary("unload_all", pb.empty()))
+        """Unload every model and destroy every NCG on the daemon (also other clients')."""
+        check("unload_all", self._unary("unload_all", pb.empty()))
+        with self._lock:
+            models = list(self._models.values())
+            self._models.clear()
+            self._gates = []  # destroyed: made again at the next load
+            self._ncgs.clear()
+        for model in models:
+            model._release(unmap=True)
 
     def infer_raw(self, model_id: int, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
+        """One inference with inputs and outputs as raw bytes, sent inline."""
+        model = self._models.get(model_id)
+        if model is not None:
+            return model.infer_raw(inputs)
         request = pb.infer_request(
             h_nn=pb.h_nn(id=model_id),
             ifmap=[pb.infer_io(name=name, buf=data) for name, data in inputs.items()],
         )
         response = self._unary("infer", request)
-        _check("infer", response.status)
+        check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
 
+    # --- shared memory --------------------------------------------------------------
+    def _share(self, buffers: Sequence[ShmBuffer]) -> bool:
+        """`shm_map` the buffers with the session id and unlink their names. False (and
+        shared memory off for this client) when the daemon cannot map them."""
+        session_id = self.session_id
+        mapped: list[ShmBuffer] = []
+        try:
+            for buffer in buffers:
+                request = pb.shm_map_request(
+                    path=buffer.path, mmap_prot=PROT_READ_WRITE, session_id=session_id
+                )
+                try:
+                    response = self._unary("shm_map", request)
+                finally:
+                    buffer.unlink()  # the daemon has it open (or never will)
+                check("shm_map", response.status)
+                mapped.append(buffer)
+        except (grpc.RpcError, NrtClientError) as exc:
+            self._unshare(mapped)
+            for buffer in buffers:
+                buffer.close()
+            if isinstance(exc, grpc.RpcError) and _code(exc) != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._shm_failed(str(exc))
+            return False
+        return True
 
-class Model:
-    """A model loaded through a `Client`; call it with numpy arrays by input name."""
+    def _unshare(self, buffers: Sequence[ShmBuffer], *, unmap: bool = True) -> None:
+        """`shm_unmap` the buffers (best effort, when `unmap` and still connected) and free
+        them here."""
+        for buffer in buffers:
+            if unmap and not buffer.closed:
+                request = pb.shm_unmap_request(path=buffer.path, mmap_prot=PROT_READ_WRITE)
+                with contextlib.suppress(grpc.RpcError, ValueError):
+                    self._unary("shm_unmap", request)
+            buffer.close()
 
-    def __init__(self, client: Client, model_id: int, neff: Neff) -> None:
-        self.client = client
-        self.id = model_id
-        self.neff = neff
+    def _shm_failed(self, reason: str) -> None:
+        if self._shm:
+            self._shm = False
+            log.warning("shared memory off for this client, tensors go inline: %s", reason)
 
-    def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
-        return self.infer(inputs)
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        specs = {t.name: t for t in self.neff.inputs}
-        raw = {}
-        for name, array in inputs.items():
-            spec = specs.get(name)
-            dtype = spec.dtype if spec is not None else array.dtype
-            raw[name] = np.ascontiguousarray(array, dtype=dtype).tobytes()
-        outputs = self.client.infer_raw(self.id, raw)
-        return {
-            t.name: t.array_from(outputs[t.name]) for t in self.neff.outputs if t.name in outputs
-        }
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.Call) else None
 
-    def start(self) -> None:
-        self.client.start(self.id)
 
-    def stop(self) -> None:
-        self.client.stop(self.id)
-
-    def unload(self) -> None:
-        self.client.unload(self.id)
+def _neff_source(neff: NeffSource, by_path: bool) -> tuple[memoryview, str | None]:
+    """The NEFF's bytes (a file is mapped, not read) and its absolute path, if a file."""
+    if isinstance(neff, Neff):
+        if by_path:
+            raise ValueError("by_path needs the NEFF as a path, not a Neff")
+        if neff.buffer is None:
+            raise ValueError("this Neff holds no bytes to send (it was not read from any)")
+        return neff.buffer, None
+    if isinstance(neff, bytes | bytearray | memoryview):
+        if by_path:
+            raise ValueError("by_path needs the NEFF as a path, not bytes")
+        return memoryview(neff).cast("B"), None
+    path = str(Path(neff).resolve())
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return memoryview(b""), path
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    return memoryview(mapped), path

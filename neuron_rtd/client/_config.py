@@ -1,0 +1,65 @@
+"""What a client reads from its environment, the way the framework plugins read it.
+
+- `NEURON_RTD_ADDRESS`: the daemon's gRPC address (`unix:/path` or `host:port`).
+- `NEURON_RTD_SHM_MAP`: `no` (also `0`, `false`, `off`) sends every tensor inline instead
+  of through shared memory.
+- `NEURONCORE_GROUP_SIZES`: NeuronCore Groups to create at open, as comma-separated NC
+  counts (`2,2` or `1,1,2`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+DEFAULT_ADDRESS = "unix:/run/neuron.sock"
+ADDRESS_ENV = "NEURON_RTD_ADDRESS"
+SHM_ENV = "NEURON_RTD_SHM_MAP"
+NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
+
+CHUNK_BYTES = 1 << 20  # NEFF chunks of a load stream: at most 1 MiB each
+DEFAULT_NINFER = 4  # in-flight inferences per model (the daemon's default too)
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+_OFF = frozenset({"no", "0", "false", "off"})
+
+
+def default_address(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+def shm_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """False when `NEURON_RTD_SHM_MAP` turns shared memory off."""
+    env = os.environ if environ is None else environ
+    return env.get(SHM_ENV, "").strip().lower() not in _OFF
+
+
+def parse_ncg_sizes(text: str) -> tuple[int, ...]:
+    """`"2,2"` -> (2, 2); an empty text means no groups. ValueError for anything else."""
+    parts = [part.strip() for part in text.split(",")]
+    if parts == [""]:
+        return ()
+    sizes = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(
+                f"{NCG_SIZES_ENV}={text!r}: each entry must be a positive number of "
+                f"NeuronCores, as in '2,2' or '1,1,2'"
+            )
+        sizes.append(int(part))
+    return tuple(sizes)
+
+
+def ncg_sizes_from_env(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    env = os.environ if environ is None else environ
+    return parse_ncg_sizes(env.get(NCG_SIZES_ENV, ""))
+
+
+def check_ncg_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(int(s) for s in sizes)
+    if any(s < 1 for s in out):
+        raise ValueError(f"NCG sizes must be positive NC counts, got {list(sizes)}")
+    return out

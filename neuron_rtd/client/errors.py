@@ -1,0 +1,39 @@
+"""The client's exceptions: a daemon answer other than success, with its nerr code.
+
+Transport failures (no daemon, a deadline passed) stay `grpc.RpcError`s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_rtd.errors import Nerr
+
+# INFER_COMPLETED_WITH_NUM_ERR finished with NaN/Inf: the clients treat it as success.
+SUCCESS = frozenset({Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR})
+
+
+class NrtClientError(Exception):
+    """The daemon answered `method` with nerr `code`; `details` holds its log lines."""
+
+    def __init__(self, code: int, details: str, method: str) -> None:
+        self.code = code
+        self.details = details
+        self.method = method
+        nerr = self.nerr
+        name = f"NERR_{nerr.name}" if nerr is not None else f"nerr {code}"
+        super().__init__(f"{method}: {name}: {details}")
+
+    @property
+    def nerr(self) -> Nerr | None:
+        """The code as a `Nerr` (None for a code the wire API does not define)."""
+        try:
+            return Nerr(self.code)
+        except ValueError:
+            return None
+
+
+def check(method: str, status: Any) -> None:
+    """Raise NrtClientError unless `status` (a wire `status`) is a success."""
+    if status.code not in SUCCESS:
+        raise NrtClientError(status.code, status.details.decode(errors="replace"), method)

@@ -1,0 +1,242 @@
+"""A model loaded through a `Client`: call it with numpy arrays, get numpy arrays back.
+
+At most `ninfer` inferences of a model are in flight from one client (a semaphore), so the
+client never provokes NERR_QUEUE_FULL. Each in-flight inference uses one slot of shared
+memory buffers: one per input, and one per output when every output has a fixed size (the
+daemon answers the byte count of a varying output only inline). Slots are made when first
+needed, reused, and freed when the model is unloaded or the client closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from neuron_rtd.client._config import DEFAULT_NINFER
+from neuron_rtd.client._ncg import NcgGate
+from neuron_rtd.client._shm import ShmBuffer
+from neuron_rtd.client.errors import NrtClientError, check
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import Neff, TensorSpec
+from neuron_rtd.proto import pb
+
+if TYPE_CHECKING:
+    from neuron_rtd.client.client import Client
+
+Inputs = Mapping[str, Any]  # numpy arrays (or anything np.asarray takes), by input name
+
+
+class _Slot:
+    """The shm buffers of one in-flight inference."""
+
+    def __init__(self, inputs: dict[str, ShmBuffer], outputs: dict[str, ShmBuffer]) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def buffers(self) -> list[ShmBuffer]:
+        return [*self.inputs.values(), *self.outputs.values()]
+
+
+class Model:
+    """A model loaded through a `Client`; call it with numpy arrays by input name."""
+
+    def __init__(
+        self,
+        client: Client,
+        model_id: int,
+        neff: Neff,
+        *,
+        ninfer: int = DEFAULT_NINFER,
+        ncg: int | None = None,
+        gate: NcgGate | None = None,
+    ) -> None:
+        self.client = client
+        self.id = model_id
+        self.neff = neff
+        self.ninfer = ninfer
+        self.ncg = ncg  # the NCG it was loaded on; None: an implicit one
+        self._gate = gate
+        self._specs = {t.name: t for t in neff.inputs}
+        self._shm_outputs = bool(neff.outputs) and not any(t.varying_axes for t in neff.outputs)
+        self._in_flight = threading.BoundedSemaphore(ninfer)
+        self._lock = threading.Lock()
+        self._idle: list[_Slot] = []
+        self._unloaded = False
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.neff.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.neff.outputs
+
+    def __repr__(self) -> str:
+        return f"Model(id={self.id}, name={self.neff.name!r}, ncg={self.ncg})"
+
+    # --- inference ------------------------------------------------------------------
+    def __call__(self, **inputs: Any) -> dict[str, np.ndarray]:
+        return self.infer(inputs)
+
+    def infer(self, inputs: Inputs) -> dict[str, np.ndarray]:
+        """Run one inference: the outputs by name, shaped and typed by the NEFF."""
+        return self._run(inputs, posted=False)
+
+    def infer_async(self, inputs: Inputs) -> Future[dict[str, np.ndarray]]:
+        """Start one inference (`infer_post`, then `infer_wait` on the client's thread
+        pool); the future gives what `infer` returns. Leave the arrays unchanged until
+        it is done."""
+        self._check_loaded()
+        return self.client._executor().submit(self._run, dict(inputs), posted=True)
+
+    def infer_raw(self, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Inputs and outputs as raw bytes, inline."""
+        self._check_loaded()
+        with self._in_flight, self._running():
+            request = pb.infer_request(
+                h_nn=pb.h_nn(id=self.id),
+                ifmap=[pb.infer_io(name=name, buf=data) for name, data in inputs.items()],
+            )
+            response = self.client._unary("infer", request)
+            check("infer", response.status)
+        return {io.name: io.buf for io in response.ofmap}
+
+    def _run(self, inputs: Inputs, *, posted: bool) -> dict[str, np.ndarray]:
+        self._check_loaded()
+        with self._in_flight, self._slot() as slot, self._running():
+            request = self._request(inputs, slot)
+            if posted:
+                answer = self.client._unary("infer_post", request)
+                check("infer_post", answer.status)
+                wait = pb.infer_wait_request(cookie=answer.cookie)
+                response = self.client._unary("infer_wait", wait)
+                check("infer_wait", response.status)
+            else:
+                response = self.client._unary("infer", request)
+                check("infer", response.status)
+            return self._outputs(response, slot)
+
+    def _request(self, inputs: Inputs, slot: _Slot | None) -> Any:
+        request = pb.infer_request(h_nn=pb.h_nn(id=self.id))
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            spec = self._specs.get(name)
+            buffer = slot.inputs.get(name) if slot is not None else None
+            if spec is None:  # not an input of this model: the daemon says so
+                request.ifmap.append(pb.infer_io(name=name, buf=array.tobytes()))
+                continue
+            nbytes = array.size * spec.dtype.itemsize
+            if buffer is not None and spec.varying_axes:
+                buffer.resize(nbytes)  # the daemon reads all of a varying input's object
+            if buffer is not None and nbytes == buffer.size:
+                buffer.write(array, spec.dtype)
+                shm = pb.shared_mem_buf(path=buffer.path)
+                request.ifmap.append(pb.infer_io(name=name, buf_shm=shm))
+            else:  # a size the NEFF does not take: inline, for the daemon's own error
+                data = np.ascontiguousarray(array, dtype=spec.dtype).tobytes()
+                request.ifmap.append(pb.infer_io(name=name, buf=data))
+        if slot is not None:
+            for name, buffer in slot.outputs.items():
+                shm = pb.shared_mem_buf(path=buffer.path)
+                request.shm_ofmap.append(pb.infer_io(name=name, buf_shm=shm))
+        return request
+
+    def _outputs(self, response: Any, slot: _Slot | None) -> dict[str, np.ndarray]:
+        if response.ofmap or slot is None or not slot.outputs:
+            got = {io.name: io.buf for io in response.ofmap}
+            return {t.name: t.array_from(got[t.name]) for t in self.neff.outputs if t.name in got}
+        return {t.name: slot.outputs[t.name].read(t.dtype, t.shape) for t in self.neff.outputs}
+
+    # --- slots ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[_Slot | None]:
+        """A slot of shm buffers for one inference (None: everything goes inline)."""
+        with self._lock:
+            slot = self._idle.pop() if self._idle else None
+        if slot is None and self.client.shm_enabled:
+            slot = self._new_slot()
+        if slot is None:
+            yield None
+            return
+        keep = False
+        try:
+            yield slot
+            keep = True
+        except NrtClientError:
+            keep = True  # the daemon answered: it is done with the buffers
+            raise
+        finally:
+            # after a transport error the daemon may still write into the buffers: drop them
+            with self._lock:
+                if keep and not self._unloaded:
+                    self._idle.append(slot)
+                    slot = None
+            if slot is not None:
+                self.client._unshare(slot.buffers())
+
+    def _new_slot(self) -> _Slot | None:
+        outputs = self.neff.outputs if self._shm_outputs else ()
+        made: list[ShmBuffer] = []
+        try:
+            ins = {t.name: _made(made, t.nbytes) for t in self.neff.inputs}
+            outs = {t.name: _made(made, t.nbytes) for t in outputs}
+        except OSError as exc:
+            for buffer in made:
+                buffer.close()
+            self.client._shm_failed(f"cannot make shared memory: {exc}")
+            return None
+        if not self.client._share(made):
+            return None
+        return _Slot(ins, outs)
+
+    def _release(self, *, unmap: bool) -> None:
+        """The model is gone: free its idle slots now, busy ones when they come back."""
+        with self._lock:
+            self._unloaded = True
+            idle, self._idle = self._idle, []
+        for slot in idle:
+            self.client._unshare(slot.buffers(), unmap=unmap)
+
+    def _check_loaded(self) -> None:
+        if self._unloaded:
+            raise NrtClientError(
+                Nerr.INVALID_HANDLE,
+                f"model {self.id} is not loaded any more (unloaded through this client, "
+                "or the daemon it was loaded on went away)",
+                "infer",
+            )
+
+    # --- NCG ------------------------------------------------------------------------
+    def _running(self) -> contextlib.AbstractContextManager[None]:
+        """On a client-made NCG shared with other models: make this one the running one."""
+        if self._gate is None:
+            return contextlib.nullcontext()
+        return self._gate.running_model(self.id, lambda: self.client._start_rpc(self.id))
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self.client.start(self.id)
+
+    def stop(self) -> None:
+        self.client.stop(self.id)
+
+    def unload(self) -> None:
+        self.client.unload(self.id)
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._unloaded:
+            self.unload()
+
+
+def _made(made: list[ShmBuffer], size: int) -> ShmBuffer:
+    buffer = ShmBuffer(size)
+    made.append(buffer)
+    return buffer

@@ -1,0 +1,530 @@
+"""The Python client (`neuron_rtd.client`) against the real daemon and, for transport
+behaviour, against a tiny fake daemon: address, retry once on UNAVAILABLE, the session
+stream and what closing releases, shared memory for IFMAPs/OFMAPs, the ninfer semaphore,
+NEURONCORE_GROUP_SIZES, async inference, and errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import CHANNEL_OPTIONS, DEFAULT_ADDRESS, Client, NrtClientError
+from neuron_rtd.client import default_address as default_address_exported
+from neuron_rtd.compiler import bucket_ranges, compile_model
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import read_neff
+from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
+from neuron_rtd.proto import pb, pb_grpc
+
+pytestmark = pytest.mark.daemon
+
+SHM_PREFIX = f"aws_neuron_runtime_{os.getpid()}_"
+
+
+# --- helpers ------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_client_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's settings come from each test, never from the caller's environment."""
+    for name in ("NEURON_RTD_ADDRESS", "NEURON_RTD_SHM_MAP", "NEURONCORE_GROUP_SIZES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class Recorder(grpc.UnaryUnaryClientInterceptor):
+    """Records every unary call the client makes: (method, request, response)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+        self._lock = threading.Lock()
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        outcome = continuation(details, request)
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        response = None if outcome.exception() is not None else outcome.result()
+        with self._lock:
+            self.calls.append((method.rsplit("/", 1)[-1], request, response))
+        return outcome
+
+    def requests(self, method: str) -> list[Any]:
+        with self._lock:
+            return [req for name, req, _ in self.calls if name == method]
+
+    def responses(self, method: str) -> list[Any]:
+        with self._lock:
+            return [resp for name, _, resp in self.calls if name == method]
+
+
+@pytest.fixture
+def recorded(daemon: DaemonProcess) -> Iterator[tuple[grpc.Channel, Recorder]]:
+    """A channel to the daemon whose unary calls are recorded."""
+    recorder = Recorder()
+    with grpc.insecure_channel(daemon.address, options=CHANNEL_OPTIONS) as raw:
+        yield grpc.intercept_channel(raw, recorder), recorder
+
+
+def daemon_shm(pid: int) -> set[str]:
+    """The shm objects of this test process that the daemon holds open."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith(f"/dev/shm/{SHM_PREFIX}"):
+            held.add("/" + target.removeprefix("/dev/shm/").removesuffix(" (deleted)"))
+    return held
+
+
+def leftover_names() -> list[str]:
+    return [p.name for p in Path("/dev/shm").glob(f"{SHM_PREFIX}*")]
+
+
+def assert_probs(got: dict[str, np.ndarray], sample: SampleModel, x: np.ndarray) -> None:
+    want = sample.reference({"x": x})["probs"]
+    assert set(got) == {"probs"}
+    assert got["probs"].shape == want.shape and got["probs"].dtype == want.dtype
+    np.testing.assert_allclose(got["probs"], want, rtol=1e-5, atol=1e-6)
+
+
+def raw_infer(stub: Any, model_id: int, x: np.ndarray) -> np.ndarray:
+    response = stub.infer(
+        pb.infer_request(h_nn=pb.h_nn(id=model_id), ifmap=[pb.infer_io(name="x", buf=x.tobytes())])
+    )
+    assert response.status.code == Nerr.OK, response.status.details
+    return np.frombuffer(response.ofmap[0].buf, np.float32)
+
+
+def dynamic_relu() -> bytes:
+    """y = Relu(x), x of shape (N, 4) with N in 1..4 (3 buckets): a varying-size input
+    and output."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return compile_model(model, dynamic_batch=bucket_ranges(1, 4)).neff
+
+
+@pytest.fixture(scope="module")
+def mlp() -> SampleModel:
+    return build_mlp((16, 32, 8), batch=2, seed=21)
+
+
+@pytest.fixture(scope="module")
+def mlp2() -> SampleModel:
+    return build_mlp((16, 24, 8), batch=2, seed=22)
+
+
+@pytest.fixture
+def slow_ncs(daemon: DaemonProcess) -> Iterator[Callable[[int], None]]:
+    """Every following NC run on device 0 first sleeps `ms`; cleared afterwards."""
+    inject = Path(daemon.sim_root) / "neuron0" / "inject"
+
+    def set_delay(ms: int) -> None:
+        inject.write_text(f"nc_delay_ms={ms}\n")
+
+    yield set_delay
+    set_delay(0)
+
+
+# --- a fake daemon, for the transport -----------------------------------------------
+class FakeNmgr(pb_grpc.nmgr_v1Servicer):
+    """get_version: UNAVAILABLE on every other call. list_egs: always UNAVAILABLE.
+    unload_all: INTERNAL. The rest records what it is sent and answers OK."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.loads: list[list[tuple[str, Any]]] = []
+        self.create_egs: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _count(self, method: str) -> int:
+        with self._lock:
+            self.calls[method] += 1
+            return self.calls[method]
+
+    def get_version(self, request: Any, context: Any) -> Any:
+        if self._count("get_version") % 2 == 1:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "try again")
+        return pb.get_version_response(runtime_version=pb.version(full_version="9.8.7"))
+
+    def list_egs(self, request: Any, context: Any) -> Any:
+        self._count("list_egs")
+        context.abort(grpc.StatusCode.UNAVAILABLE, "down for good")
+
+    def unload_all(self, request: Any, context: Any) -> Any:
+        self._count("unload_all")
+        context.abort(grpc.StatusCode.INTERNAL, "broken")
+
+    def load(self, request_iterator: Any, context: Any) -> Any:
+        self._count("load")
+        stream = []
+        for msg in request_iterator:
+            kind = msg.WhichOneof("content")
+            stream.append((kind, getattr(msg, kind)))
+        self.loads.append(stream)
+        return pb.load_response(h_nn=pb.h_nn(id=10001))
+
+    def create_eg(self, request: Any, context: Any) -> Any:
+        self._count("create_eg")
+        self.create_egs.append(request)
+        return pb.create_eg_response(h_eg=pb.h_eg(id=1), nc_count=request.nc_count)
+
+    def start(self, request: Any, context: Any) -> Any:
+        self._count("start")
+        return pb.start_response()
+
+    def unload(self, request: Any, context: Any) -> Any:
+        self._count("unload")
+        return pb.unload_response()
+
+    def destroy_eg(self, request: Any, context: Any) -> Any:
+        self._count("destroy_eg")
+        return pb.destroy_eg_response()
+
+
+class Fake:
+    def __init__(self, servicer: FakeNmgr, unix: str, tcp: str) -> None:
+        self.servicer, self.unix, self.tcp = servicer, unix, tcp
+
+
+@pytest.fixture
+def fake(work: Path) -> Iterator[Fake]:
+    """A fake daemon (no session service: session_monitor is UNIMPLEMENTED) on a unix
+    socket and on a TCP port."""
+    servicer = FakeNmgr()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    pb_grpc.add_nmgr_v1Servicer_to_server(servicer, server)
+    unix = f"unix:{work / 'fake.sock'}"
+    server.add_insecure_port(unix)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield Fake(servicer, unix, f"127.0.0.1:{port}")
+    server.stop(None)
+
+
+# --- transport ----------------------------------------------------------------------
+def test_address_from_the_environment_and_tcp(fake: Fake, monkeypatch: Any) -> None:
+    assert default_address_exported() == DEFAULT_ADDRESS == "unix:/run/neuron.sock"
+    assert Client().address == DEFAULT_ADDRESS
+    monkeypatch.setenv("NEURON_RTD_ADDRESS", fake.unix)
+    with Client() as client:
+        assert client.address == fake.unix
+        assert client.version() == "9.8.7"
+    with Client(fake.tcp) as client:  # host:port is TCP
+        assert client.version() == "9.8.7"
+    assert fake.servicer.calls["get_version"] == 4  # each call: UNAVAILABLE, then retried
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Client(shm=None).shm_enabled and Client().ncg_sizes == ()
+    for off in ("no", "NO", "0", "false", "off"):
+        monkeypatch.setenv("NEURON_RTD_SHM_MAP", off)
+        assert not Client().shm_enabled
+    monkeypatch.setenv("NEURON_RTD_SHM_MAP", "yes")
+    assert Client().shm_enabled and not Client(shm=False).shm_enabled
+    monkeypatch.setenv("NEURONCORE_GROUP_SIZES", "1, 1,2")
+    assert Client().ncg_sizes == (1, 1, 2) and Client(ncg_sizes=[4]).ncg_sizes == (4,)
+    for bad in ("2,x", "0", "1,,2", "-1"):
+        monkeypatch.setenv("NEURONCORE_GROUP_SIZES", bad)
+        with pytest.raises(ValueError, match="NEURONCORE_GROUP_SIZES"):
+            Client()
+
+
+def test_unavailable_is_retried_once_and_only_once(fake: Fake) -> None:
+    with Client(fake.unix) as client:
+        assert client.version() == "9.8.7"
+        assert fake.servicer.calls["get_version"] == 2
+        with pytest.raises(grpc.RpcError) as info:
+            client.list_ncgs()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert fake.servicer.calls["list_egs"] == 2  # one try, one retry, no more
+        with pytest.raises(grpc.RpcError) as info:
+            client.unload_all()
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert fake.servicer.calls["unload_all"] == 1  # only UNAVAILABLE is retried
+        assert client.ping()  # `start` of model 0: only the gRPC status counts
+
+
+def test_no_session_service_means_session_zero(fake: Fake, mlp: SampleModel) -> None:
+    with Client(fake.unix, shm=False, ncg_sizes=[2]) as client:
+        assert client.session_id == 0  # session_monitor answered UNIMPLEMENTED
+        (create,) = fake.servicer.create_egs
+        assert create.nc_count == 2 and create.session_id == 0
+        model = client.load(mlp.neff, ninfer=3, timeout=1.5)
+        assert model.ncg == 1 and client.ncgs == [1]
+        assert fake.servicer.calls["start"] == 1  # loaded on a client-made NCG: started
+    (stream,) = fake.servicer.loads
+    kinds = [kind for kind, _ in stream]
+    assert kinds[:3] == ["h_eg", "neff_size", "model_params"]  # no session_id message
+    assert set(kinds[3:]) == {"neff_chunk"}
+    params = dict(stream)["model_params"]
+    assert params.ninfer.data == 3 and params.timeout.data == 2  # whole seconds, rounded up
+    assert sum(len(v.chunk) for k, v in stream if k == "neff_chunk") == len(mlp.neff)
+    # without a session the client releases what it made itself at close
+    assert fake.servicer.calls["unload"] == 1 and fake.servicer.calls["destroy_eg"] == 1
+
+
+# --- shared memory ------------------------------------------------------------------
+def test_tensors_go_through_shared_memory(
+    daemon: DaemonProcess, stub: Any, recorded: Any, mlp: SampleModel
+) -> None:
+    channel, recorder = recorded
+    with Client(daemon.address, channel=channel, shm=True) as client:
+        model = client.load(mlp.neff)
+        assert model.ninfer == 4
+        for seed in range(5):
+            x = mlp.random_inputs(seed)["x"]
+            got = model(x=x)
+            assert_probs(got, mlp, x)
+            np.testing.assert_array_equal(got["probs"].ravel(), raw_infer(stub, model.id, x))
+        for request in recorder.requests("infer"):
+            assert [io.WhichOneof("data") for io in request.ifmap] == ["buf_shm"]
+            assert [io.name for io in request.shm_ofmap] == ["probs"]
+        assert all(len(r.ofmap) == 0 for r in recorder.responses("infer"))
+        maps = recorder.requests("shm_map")
+        assert len(maps) == 2  # one input and one output buffer, reused for all 5 calls
+        paths = {m.path for m in maps}
+        for request in maps:
+            assert request.path.startswith("/aws_neuron_runtime_")
+            assert request.session_id == client.session_id != 0
+            assert request.mmap_prot == 3  # PROT_READ | PROT_WRITE
+        assert daemon_shm(daemon.pid) == paths  # the daemon holds them open ...
+        assert leftover_names() == []  # ... and their names are gone already
+        model.unload()
+        assert {r.path for r in recorder.requests("shm_unmap")} == paths
+        assert daemon_shm(daemon.pid) == set()
+
+
+def test_shm_map_no_sends_everything_inline(
+    daemon: DaemonProcess, stub: Any, recorded: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("NEURON_RTD_SHM_MAP", "no")
+    assert not Client(daemon.address).shm_enabled
+    assert Client(daemon.address, shm=True).shm_enabled
+    channel, recorder = recorded
+    shape = (1100, 1024)  # 4.3 MiB each way: past gRPC's default 4 MiB message limit
+    with Client(daemon.address, channel=channel) as client:
+        model = client.load(build_relu(shape))
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        got = model.infer({"x": x})
+        np.testing.assert_array_equal(got["y"], np.maximum(x, 0))
+        assert got["y"].shape == shape and got["y"].dtype == np.float32
+        (request,) = recorder.requests("infer")
+        assert request.ifmap[0].WhichOneof("data") == "buf" and not request.shm_ofmap
+        assert recorder.requests("shm_map") == []
+
+
+def test_varying_inputs_use_objects_of_their_exact_size(
+    daemon: DaemonProcess, stub: Any, recorded: Any
+) -> None:
+    channel, recorder = recorded
+    with Client(daemon.address, channel=channel) as client:
+        model = client.load(dynamic_relu())
+        rng = np.random.default_rng(2)
+        for n in (3, 1, 4, 2):
+            x = rng.standard_normal((n, 4)).astype(np.float32)
+            got = model(x=x)
+            np.testing.assert_array_equal(got["y"], np.maximum(x, 0))  # shape from the bytes
+        with pytest.raises(NrtClientError) as info:
+            model(x=np.zeros((5, 4), np.float32))
+        assert info.value.nerr == Nerr.INFER_BAD_INPUT and "no bucket" in info.value.details
+        for request in recorder.requests("infer"):
+            assert request.ifmap[0].WhichOneof("data") == "buf_shm"
+            assert not request.shm_ofmap  # a varying output's size comes only inline
+        assert len(recorder.requests("shm_map")) == 1  # one input object, resized each time
+
+
+# --- sessions and NEURONCORE_GROUP_SIZES ----------------------------------------------
+def test_close_releases_everything_the_session_made(
+    daemon: DaemonProcess,
+    stub: Any,
+    recorded: Any,
+    mlp: SampleModel,
+    mlp2: SampleModel,
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setenv("NEURONCORE_GROUP_SIZES", "1,2")
+    channel, recorder = recorded
+    client = Client(daemon.address, channel=channel)
+    a, b = client.load(mlp.neff), client.load(mlp2.neff)
+    assert [a.ncg, b.ncg] == client.ncgs
+    egs = stub.list_egs(pb.empty()).eg_info
+    assert sorted((e.eg.id, e.nc_count) for e in egs) == [(a.ncg, 1), (b.ncg, 2)]
+    for model, sample in ((a, mlp), (b, mlp2)):  # both started on their NCG
+        x = sample.random_inputs(3)["x"]
+        assert_probs(model(x=x), sample, x)
+
+    ncg, count = client.create_ncg(1)  # named by the caller: its model loads stopped
+    assert count == 1
+    c = client.load(mlp.neff, ncg=ncg)
+    x = mlp.random_inputs(4)["x"]
+    with pytest.raises(NrtClientError) as info:
+        c(x=x)
+    assert info.value.nerr == Nerr.FAIL and "not running" in info.value.details
+    c.start()
+    assert_probs(c(x=x), mlp, x)
+    implicit = Client(daemon.address, ncg_sizes=[])  # another client, no groups
+    d = implicit.load(mlp.neff)
+    assert d.ncg is None
+    mine = {a.ncg, b.ncg, ncg}
+    (d_ncg,) = {e.eg.id for e in stub.list_egs(pb.empty()).eg_info} - mine
+
+    session = client.session_id
+    assert {r.session_id for r in recorder.requests("create_eg")} == {session}
+    assert {r.session_id for r in recorder.requests("shm_map")} == {session}
+    paths = {r.path for r in recorder.requests("shm_map")}
+    assert daemon_shm(daemon.pid) >= paths and len(paths) == 6
+    client.close()  # returns once the daemon has ended the session
+
+    assert [e.eg.id for e in stub.list_egs(pb.empty()).eg_info] == [d_ncg]
+    for model in (a, b, c):
+        status = stub.start(pb.start_request(h_nn=pb.h_nn(id=model.id))).status
+        assert status.code == Nerr.INVALID_HANDLE
+    for path in paths:
+        status = stub.shm_unmap(pb.shm_unmap_request(path=path)).status
+        assert status.code == Nerr.INVALID and b"not mapped" in status.details
+    assert not daemon_shm(daemon.pid) & paths  # the daemon closed them all
+    x = mlp.random_inputs(5)["x"]
+    assert_probs(d(x=x), mlp, x)  # the other client is untouched
+    implicit.close()
+    assert stub.list_egs(pb.empty()).eg_info == [] and daemon_shm(daemon.pid) == set()
+
+
+def test_a_restarted_daemon_gets_a_new_session(work: Path, mlp: SampleModel) -> None:
+    proc = DaemonProcess(sim_root=work / "sim")
+    with proc, Client(proc.address, ncg_sizes=[1]) as client:
+        old = client.load(mlp.neff)
+        x = mlp.random_inputs(1)["x"]
+        assert_probs(old(x=x), mlp, x)
+        assert proc.proc is not None
+        proc.proc.kill()  # a crash (SIGTERM would wait out the drain of the open session)
+        proc.stop()  # reaps it
+        proc.start()
+        assert client._session is not None
+        deadline = time.monotonic() + 5
+        while not client._session.ended:  # the stream broke with the connection
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        new = client.load(mlp.neff)  # a new session, a new NCG from ncg_sizes
+        assert_probs(new(x=x), mlp, x)
+        with pytest.raises(NrtClientError) as info:
+            old(x=x)  # the old daemon's model: not sent to whichever model has its id now
+        assert info.value.nerr == Nerr.INVALID_HANDLE
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.nmgr_v1Stub(channel)
+            assert len(stub.list_egs(pb.empty()).eg_info) == 1
+            client.close()
+            assert len(stub.list_egs(pb.empty()).eg_info) == 0  # tied to the new session
+
+
+def test_more_models_than_groups_take_turns(
+    daemon: DaemonProcess, stub: Any, mlp: SampleModel, mlp2: SampleModel
+) -> None:
+    with Client(daemon.address, ncg_sizes=[1]) as client:
+        a, b = client.load(mlp.neff), client.load(mlp2.neff)
+        assert a.ncg == b.ncg == client.ncgs[0]
+        jobs = [(a, mlp, seed) for seed in range(6)] + [(b, mlp2, seed) for seed in range(6)]
+        for model, sample, seed in jobs[::5] + jobs[1::3]:  # switch back and forth
+            x = sample.random_inputs(seed)["x"]
+            assert_probs(model(x=x), sample, x)
+
+        def run(job: tuple[Any, SampleModel, int]) -> None:
+            model, sample, seed = job
+            x = sample.random_inputs(seed)["x"]
+            assert_probs(model(x=x), sample, x)
+
+        with futures.ThreadPoolExecutor(6) as pool:
+            list(pool.map(run, jobs * 2))  # concurrent calls on both: each waits its turn
+
+
+# --- ninfer and async ---------------------------------------------------------------
+def test_ninfer_bounds_what_the_client_sends(
+    daemon: DaemonProcess, stub: Any, recorded: Any, mlp: SampleModel, slow_ncs: Any
+) -> None:
+    channel, recorder = recorded
+    with Client(daemon.address, channel=channel) as client:
+        model = client.load(mlp.neff, ninfer=2, timeout=30)
+        x = mlp.random_inputs(0)
+        slow_ncs(300)
+        # without the client's semaphore a third inference in flight is refused
+        posts = [
+            stub.infer_post(
+                pb.infer_request(
+                    h_nn=pb.h_nn(id=model.id), ifmap=[pb.infer_io(name="x", buf=x["x"].tobytes())]
+                )
+            )
+            for _ in range(3)
+        ]
+        assert [p.status.code for p in posts] == [Nerr.OK, Nerr.OK, Nerr.QUEUE_FULL]
+        for p in posts[:2]:
+            assert stub.infer_wait(pb.infer_wait_request(cookie=p.cookie)).status.code == 0
+        slow_ncs(25)
+        inputs = [mlp.random_inputs(seed)["x"] for seed in range(32)]
+
+        def call(i: int) -> np.ndarray:
+            return model(x=inputs[i])["probs"]
+
+        with futures.ThreadPoolExecutor(16) as pool:  # 16 threads x 2 calls
+            results = list(pool.map(call, range(32)))
+        pending = [model.infer_async({"x": x}) for x in inputs[:12]]  # 12 at once
+        asynced = [f.result(timeout=30) for f in pending]
+    for i, got in enumerate(results):
+        assert_probs({"probs": got}, mlp, inputs[i])
+    for i, got in enumerate(asynced):
+        np.testing.assert_array_equal(got["probs"], results[i])
+    assert len(recorder.requests("infer")) == 32
+    assert len(recorder.requests("infer_post")) == len(recorder.requests("infer_wait")) == 12
+    assert len(recorder.requests("shm_map")) == 4  # 2 slots x (input + output)
+    codes = {r.status.code for r in recorder.responses("infer") + recorder.responses("infer_post")}
+    assert codes == {Nerr.OK}  # never NERR_QUEUE_FULL
+
+
+def test_async_errors_and_client_side_checks(
+    daemon: DaemonProcess, stub: Any, mlp: SampleModel, tmp_path: Path
+) -> None:
+    with Client(daemon.address) as client:
+        first = client.load(mlp.neff)
+        bad = first.infer_async({"x": np.zeros((3, 16), np.float32)})
+        error = bad.exception(timeout=30)
+        assert isinstance(error, NrtClientError) and error.nerr == Nerr.INFER_BAD_INPUT
+        first.unload()
+
+        with pytest.raises(NrtClientError) as info:
+            client.load(b"not a NEFF at all")
+        assert info.value.nerr == Nerr.INVALID and info.value.method == "load"
+        assert info.value.details  # the daemon's log lines
+        with pytest.raises(NrtClientError) as info:
+            client.unload(424242)
+        assert info.value.code == Nerr.INVALID_HANDLE
+
+        path = tmp_path / "mlp.neff"
+        path.write_bytes(mlp.neff)
+        x = mlp.random_inputs(7)["x"]
+        for source, by_path in (
+            (path, False),
+            (str(path), True),
+            (read_neff(mlp.neff), False),
+            (bytearray(mlp.neff), False),
+        ):
+            with client.load(source, by_path=by_path) as model:
+                assert_probs(model.infer({"x": x}), mlp, x)
+                model.stop()
+                with pytest.raises(NrtClientError):
+                    model(x=x)
+                model.start()
+                assert_probs(model(x=x.astype(np.float64)), mlp, x)  # cast to the NEFF's dtype
+            with pytest.raises(NrtClientError) as info:
+                model(x=x)  # unloaded: refused here, its buffers are gone
+            assert info.value.nerr == Nerr.INVALID_HANDLE
+        assert daemon_shm(daemon.pid) == set() and leftover_names() == []
