@@ -5,6 +5,7 @@ keeps serving."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -16,9 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from test_wire import load
+from test_wire import load, load_stream
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.daemon.main import DRAIN_GRACE_S
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
@@ -144,3 +146,37 @@ def test_killed_clients_leave_nothing_behind(
     # good) the daemon's count stays where it was.
     assert fds[0] <= baseline_fds + 1 and set(fds) == {fds[0]}, (baseline_fds, fds)
     print(f"released after {max(times):.3f} s at most; fds {baseline_fds} -> {fds}")
+
+
+def test_unknown_session_ids_are_refused(daemon: DaemonProcess, neff_file: Path) -> None:
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.nmgr_v1Stub(channel)
+        made = stub.create_eg(pb.create_eg_request(nc_count=1, session_id=12345))
+        assert made.status.code == Nerr.INVALID and made.h_eg.id == 0
+        assert "session 12345 is not open" in made.status.details.decode()
+        mapped = stub.shm_map(pb.shm_map_request(path="/x", mmap_prot=3, session_id=12345))
+        assert mapped.status.code == Nerr.INVALID
+        requests = [pb.load_request(session_id=12345), *load_stream(neff_file.read_bytes())]
+        loaded = stub.load(iter(requests))
+        assert loaded.status.code == Nerr.INVALID and loaded.h_nn.id == 0
+        assert stub.list_egs(pb.empty()).eg_info == []
+
+
+def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:
+    """SIGTERM with a client's session stream open: the daemon ends the stream instead of
+    waiting out its drain grace for it."""
+    with DaemonProcess(sim_root=module_work / "sim-stop") as proc:
+        channel = grpc.insecure_channel(proc.address)
+        sessions = pb_grpc.nmgr_session_managerStub(channel)
+        requests: queue.Queue[Any] = queue.Queue()
+        requests.put(pb.session_monitor_request(framework_name="test"))
+        stream = sessions.session_monitor(iter(requests.get, None))
+        session = next(stream).session_id
+        began = time.monotonic()
+        assert proc.stop() == 0
+        took = time.monotonic() - began
+        assert f"Session {session} ended: the daemon stops" in proc.log()
+        assert took < DRAIN_GRACE_S, took
+        with pytest.raises(grpc.RpcError):
+            next(stream)
+        channel.close()

@@ -30,7 +30,7 @@ from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.runtime.runtime import Runtime, RuntimeOptions
 from neuron_rtd.runtime.shm import ShmTable
-from neuron_rtd.server.servicer import add_servicers
+from neuron_rtd.server.servicer import SessionServicer, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -118,7 +118,7 @@ class Daemon:
 
     def run(self) -> int:
         try:
-            runtime, server = self._start()
+            runtime, server, sessions = self._start()
         except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
             log.error("%s", exc, extra={"fn": "RunServer"})
             print(f"neuron-rtd: error: {exc}", file=sys.stderr)
@@ -133,7 +133,9 @@ class Daemon:
             pass
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
-        server.stop(DRAIN_GRACE_S).wait()
+        stopped = server.stop(DRAIN_GRACE_S)  # new calls refused; in-flight ones finish
+        sessions.close()  # clients' session streams would last the whole grace
+        stopped.wait()
         if watchdog:
             watchdog.stop()
         runtime.close()
@@ -141,7 +143,7 @@ class Daemon:
         log.info("Stopped", extra={"fn": "RunServer"})
         return 0
 
-    def _start(self) -> tuple[Runtime, grpc.Server]:
+    def _start(self) -> tuple[Runtime, grpc.Server, SessionServicer]:
         config = self.config
         sd.notify("STATUS=Starting")
         if self.address.unix_path:
@@ -166,7 +168,7 @@ class Daemon:
             futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
             options=GRPC_OPTIONS,
         )
-        add_servicers(
+        sessions = add_servicers(
             server,
             runtime,
             ShmTable(enabled=config.shmem_enabled),
@@ -187,7 +189,7 @@ class Daemon:
             "READY=1",
             f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.text}",
         )
-        return runtime, server
+        return runtime, server, sessions
 
     def _release(self) -> None:
         for device in self.devices:

@@ -66,6 +66,10 @@ class Runtime:
         logging.getLogger("nrtd").addHandler(self.stats.logs)
         self.host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self.transfer_adjustment = 0
+        # Session ids start from the time in microseconds, so that ids from before a
+        # restart do not name a session of this run.
+        self._session_ids = itertools.count(time.time_ns() // 1000)
+        self._sessions: set[int] = set()
 
     # --- devices -------------------------------------------------------------------
     def init_devices(self) -> None:
@@ -94,9 +98,31 @@ class Runtime:
             if self._init_error is not None:
                 raise HwError(f"devices are not initialized: {self._init_error}")
 
+    # --- sessions ------------------------------------------------------------------
+    def open_session(self) -> int:
+        with self._lock:
+            session_id = next(self._session_ids)
+            self._sessions.add(session_id)
+        return session_id
+
+    def close_session(self, session_id: int) -> None:
+        """Forget an ended session (before its resources are released, so that nothing
+        new is tied to it meanwhile)."""
+        with self._lock:
+            self._sessions.discard(session_id)
+
+    def check_session(self, session_id: int) -> None:
+        """InvalidError unless `session_id` is 0 (no session) or an open session."""
+        if session_id and session_id not in self._sessions:
+            raise InvalidError(
+                f"session {session_id} is not open (its session_monitor stream ended, or "
+                "it was opened with another daemon); use 0 for no session"
+            )
+
     # --- NCGs ----------------------------------------------------------------------
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> Ncg:
         self._ensure_ready()
+        self.check_session(session_id)
         ncg = self.ncgs.create(nc_count, session_id=session_id)
         log.info(
             "Created NCG %d: %d NC(s) from vnc %d",
@@ -158,6 +184,7 @@ class Runtime:
         params = params or self.params()
         began = time.monotonic()
         with self._lock:
+            self.check_session(session_id)
             implicit = ncg_id is None
             if ncg_id is None:
                 ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id, implicit=True)

@@ -8,7 +8,6 @@ answer gRPC UNIMPLEMENTED (the generated base class does that).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import threading
@@ -331,6 +330,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         def make() -> Any:
             if request.WhichOneof("data") != "path":
                 raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
+            self.runtime.check_session(request.session_id)
             self.shm.map(request.path, request.mmap_prot, request.session_id)
             return pb.shm_map_response()
 
@@ -587,7 +587,8 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
     def __init__(self, runtime: Runtime, shm: ShmTable) -> None:
         self.runtime = runtime
         self.shm = shm
-        self._ids = itertools.count(1)
+        self._open: dict[int, grpc.ServicerContext] = {}
+        self._stopping = False
         self._lock = threading.Lock()
 
     def session_monitor(
@@ -595,17 +596,26 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
     ) -> Any:
         if next(request_iterator, None) is None:
             return
+        session_id = self.runtime.open_session()
         with self._lock:
-            session_id = next(self._ids)
+            self._open[session_id] = context
         ended = threading.Event()
 
         def end() -> None:
-            if not ended.is_set():
-                ended.set()
+            if ended.is_set():
+                return
+            ended.set()
+            with self._lock:
+                self._open.pop(session_id, None)
+                stopping = self._stopping
+            self.runtime.close_session(session_id)
+            if stopping:  # the daemon's drain unloads everything itself
+                log.info("Session %d ended: the daemon stops", session_id, extra=_SESSION)
+            else:
                 self._release(session_id)
 
         context.add_callback(end)
-        log.info("Session %d opened", session_id, extra={"fn": "session_monitor"})
+        log.info("Session %d opened", session_id, extra=_SESSION)
         major, minor = parse_version(self.runtime.version)
         yield pb.session_monitor_response(
             session_id=session_id,
@@ -618,12 +628,20 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
                 pass
         end()
 
+    def close(self) -> None:
+        """End every session stream (the daemon stops): they would hold up its drain."""
+        with self._lock:
+            self._stopping = True
+            contexts = list(self._open.values())
+        for context in contexts:
+            context.cancel()
+
     def _release(self, session_id: int) -> None:
         try:
             models, ncgs = self.runtime.release_session(session_id)
             maps = self.shm.unmap_session(session_id)
         except Exception:
-            log.exception("releasing session %d failed", session_id, extra={"fn": "session"})
+            log.exception("releasing session %d failed", session_id, extra=_SESSION)
             return
         log.info(
             "Session %d ended: unloaded models %s, destroyed NCGs %s, unmapped %s",
@@ -631,16 +649,23 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
             models or "none",
             ncgs or "none",
             maps or "none",
-            extra={"fn": "session_monitor"},
+            extra=_SESSION,
         )
+
+
+_SESSION = {"fn": "session_monitor"}
 
 
 def add_servicers(
     server: grpc.Server, runtime: Runtime, shm: ShmTable | None = None, **ext: Any
-) -> None:
+) -> SessionServicer:
+    """Add every service to `server`; the session service, which the daemon closes at
+    its stop."""
     shm = shm if shm is not None else ShmTable()
     nmgr = NmgrServicer(runtime, shm)
+    sessions = SessionServicer(runtime, shm)
     pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
     pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), server)
-    pb_grpc.add_nmgr_session_managerServicer_to_server(SessionServicer(runtime, shm), server)
+    pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(ExtServicer(runtime, **ext), server)
+    return sessions
