@@ -24,6 +24,7 @@ import numpy as np
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.proto import pb
 
 
 def section(title: str) -> None:
@@ -82,7 +83,7 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
     print(f"(compiled in {time.perf_counter() - t0:.1f} s)")
 
     section("Loading it (no NCG given: the daemon makes one and starts the model)")
-    model = client.load(neff_path)
+    model = client.load(neff_path, ninfer=4, timeout=10)
     print(f"model id {model.id}; NCGs now: {client.list_ncgs()}")
 
     section("Inference on 1 and on 3 images, checked against onnxruntime")
@@ -117,6 +118,24 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
         f"onnxruntime in this process {statistics.median(ort_times) * 1e3:.1f} ms"
     )
 
+    section("12 inferences posted at once (futures; ninfer 4; tensors in shared memory)")
+    singles = [{"input": images[i % 3 : i % 3 + 1]} for i in range(12)]
+    t0 = time.perf_counter()
+    pending = [model.infer_async(x) for x in singles]
+    results = [f.result()["probs"] for f in pending]
+    elapsed = time.perf_counter() - t0
+    same = all(
+        np.allclose(r, want[i % 3 : i % 3 + 1], rtol=1e-4, atol=1e-6)
+        for i, r in enumerate(results)
+    )
+    counters = client.stub.read_inference_counters(pb.empty()).nmgr_counters
+    print(
+        f"12 results in {elapsed * 1e3:.0f} ms ({12 / elapsed:.1f}/s), all match onnxruntime: "
+        f"{same}; the daemon has run {counters.infer_count} inferences, "
+        f"{counters.infer_queue_drop_count} refused for a full queue"
+    )
+    good = good and same
+
     section("neuron-cli validate resnet18.onnx resnet18.neff")
     print(
         tool(
@@ -133,7 +152,7 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
 
     section("Explicit NCG: create one of 4 NCs, load by path (neff_file), start")
     ncg, count = client.create_ncg(4)
-    second = client.load(neff_path, ncg=ncg, by_path=True)
+    second = client.load(neff_path, ncg=ncg, by_path=True, timeout=10)
     second.start()
     again = second.infer({"input": images})["probs"]
     print(
