@@ -23,6 +23,7 @@ from neuron_rtd.errors import (
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.runtime.loader import LoadMode
+from neuron_rtd.runtime.model import all_finite
 from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime, RuntimeOptions
 
 
@@ -202,3 +203,16 @@ def test_models_per_ncg_limit(machine: driver_sim.Machine) -> None:
     finally:
         rt.close()
         devices[0].release()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_all_finite_finds_any_nan_or_inf(dtype: str) -> None:
+    values = np.linspace(-3, 3, 5000).astype(dtype)
+    assert all_finite(values) and all_finite(values[:10])
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in (0, 2500, 4999):
+            spoiled = values.copy()
+            spoiled[at] = bad
+            assert not all_finite(spoiled) and not all_finite(spoiled.reshape(50, 100))
+    # squares that overflow (a non-finite dot product) are still all finite
+    assert all_finite(np.full(5000, np.finfo(dtype).max / 2, dtype))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from neuron_rtd.errors import BadInput, InvalidError
-from neuron_rtd.runtime.shm import PROT_READ, PROT_WRITE, ShmTable
+from neuron_rtd.runtime.shm import PARALLEL_READ_BYTES, PROT_READ, PROT_WRITE, ShmTable
 
 RW = PROT_READ | PROT_WRITE
 
@@ -99,3 +99,17 @@ def test_disabled_shared_memory_says_so(root: Path) -> None:
     make(root, "x", b"1")
     with pytest.raises(InvalidError, match="shmem_enabled false"):
         ShmTable(root=root, enabled=False).map("/x", RW)
+
+
+def test_large_tensors_are_read_in_parts_exactly(root: Path) -> None:
+    table = ShmTable(root=root)
+    data = os.urandom((PARALLEL_READ_BYTES * 2) + 12345)
+    make(root, "big", data)
+    table.map("/big", PROT_READ)
+    assert table.read("/big", len(data), "ifmap 'x'") == data
+    os.truncate(root / "big", len(data) - 1000)  # the client shrinks it: the last part is short
+    with pytest.raises(BadInput, match=f"holds {len(data) - 1000} bytes, the tensor takes"):
+        table.read("/big", len(data), "ifmap 'x'")
+    os.truncate(root / "big", PARALLEL_READ_BYTES // 2)  # now the first part is short too
+    with pytest.raises(BadInput, match=f"holds {PARALLEL_READ_BYTES // 2} bytes"):
+        table.read("/big", len(data), "ifmap 'x'")

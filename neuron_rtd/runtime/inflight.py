@@ -35,7 +35,7 @@ class Posted:
 
     @property
     def done(self) -> bool:
-        return self.job.done_event.is_set()
+        return self.job.done
 
 
 class Inflight:
