@@ -221,6 +221,7 @@ class Model:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _serial: threading.Lock = field(default_factory=threading.Lock)
     _workers: futures.ThreadPoolExecutor | None = None
+    _draining: int = 0  # stop/unload calls waiting on `_cond`
 
     def __post_init__(self) -> None:
         self._free = list(range(self.params.ninfer))
@@ -283,7 +284,7 @@ class Model:
             raise
         with self._cond:
             job.state = JobState.QUEUED
-            self._cond.notify_all()
+            self._wake()
         return job
 
     def post(self, inputs: Mapping[str, Any]) -> Job:
@@ -323,7 +324,7 @@ class Model:
             job.ended = time.monotonic()
             if job.abandoned:
                 self._release_locked(job)
-            self._cond.notify_all()
+            self._wake()
         if job.error is None:
             self.infer_count += 1
         if self.observer is not None:
@@ -392,20 +393,20 @@ class Model:
             with self._cond:
                 job.answering = False
                 self._release_locked(job)
-                self._cond.notify_all()
+                self._wake()
 
     def release(self, job: Job) -> None:
         """Give the job's slot back now (it must not be running)."""
         with self._cond:
             self._release_locked(job)
-            self._cond.notify_all()
+            self._wake()
 
     def abandon(self, job: Job) -> None:
         """Nobody will answer `job`: give its slot back, now or when it ends."""
         with self._cond:
             if job.state is JobState.DONE:
                 self._release_locked(job)
-                self._cond.notify_all()
+                self._wake()
             else:
                 job.abandoned = True
 
@@ -415,10 +416,17 @@ class Model:
             self._jobs.discard(job)
             self._free.append(job.slot)
 
+    def _wake(self) -> None:
+        """Wake stop/unload waiting for jobs to leave the slots (called under `_cond`);
+        nobody else waits on it, so an inference with no stop pending skips the call."""
+        if self._draining:
+            self._cond.notify_all()
+
     def cancel(self, why: str) -> int:
         """End every inference not yet ended with NERR_INFER_CANCELLED (at its next step
         boundary) and wait until none is running; the number cancelled."""
         with self._cond:
+            self._draining += 1
             pending = [j for j in self._jobs if j.state is not JobState.DONE]
             for job in pending:
                 job.cancel = InferCancelled(f"model {self.id}: inference cancelled: {why}")
@@ -426,6 +434,7 @@ class Model:
                 lambda: all(j.state is not JobState.RUNNING for j in pending),
                 timeout=self.params.timeout_s + 1,
             )
+            self._draining -= 1
         return len(pending)
 
     def drop_all(self, why: str, timeout_s: float) -> bool:
@@ -433,10 +442,12 @@ class Model:
         slot back (unload). False if something was still busy at `timeout_s`."""
         self.cancel(why)
         with self._cond:
+            self._draining += 1
             idle = self._cond.wait_for(
                 lambda: not any(j.answering or j.state in _BUSY for j in self._jobs),
                 timeout=timeout_s,
             )
+            self._draining -= 1
             for job in list(self._jobs):
                 if job.state is JobState.DONE or job.cancel is not None:
                     job.error = job.error or InferCancelled(

@@ -64,6 +64,11 @@ class Metric(enum.IntEnum):  # the wire's `metric_type`
     INFER_ON_INFA_CYCLES_X1K = 9
 
 
+_PER_INFERENCE = (
+    Metric.INFER_LATENCY,
+    Metric.INFER_ON_INFA_LATENCY,
+    Metric.INFER_ON_INFA_CYCLES_X1K,
+)
 METRIC_CAPACITY = 100_000  # samples kept per metric type between two reads
 
 
@@ -147,12 +152,17 @@ class Stats:
             m: deque(maxlen=capacity) for m in Metric
         }
         self._seen: Counter[Metric] = Counter()  # samples added since the last read
+        self._seen_infer = 0  # ... of the three per-inference metrics, each
         self.logs = LogCounter()
 
     # --- what happens -----------------------------------------------------------
     def inference_done(self, job: Job) -> None:
-        status, subtype = outcome(job.error, job.code)
+        if job.error is None and job.code == Nerr.OK:
+            status, subtype = InferStatus.OK, ErrorSubtype.NONE  # the common case, quickly
+        else:
+            status, subtype = outcome(job.error, job.code)
         now = time.time_ns()
+        samples = self._samples
         with self._lock:
             c = self.counters
             c.infer_count += 1
@@ -160,9 +170,10 @@ class Stats:
             if subtype is not ErrorSubtype.NONE:
                 c.error_subtype[subtype] += 1
             if job.started:
-                self._add(Metric.INFER_LATENCY, now, (job.ended - job.posted) * 1e6)
-                self._add(Metric.INFER_ON_INFA_LATENCY, now, job.nc_ns / 1e3)
-                self._add(Metric.INFER_ON_INFA_CYCLES_X1K, now, job.cycles / 1e3)
+                samples[Metric.INFER_LATENCY].append((now, (job.ended - job.posted) * 1e6))
+                samples[Metric.INFER_ON_INFA_LATENCY].append((now, job.nc_ns / 1e3))
+                samples[Metric.INFER_ON_INFA_CYCLES_X1K].append((now, job.cycles / 1e3))
+                self._seen_infer += 1
 
     def queue_drop(self, model: Model) -> None:
         with self._lock:
@@ -218,10 +229,13 @@ class Stats:
         (`summarize_period_s` 0) or summed up per window of that many seconds."""
         with self._lock:
             taken = {m: list(q) for m, q in self._samples.items()}
+            for metric in _PER_INFERENCE:
+                self._seen[metric] += self._seen_infer
             overflow = {m: self._seen[m] > self._capacity for m in Metric}
             for q in self._samples.values():
                 q.clear()
             self._seen.clear()
+            self._seen_infer = 0
         series = []
         for metric in Metric:
             samples = taken[metric]

@@ -1,0 +1,77 @@
+"""The runtime's counters and metrics in process: outcomes, overflow, windows, buckets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from neuron_rtd.errors import BadInput, HwError, InferCancelled, InferTimeout, Nerr
+from neuron_rtd.runtime.stats import (
+    ErrorSubtype,
+    InferStatus,
+    Metric,
+    Stats,
+    bucket_bound,
+    outcome,
+    summarize,
+)
+
+
+def job(error: object = None, code: Nerr = Nerr.OK) -> object:
+    return SimpleNamespace(
+        error=error, code=code, started=1.0, posted=0.5, ended=1.5, nc_ns=2000, cycles=7000
+    )
+
+
+def test_outcomes() -> None:
+    assert outcome(None, Nerr.OK) == (InferStatus.OK, ErrorSubtype.NONE)
+    assert outcome(None, Nerr.INFER_COMPLETED_WITH_NUM_ERR) == (
+        InferStatus.COMPLETED_WITH_NUM_ERR,
+        ErrorSubtype.NUMERICAL,
+    )
+    assert outcome(InferTimeout("t"), Nerr.OK)[0] is InferStatus.TIMEOUT
+    assert outcome(BadInput("b"), Nerr.OK)[0] is InferStatus.BAD_INPUT
+    assert outcome(HwError("h"), Nerr.OK)[1] is ErrorSubtype.HW_ERROR
+    assert outcome(InferCancelled("c"), Nerr.OK) == (InferStatus.UNKNOWN, ErrorSubtype.RT)
+
+
+def test_samples_overflow_and_a_read_takes_them() -> None:
+    stats = Stats(capacity=3)
+    for _ in range(5):
+        stats.inference_done(job())  # type: ignore[arg-type]
+    stats.inference_done(job(InferTimeout("late")))  # type: ignore[arg-type]
+    counters = stats.snapshot()
+    assert counters.infer_count == 6
+    assert counters.infer_status == {InferStatus.OK: 5, InferStatus.TIMEOUT: 1}
+    assert counters.error_subtype == {ErrorSubtype.TRANSIENT: 1}
+    series = {s.metric: s for s in stats.read_metrics(0)}
+    latency = series[Metric.INFER_LATENCY]
+    assert len(latency.samples) == 3 and latency.overflow  # 6 came, 3 kept
+    assert [v for _, v in latency.samples] == [1e6] * 3  # posted -> ended, microseconds
+    assert [v for _, v in series[Metric.INFER_ON_INFA_CYCLES_X1K].samples] == [7.0] * 3
+    assert not series[Metric.MODEL_SIZE].overflow and not series[Metric.MODEL_SIZE].samples
+    again = {s.metric: s for s in stats.read_metrics(0)}
+    assert not again[Metric.INFER_LATENCY].samples and not again[Metric.INFER_LATENCY].overflow
+
+
+def test_windows_and_histogram() -> None:
+    second = 1_000_000_000
+    samples = [(10 * second + 1, 3.0), (10 * second + 5, 40.0), (11 * second, 7.0)]
+    first, last = summarize(samples, second)
+    assert (first.start_ns, first.count, first.min, first.max, first.sum) == (
+        10 * second,
+        2,
+        3.0,
+        40.0,
+        43.0,
+    )
+    assert first.values == (5.0, 50.0) and first.counts == (1, 1)
+    assert (last.start_ns, last.count, last.values) == (11 * second, 1, (10.0,))
+
+
+@pytest.mark.parametrize(
+    ("value", "bound"), [(0.0, 0.0), (1.0, 1.0), (1.5, 2.0), (3.0, 5.0), (7.0, 10.0), (0.03, 0.05)]
+)
+def test_bucket_bounds(value: float, bound: float) -> None:
+    assert bucket_bound(value) == pytest.approx(bound)
