@@ -16,7 +16,7 @@ import numpy as np
 
 from driver_sim.errors import DriverError
 from driver_sim.execute import bind_inputs, copy_outputs, run_steps
-from driver_sim.ops_random import drawing_from
+from driver_sim.ops_random import use_rng
 from driver_sim.program import LoadedProgram, NcProgram, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
 
@@ -71,8 +71,11 @@ class NeuronCore:
             self._device.before_run(self.index)
             env = program.template.copy()
             key = bind_inputs(program, inputs, env)
-            with drawing_from(self.rng):
+            use_rng(self.rng)
+            try:
                 freed = run_steps(program, env)
+            finally:
+                use_rng(None)
             copy_outputs(program, env, outputs)
             cost = program.cost_of(key, env, freed)
             counters, cycles = self._counters, self._cycles

@@ -8,8 +8,7 @@ runtime seeds per NCG (`random_seed`): after the same seed, the same draws. A no
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,15 +20,10 @@ _state = threading.local()
 _fallback = np.random.default_rng()  # for runs outside a NeuronCore (host CPU nodes)
 
 
-@contextmanager
-def drawing_from(rng: np.random.Generator) -> Iterator[None]:
-    """Random ops run in this thread inside the block draw from `rng`."""
-    previous = getattr(_state, "rng", None)
+def use_rng(rng: np.random.Generator | None) -> None:
+    """Random ops run in this thread from now on draw from `rng` (None: a generator of
+    the process). A NeuronCore sets its own for the length of a run."""
     _state.rng = rng
-    try:
-        yield
-    finally:
-        _state.rng = previous
 
 
 def current_rng(seed: float | None) -> np.random.Generator:

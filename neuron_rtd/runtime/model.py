@@ -225,7 +225,7 @@ class Model:
 
     def __post_init__(self) -> None:
         self._free = list(range(self.params.ninfer))
-        self._inputs = {t.name: t for t in self.neff.inputs}
+        self._inputs = self.input_specs = {t.name: t for t in self.neff.inputs}
         self._float_outputs = tuple(
             t.name for t in self.neff.outputs if np.issubdtype(t.dtype, np.floating)
         )

@@ -172,7 +172,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         """The inputs by name: inline bytes, or a source the model reads from the client's
         shared memory straight into its slot (as many bytes as the input takes; for an
         input whose size varies, the whole object)."""
-        specs = {t.name: t for t in model.neff.inputs}
+        specs = model.input_specs
         inputs: dict[str, Any] = {}
         for io in request.ifmap:
             if io.name in inputs:
