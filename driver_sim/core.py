@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from driver_sim import blas
 from driver_sim.errors import DriverError
 from driver_sim.execute import bind_inputs, copy_outputs, run_steps
 from driver_sim.ops_random import use_rng
@@ -72,9 +73,11 @@ class NeuronCore:
             env = program.template.copy()
             key = bind_inputs(program, inputs, env)
             use_rng(self.rng)
+            blas.run_starts()
             try:
                 freed = run_steps(program, env)
             finally:
+                blas.run_ends()
                 use_rng(None)
             copy_outputs(program, env, outputs)
             cost = program.cost_of(key, env, freed)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_wire import load_stream
 
 import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError, NotifyListener
 from neuron_rtd.client import Client
-from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.proto import pb, pb_grpc
 
 BDFS = ["0000:00:1c.0", "0000:00:1d.0", "0000:00:1e.0", "0000:00:1f.0"]
@@ -216,6 +217,47 @@ def test_device_init_failure_answers_hw_error(work: Path) -> None:
         response = stub.create_eg(pb.create_eg_request(nc_count=1))
         assert response.status.code == 6  # NERR_HW_ERROR
         assert b"not initialized" in response.status.details
+        # Every call that answers a status answers NERR_HW_ERROR while init keeps failing.
+        h_nn, h_eg = pb.h_nn(id=10001), pb.h_eg(id=1)
+        calls = {
+            "load": lambda: stub.load(iter(load_stream(build_relu((4,))))),
+            "unload": lambda: stub.unload(pb.unload_request(h_nn=h_nn)),
+            "start": lambda: stub.start(pb.start_request(h_nn=h_nn)),
+            "stop": lambda: stub.stop(pb.stop_request(h_nn=h_nn)),
+            "infer": lambda: stub.infer(pb.infer_request(h_nn=h_nn)),
+            "infer_post": lambda: stub.infer_post(pb.infer_request(h_nn=h_nn)),
+            "infer_wait": lambda: stub.infer_wait(pb.infer_wait_request(cookie=1)),
+            "infer_poll": lambda: stub.infer_poll(pb.infer_wait_request(cookie=1)),
+            "infer_check_completion": lambda: stub.infer_check_completion(
+                pb.infer_check_completion_request(cookie=[1])
+            ),
+            "destroy_eg": lambda: stub.destroy_eg(pb.destroy_eg_request(h_eg=h_eg)),
+            "list_egs": lambda: stub.list_egs(pb.empty()),
+            "read_nc_counters": lambda: stub.read_nc_counters(pb.read_nc_counters_request()),
+            "read_nc_time_in_use": lambda: stub.read_nc_time_in_use(
+                pb.read_nc_time_in_use_request()
+            ),
+            "read_all_counters": lambda: stub.read_all_counters(pb.read_all_counters_request()),
+            "read_all_metrics": lambda: stub.read_all_metrics(pb.read_all_metrics_request()),
+            "shm_map": lambda: stub.shm_map(pb.shm_map_request(path="/x", mmap_prot=3)),
+            "shm_unmap": lambda: stub.shm_unmap(pb.shm_unmap_request(path="/x")),
+            "get_hw_counters": lambda: stub.get_hw_counters(
+                pb.get_hw_counters_request(device_id=0)
+            ),
+            "get_all_hw_counters": lambda: stub.get_all_hw_counters(pb.empty()),
+            "random_seed": lambda: stub.random_seed(pb.random_seed_request(h_eg=h_eg, seed=1)),
+            "set_static_transfer_adjustment": lambda: stub.set_static_transfer_adjustment(
+                pb.set_static_transfer_adjustment_request(transfer_adjust_cnt=1)
+            ),
+        }
+        for method, call in calls.items():
+            status = call().status
+            assert status.code == 6 and b"not initialized" in status.details, method
+        assert stub.unload_all(pb.empty()).code == 6
+        # The two answers without a status still come, and the ping says the daemon lives.
+        assert stub.get_version(pb.get_version_request()).runtime_version.major_num >= 0
+        assert stub.read_inference_counters(pb.empty()).nmgr_counters.infer_count == 0
+        assert stub.start(pb.start_request(h_nn=pb.h_nn(id=0))).status.code == 0
 
 
 def test_socket_group_and_mode_from_config(work: Path) -> None:

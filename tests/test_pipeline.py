@@ -134,3 +134,16 @@ def test_stop_cancels_posted_inferences(local: LocalRuntime, four_stages: Sample
         with pytest.raises(InferCancelled, match="stopped"):
             local.wait(model, cookie)
     assert model.in_flight == 0
+
+
+def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
+    from driver_sim import blas
+
+    most = blas.threads()
+    blas.run_starts()
+    assert blas.threads() == most  # one run alone has them all
+    blas.run_starts()
+    assert blas.threads() == max(1, most // 2)
+    blas.run_ends()
+    assert blas.threads() == most
+    blas.run_ends()

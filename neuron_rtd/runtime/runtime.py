@@ -86,7 +86,7 @@ class Runtime:
             return
         self._init_error = None
 
-    def _ensure_ready(self) -> None:
+    def ensure_ready(self) -> None:
         if self._init_error is None:
             return
         with self._lock:
@@ -121,7 +121,7 @@ class Runtime:
 
     # --- NCGs ----------------------------------------------------------------------
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> Ncg:
-        self._ensure_ready()
+        self.ensure_ready()
         self.check_session(session_id)
         ncg = self.ncgs.create(nc_count, session_id=session_id)
         log.info(
@@ -134,7 +134,7 @@ class Runtime:
         return ncg
 
     def destroy_ncg(self, ncg_id: int) -> None:
-        self._ensure_ready()
+        self.ensure_ready()
         with self._lock:
             ncg = self.ncgs.get(ncg_id)
             if ncg.implicit:
@@ -180,7 +180,7 @@ class Runtime:
     ) -> Model:
         """Load `neff`: on NCG `ncg_id` (stopped), or on a new NCG of just enough NCs
         (started) when `ncg_id` is None."""
-        self._ensure_ready()
+        self.ensure_ready()
         params = params or self.params()
         began = time.monotonic()
         with self._lock:
@@ -231,7 +231,7 @@ class Runtime:
             return model
 
     def start(self, model_id: int) -> None:
-        self._ensure_ready()
+        self.ensure_ready()
         began = time.monotonic()
         with self._lock:
             model = self.model(model_id)
@@ -249,7 +249,7 @@ class Runtime:
 
     def stop(self, model_id: int) -> None:
         """Stop a model: inferences not yet ended end with NERR_INFER_CANCELLED."""
-        self._ensure_ready()
+        self.ensure_ready()
         began = time.monotonic()
         with self._lock:
             model = self.model(model_id)
@@ -264,7 +264,7 @@ class Runtime:
         )
 
     def unload(self, model_id: int) -> None:
-        self._ensure_ready()
+        self.ensure_ready()
         self._unload(model_id)
 
     def _unload(self, model_id: int) -> None:
@@ -315,7 +315,7 @@ class Runtime:
     # --- counters ------------------------------------------------------------------
     def nc_counters(self, vnc: int) -> Any:
         """The counters of virtual NC `vnc` since the devices were initialized."""
-        self._ensure_ready()
+        self.ensure_ready()
         if not 0 <= vnc < self.ncgs.total_ncs:
             raise InvalidError(
                 f"no virtual NC {vnc}: this runtime has {self.ncgs.total_ncs} "
@@ -339,12 +339,12 @@ class Runtime:
     # --- inference -----------------------------------------------------------------
     def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
         """One inference, in this thread; inputs as bytes-like objects by name."""
-        self._ensure_ready()
+        self.ensure_ready()
         return self.model(model_id).infer(inputs)
 
     def post(self, model_id: int, inputs: Mapping[str, Any], extra: Any = None) -> int:
         """Queue an inference; its cookie (see `Inflight`)."""
-        self._ensure_ready()
+        self.ensure_ready()
         return self.inflight.post(self.model(model_id), inputs, extra)
 
     def wait(self, cookie: int) -> InferResult:
@@ -361,7 +361,7 @@ class Runtime:
     def random_seed(self, ncg_id: int, seed: int) -> None:
         """Seed the random number generators of the NCs of NCG `ncg_id`: random ops of
         the models there repeat their draws from this point."""
-        self._ensure_ready()
+        self.ensure_ready()
         ncg = self.ncgs.get(ncg_id)
         for offset, vnc in enumerate(range(ncg.start, ncg.start + ncg.nc_count)):
             loc = self.ncgs.locate(vnc)

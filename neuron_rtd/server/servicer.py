@@ -61,6 +61,16 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self.runtime = runtime
         self.shm = shm if shm is not None else ShmTable()
 
+    def _finish(self, method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
+        """`_finish` of a call that needs the devices: while their init keeps failing,
+        every such call answers NERR_HW_ERROR."""
+
+        def ready_then_make() -> R:
+            self.runtime.ensure_ready()
+            return make()
+
+        return _finish(method, ready_then_make, empty)
+
     # --- model lifecycle -------------------------------------------------------------
     def load(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -71,14 +81,14 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             )
             return pb.load_response(h_nn=pb.h_nn(id=model.id))
 
-        return _finish("load", make, pb.load_response)
+        return self._finish("load", make, pb.load_response)
 
     def unload(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.unload(request.h_nn.id)
             return pb.unload_response()
 
-        return _finish("unload", make, pb.unload_response)
+        return self._finish("unload", make, pb.unload_response)
 
     def start(self, request: Any, context: grpc.ServicerContext) -> Any:
         if request.h_nn.id == 0:  # the clients' liveness ping
@@ -88,21 +98,21 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             self.runtime.start(request.h_nn.id)
             return pb.start_response()
 
-        return _finish("start", make, pb.start_response)
+        return self._finish("start", make, pb.start_response)
 
     def stop(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.stop(request.h_nn.id)
             return pb.stop_response()
 
-        return _finish("stop", make, pb.stop_response)
+        return self._finish("stop", make, pb.stop_response)
 
     def unload_all(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.unload_all()
             return _StatusOnly()
 
-        return _finish("unload_all", make, _StatusOnly).to_wire()
+        return self._finish("unload_all", make, _StatusOnly).to_wire()
 
     # --- inference ----------------------------------------------------------------
     def infer(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -113,7 +123,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             model.run(job)
             return self._respond(model, job, shm_outputs)
 
-        return _finish("infer", make, pb.infer_response)
+        return self._finish("infer", make, pb.infer_response)
 
     def _respond(self, model: Model, job: Job, shm_outputs: Mapping[str, str]) -> Any:
         """The infer_response of an ended inference: outputs inline, or written straight
@@ -137,13 +147,13 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             cookie = self.runtime.post(model.id, self._ifmaps(request, model), shm_outputs)
             return pb.infer_post_response(cookie=cookie)
 
-        return _finish("infer_post", make, pb.infer_post_response)
+        return self._finish("infer_post", make, pb.infer_post_response)
 
     def infer_wait(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             return self._answer(self.runtime.inflight.wait(request.cookie), request)
 
-        return _finish("infer_wait", make, pb.infer_response)
+        return self._finish("infer_wait", make, pb.infer_response)
 
     def infer_poll(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -153,14 +163,14 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 return response
             return self._answer(self.runtime.inflight.wait(request.cookie), request)
 
-        return _finish("infer_poll", make, pb.infer_response)
+        return self._finish("infer_poll", make, pb.infer_response)
 
     def infer_check_completion(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             done = self.runtime.inflight.completed(request.cookie)
             return pb.infer_check_completion_response(cookie=done)
 
-        return _finish("infer_check_completion", make, pb.infer_check_completion_response)
+        return self._finish("infer_check_completion", make, pb.infer_check_completion_response)
 
     def _answer(self, posted: Posted, request: Any) -> Any:
         """The response for an ended posted inference; the OFMAP buffers named by the
@@ -203,7 +213,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             counters = self.runtime.nc_counters(request.vnc_id)
             return pb.read_nc_counters_response(nc_counters=_nc_counters(request.vnc_id, counters))
 
-        return _finish("read_nc_counters", make, pb.read_nc_counters_response)
+        return self._finish("read_nc_counters", make, pb.read_nc_counters_response)
 
     def read_nc_time_in_use(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -214,7 +224,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 )
             )
 
-        return _finish("read_nc_time_in_use", make, pb.read_nc_time_in_use_response)
+        return self._finish("read_nc_time_in_use", make, pb.read_nc_time_in_use_response)
 
     def get_hw_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -229,7 +239,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 counters=_hw_counters(device, self.runtime.transfer_adjustment)
             )
 
-        return _finish("get_hw_counters", make, pb.get_hw_counters_response)
+        return self._finish("get_hw_counters", make, pb.get_hw_counters_response)
 
     def get_all_hw_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -239,7 +249,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 ]
             )
 
-        return _finish("get_all_hw_counters", make, pb.get_all_hw_counters_response)
+        return self._finish("get_all_hw_counters", make, pb.get_all_hw_counters_response)
 
     def read_inference_counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         # Its response has no status field: every failure here is a bug, logged.
@@ -274,7 +284,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 ),
             )
 
-        return _finish("read_all_counters", make, pb.read_all_counters_response)
+        return self._finish("read_all_counters", make, pb.read_all_counters_response)
 
     def read_all_metrics(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -307,21 +317,21 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 )
             return pb.read_all_metrics_response(nmgr_metrics=metrics)
 
-        return _finish("read_all_metrics", make, pb.read_all_metrics_response)
+        return self._finish("read_all_metrics", make, pb.read_all_metrics_response)
 
     def random_seed(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.random_seed(request.h_eg.id, request.seed)
             return pb.random_seed_response()
 
-        return _finish("random_seed", make, pb.random_seed_response)
+        return self._finish("random_seed", make, pb.random_seed_response)
 
     def set_static_transfer_adjustment(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.set_transfer_adjustment(request.transfer_adjust_cnt)
             return pb.set_static_transfer_adjustment_response()
 
-        return _finish(
+        return self._finish(
             "set_static_transfer_adjustment", make, pb.set_static_transfer_adjustment_response
         )
 
@@ -334,14 +344,14 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             self.shm.map(request.path, request.mmap_prot, request.session_id)
             return pb.shm_map_response()
 
-        return _finish("shm_map", make, pb.shm_map_response)
+        return self._finish("shm_map", make, pb.shm_map_response)
 
     def shm_unmap(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.shm.unmap(request.path)
             return pb.shm_unmap_response()
 
-        return _finish("shm_unmap", make, pb.shm_unmap_response)
+        return self._finish("shm_unmap", make, pb.shm_unmap_response)
 
     # --- NeuronCore groups ----------------------------------------------------------
     def create_eg(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -349,14 +359,14 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
             ncg = self.runtime.create_ncg(request.nc_count, session_id=request.session_id)
             return pb.create_eg_response(h_eg=pb.h_eg(id=ncg.id), nc_count=ncg.nc_count)
 
-        return _finish("create_eg", make, pb.create_eg_response)
+        return self._finish("create_eg", make, pb.create_eg_response)
 
     def destroy_eg(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
             self.runtime.destroy_ncg(request.h_eg.id)
             return pb.destroy_eg_response()
 
-        return _finish("destroy_eg", make, pb.destroy_eg_response)
+        return self._finish("destroy_eg", make, pb.destroy_eg_response)
 
     def list_egs(self, request: Any, context: grpc.ServicerContext) -> Any:
         def make() -> Any:
@@ -377,7 +387,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 eg_info=infos, mla_count=len(self.runtime.devices), nc_count=table.total_ncs
             )
 
-        return _finish("list_egs", make, pb.out_list_egs)
+        return self._finish("list_egs", make, pb.out_list_egs)
 
     def get_version(self, request: Any, context: grpc.ServicerContext) -> Any:
         major, minor = parse_version(self.runtime.version)
