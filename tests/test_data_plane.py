@@ -107,6 +107,28 @@ def test_stop_cancels_and_start_serves_again(
         np.testing.assert_array_equal(value, expected[name])
 
 
+def test_poll_is_pending_until_the_inference_ends(
+    stub: Any, two_stage: SampleModel, slow_ncs: Any
+) -> None:
+    model = load(stub, two_stage.neff, timeout=30).h_nn.id
+    x = two_stage.random_inputs(seed=6)
+    expected = outputs(infer(stub, model, x), two_stage)
+    slow_ncs(300)
+    cookie = post(stub, model, x).cookie
+    pending = stub.infer_poll(pb.infer_wait_request(cookie=cookie))
+    assert pending.status.code == Nerr.INFER_PENDING and not pending.ofmap
+    check = pb.infer_check_completion_request(cookie=[cookie])
+    assert list(stub.infer_check_completion(check).cookie) == []
+    deadline = time.monotonic() + 10
+    while not stub.infer_check_completion(check).cookie:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    answer = stub.infer_poll(pb.infer_wait_request(cookie=cookie))
+    assert answer.status.code == Nerr.OK
+    for name, value in outputs(answer, two_stage).items():
+        np.testing.assert_array_equal(value, expected[name])
+
+
 def test_timeout_ends_the_inference(stub: Any, two_stage: SampleModel, slow_ncs: Any) -> None:
     model = load(stub, two_stage.neff, timeout=1).h_nn.id
     x = two_stage.random_inputs(seed=3)
