@@ -52,7 +52,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -61,6 +60,7 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
+from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.daemon.memory import keep_freed_memory
@@ -72,8 +72,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
 ]
-ECHO_SERVICE = "bench.Echo"
-ECHO_METHOD = f"/{ECHO_SERVICE}/echo"
 DEVICE = "0000:00:1c.0"  # one device: 4 NCs
 PROT_RW = 0x1 | 0x2  # PROT_READ | PROT_WRITE
 MIB = 1 << 20
@@ -122,23 +120,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 # --- the bare gRPC echo server ---------------------------------------------------------
-def serve_echo(address: str) -> None:
-    """A bare gRPC server whose one method answers the request's own bytes."""
-
-    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return request
-
-    handler = grpc.method_handlers_generic_handler(
-        ECHO_SERVICE, {"echo": grpc.unary_unary_rpc_method_handler(echo)}
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(16), options=CHANNEL_OPTIONS)
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(address)
-    server.start()
-    print("ready", flush=True)
-    server.wait_for_termination()
-
-
 class EchoServer:
     """The echo server as a child process on a unix socket in `work`."""
 

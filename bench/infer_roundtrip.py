@@ -18,34 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
+from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client.client import CHANNEL_OPTIONS
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
-
-ECHO_METHOD = "/bench.Echo/echo"
-
-
-def serve_echo(address: str) -> None:
-    """Run a bare gRPC server whose one method returns the request bytes."""
-
-    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return request
-
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"echo": grpc.unary_unary_rpc_method_handler(echo)}
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(16), options=CHANNEL_OPTIONS)
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(address)
-    server.start()
-    print("ready", flush=True)
-    server.wait_for_termination()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,7 +64,9 @@ def main() -> int:
         x = sample.random_inputs()["x"].tobytes()
         request = pb.infer_request(h_nn=loaded.h_nn, ifmap=[pb.infer_io(name="x", buf=x)])
         payload = request.SerializeToString()
-        echo_call = echo_ch.unary_unary(ECHO_METHOD)
+        echo_call = echo_ch.unary_unary(
+            ECHO_METHOD, request_serializer=None, response_deserializer=None
+        )
 
         def time_calls(call: object, n: int) -> list[float]:
             out = []

@@ -79,70 +79,41 @@ def _normal(rng: np.random.Generator, shape: Sequence[int], mean: float, scale: 
     return rng.normal(mean, scale, tuple(shape))
 
 
-@kernel(
-    "RandomUniform",
-    Engine.ACT,
-    inputs=(0, 0),
-    attrs={
-        **_UNIFORM,
-        "shape": Attr(ints_attr),
-        "dtype": Attr(_dtype_attr(_FLOAT_CODES), np.dtype("float32")),
-    },
-    since=(1, 22),
-)
-def _random_uniform(
-    *, shape: tuple[int, ...], dtype: np.dtype, low: float, high: float, seed: float | None
-) -> np.ndarray:
-    """Y[shape] drawn uniformly from [low, high)."""
-    return np.asarray(_uniform(current_rng(seed), shape, low, high), dtype=dtype)
+def _register(op: str, attrs: Mapping[str, Attr], draw: Any, what: str) -> None:
+    """`op` (values of its `shape`, float32 unless `dtype` says) and `op`Like (values of
+    its input's shape and dtype unless `dtype` says), both drawn by `draw`."""
+
+    def fixed(
+        *, shape: tuple[int, ...], dtype: np.dtype, seed: float | None, **params: float
+    ) -> np.ndarray:
+        return np.asarray(draw(current_rng(seed), shape, **params), dtype=dtype)
+
+    def like(
+        x: np.ndarray, *, dtype: np.dtype | None, seed: float | None, **params: float
+    ) -> np.ndarray:
+        return np.asarray(draw(current_rng(seed), x.shape, **params), dtype=dtype or x.dtype)
+
+    fixed.__doc__ = f"Y[shape] {what}."
+    like.__doc__ = f"Y of X's shape (and dtype unless given) {what}."
+    codes = _dtype_attr(_FLOAT_CODES)
+    kernel(
+        op,
+        Engine.ACT,
+        inputs=(0, 0),
+        attrs={**attrs, "shape": Attr(ints_attr), "dtype": Attr(codes, np.dtype("float32"))},
+        since=(1, 22),
+    )(fixed)
+    kernel(
+        f"{op}Like",
+        Engine.ACT,
+        attrs={**attrs, "dtype": Attr(codes, None)},
+        since=(1, 22),
+        check=_float_dtype_check,
+    )(like)
 
 
-@kernel(
-    "RandomNormal",
-    Engine.ACT,
-    inputs=(0, 0),
-    attrs={
-        **_NORMAL,
-        "shape": Attr(ints_attr),
-        "dtype": Attr(_dtype_attr(_FLOAT_CODES), np.dtype("float32")),
-    },
-    since=(1, 22),
-)
-def _random_normal(
-    *, shape: tuple[int, ...], dtype: np.dtype, mean: float, scale: float, seed: float | None
-) -> np.ndarray:
-    """Y[shape] drawn from the normal distribution N(mean, scale^2)."""
-    return np.asarray(_normal(current_rng(seed), shape, mean, scale), dtype=dtype)
-
-
-@kernel(
-    "RandomUniformLike",
-    Engine.ACT,
-    attrs={**_UNIFORM, "dtype": Attr(_dtype_attr(_FLOAT_CODES), None)},
-    since=(1, 22),
-    check=_float_dtype_check,
-)
-def _random_uniform_like(
-    x: np.ndarray, *, dtype: np.dtype | None, low: float, high: float, seed: float | None
-) -> np.ndarray:
-    """Y of X's shape (and dtype unless given) drawn uniformly from [low, high)."""
-    value = _uniform(current_rng(seed), x.shape, low, high)
-    return np.asarray(value, dtype=dtype or x.dtype)
-
-
-@kernel(
-    "RandomNormalLike",
-    Engine.ACT,
-    attrs={**_NORMAL, "dtype": Attr(_dtype_attr(_FLOAT_CODES), None)},
-    since=(1, 22),
-    check=_float_dtype_check,
-)
-def _random_normal_like(
-    x: np.ndarray, *, dtype: np.dtype | None, mean: float, scale: float, seed: float | None
-) -> np.ndarray:
-    """Y of X's shape (and dtype unless given) drawn from N(mean, scale^2)."""
-    value = _normal(current_rng(seed), x.shape, mean, scale)
-    return np.asarray(value, dtype=dtype or x.dtype)
+_register("RandomUniform", _UNIFORM, _uniform, "drawn uniformly from [low, high)")
+_register("RandomNormal", _NORMAL, _normal, "drawn from the normal distribution N(mean, scale^2)")
 
 
 @kernel(
