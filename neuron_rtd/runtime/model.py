@@ -157,7 +157,6 @@ class Job:
     The slot (and so the outputs in it) is held until the job is answered or dropped:
     `ninfer` bounds the inferences posted and not yet waited for."""
 
-    model: Model
     variant: Variant
     slot: int
     sizes: Mapping[str, int]
@@ -179,7 +178,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return not self._running.locked()
+        return self.state is JobState.DONE
 
     def wait_done(self, timeout_s: float | None = None) -> bool:
         """Wait until the job has ended; False if it has not within `timeout_s`."""
@@ -275,7 +274,7 @@ class Model:
                     f"model {self.id} already has {self.params.ninfer} inferences in flight "
                     f"(ninfer {self.params.ninfer})"
                 )
-            job = Job(self, variant, self._free.pop(), sizes)
+            job = Job(variant, self._free.pop(), sizes)
             self._jobs.add(job)
         try:
             self._copy_in(job, inputs, shapes)
@@ -332,7 +331,8 @@ class Model:
         job._running.release()
 
     def _execute(self, job: Job) -> None:
-        job.state = JobState.RUNNING
+        with self._cond:  # stop/unload read the state under it
+            job.state = JobState.RUNNING
         job.started = time.monotonic()
         deadline = job.started + self.params.timeout_s
         steps = job.variant.steps
