@@ -147,3 +147,20 @@ def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
     blas.run_ends()
     assert blas.threads() == most
     blas.run_ends()
+
+
+def test_models_on_different_ncgs_run_in_parallel(
+    local: LocalRuntime, nc_runs: list[tuple[int, float, float]]
+) -> None:
+    sample = build_mlp((32, 64, 8), batch=2, seed=6)
+    first = local.load(sample.neff, ninfer=2)
+    second = local.load(sample.neff, ninfer=2)
+    assert first.ncg_id != second.ncg_id and set(first.vncs).isdisjoint(second.vncs)
+    local.devices[0].inject("nc_delay_ms=40")
+    x = sample.random_inputs(seed=1)
+    cookies = [(m, local.post(m, x)) for _ in range(2) for m in (first, second)]
+    for model, cookie in cookies:
+        got = local.wait(model, cookie)
+        np.testing.assert_allclose(got["probs"], sample.reference(x)["probs"], rtol=1e-5)
+    assert len(nc_runs) == 4
+    assert overlapping_pairs(nc_runs) >= 1  # the two models' NCs were busy at once
