@@ -47,10 +47,6 @@ class Inflight:
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._posted)
-
     def post(self, model: Model, inputs: Mapping[str, Any], extra: Any = None) -> int:
         """Submit an inference and queue it; its cookie."""
         if self._closed.is_set():
@@ -88,7 +84,7 @@ class Inflight:
         posted = self.take(cookie)
         params = posted.model.params
         bound = params.timeout_s * (params.ninfer + 1) + 1.0
-        if not posted.model.wait(posted.job, bound):
+        if not posted.job.wait_done(bound):
             posted.model.abandon(posted.job)
             raise InferTimeout(
                 f"cookie {cookie}: inference on model {posted.model.id} has not ended after "

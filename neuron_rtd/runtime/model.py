@@ -212,7 +212,6 @@ class Model:
     session_id: int = 0
     state: ModelState = ModelState.STANDBY
     failure: str = ""
-    infer_count: int = 0
     host_pool: threading.BoundedSemaphore = field(default_factory=_default_host_pool)
     observer: Observer | None = None
     _free: list[int] = field(default_factory=list)
@@ -324,8 +323,6 @@ class Model:
             if job.abandoned:
                 self._release_locked(job)
             self._wake()
-        if job.error is None:
-            self.infer_count += 1
         if self.observer is not None:
             self.observer.inference_done(job)
         job._running.release()
@@ -371,10 +368,6 @@ class Model:
             self.state = ModelState.FAILED
             self.failure = str(error)
         log.error("Model %d stopped after an unrecoverable error", self.id, extra={"fn": "infer"})
-
-    def wait(self, job: Job, timeout_s: float | None = None) -> bool:
-        """Wait until `job` has ended; False if it has not within `timeout_s`."""
-        return job.wait_done(timeout_s)
 
     @contextlib.contextmanager
     def answer(self, job: Job) -> Iterator[dict[str, np.ndarray]]:
