@@ -7,52 +7,122 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import pytest
 
-import driver_sim
 from neuron_rtd.errors import InferCancelled, InvalidHandle, QueueFull
+from neuron_rtd.neff import Stage
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.runtime.local import LocalRuntime
-from neuron_rtd.runtime.model import LoadMode
+from neuron_rtd.runtime import (
+    DeviceApi,
+    DeviceSpec,
+    DramBuffer,
+    LoadMode,
+    LocalRuntime,
+    NcCounters,
+    NeuronCoreApi,
+    RunFn,
+    SimDevice,
+)
+
+Runs = list[tuple[int, float, float]]  # (NC index, start, end) of each NC run
+
+
+class TimedCore:
+    """An NC whose runs are timed: from the start of the run (where an injected delay
+    sleeps) to the end of its outputs' copy, one run at a time as on the NC itself."""
+
+    def __init__(self, core: NeuronCoreApi, index: int, runs: Runs) -> None:
+        self._core, self._index, self._runs = core, index, runs
+        self._lock = threading.Lock()
+
+    def load(self, program: Stage) -> RunFn:
+        run = self._core.load(program)
+
+        def timed(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
+            with self._lock:
+                start = time.monotonic()
+                cycles = run(inputs, outputs)
+                self._runs.append((self._index, start, time.monotonic()))
+            return cycles
+
+        return timed
+
+    def seed(self, seed: int, stream: int) -> None:
+        self._core.seed(seed, stream)
+
+    def counters(self) -> NcCounters:
+        return self._core.counters()
+
+
+class TimedDevice:
+    """A simulated device seen through the driver port, its NC runs timed."""
+
+    def __init__(self, device: DeviceApi, runs: Runs) -> None:
+        assert isinstance(device, SimDevice)
+        self._device = device
+        self._cores = [TimedCore(device.nc(i), i, runs) for i in range(device.spec.nc_count)]
+
+    @property
+    def index(self) -> int:
+        return self._device.index
+
+    @property
+    def bdf(self) -> str:
+        return self._device.bdf
+
+    @property
+    def spec(self) -> DeviceSpec:
+        return self._device.spec
+
+    def reset(self) -> None:
+        self._device.reset()
+
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer:
+        return self._device.dram_alloc(channel, nbytes, tag=tag)
+
+    def dram_free(self, buf: DramBuffer) -> None:
+        self._device.dram_free(buf)
+
+    def dram_used(self) -> tuple[int, ...]:
+        return self._device.dram_used()
+
+    def nc(self, i: int) -> TimedCore:
+        return self._cores[i]
+
+    def hw_counters(self) -> Any:
+        return self._device.hw_counters()
+
+    def release(self) -> None:
+        self._device.release()
+
+    def inject(self, fault: str) -> None:
+        self._device.inject(fault)
 
 
 @pytest.fixture
-def local() -> Iterator[LocalRuntime]:
-    with LocalRuntime("inf1.xlarge") as rt:
+def nc_runs() -> Runs:
+    return []
+
+
+@pytest.fixture
+def local(nc_runs: Runs) -> Iterator[LocalRuntime]:
+    with LocalRuntime("inf1.xlarge", wrap_device=lambda d: TimedDevice(d, nc_runs)) as rt:
         yield rt
+
+
+def device(local: LocalRuntime) -> TimedDevice:
+    first = local.devices[0]
+    assert isinstance(first, TimedDevice)
+    return first
 
 
 @pytest.fixture(scope="module")
 def four_stages() -> SampleModel:
     return build_mlp((32, 64, 64, 64, 8), batch=2, neuron_nodes=4, seed=5)
-
-
-@pytest.fixture
-def nc_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float, float]]:
-    """(NC index, start, end) of every NC run, timed inside the NC's lock: from the start
-    of the run (where an injected delay sleeps) to its outputs' copy."""
-    runs: list[tuple[int, float, float]] = []
-    started = threading.local()
-    lock = threading.Lock()
-    before_run = driver_sim.Device.before_run
-    copy_outputs = driver_sim.core.copy_outputs
-
-    def timed_before_run(self: Any, nc: int) -> None:
-        started.at = time.monotonic()
-        before_run(self, nc)
-
-    def timed_copy_outputs(program: Any, env: Any, outputs: Any) -> None:
-        copy_outputs(program, env, outputs)
-        with lock:
-            runs.append((program.owner.index, started.at, time.monotonic()))
-
-    monkeypatch.setattr(driver_sim.Device, "before_run", timed_before_run)
-    monkeypatch.setattr(driver_sim.core, "copy_outputs", timed_copy_outputs)
-    return runs
 
 
 def overlapping_pairs(runs: list[tuple[int, float, float]]) -> int:
@@ -79,7 +149,7 @@ def test_stages_of_different_inferences_overlap(
 ) -> None:
     model = local.load(four_stages.neff, ninfer=4)
     assert model.mode is LoadMode.NORMAL and len(model.vncs) == 4
-    local.devices[0].inject("nc_delay_ms=40")  # each stage long enough to be seen
+    device(local).inject("nc_delay_ms=40")  # each stage long enough to be seen
     run_posted(local, model, four_stages, 4)
     assert len(nc_runs) == 16
     assert overlapping_pairs(nc_runs) >= 3  # request k+1 on NC i while request k on NC i+1
@@ -95,7 +165,7 @@ def test_shared_nc_mode_runs_one_inference_at_a_time(
     model = local.load(four_stages.neff, ninfer=4, ncg_id=ncg.id)
     local.runtime.start(model.id)
     assert model.mode is LoadMode.SHARED
-    local.devices[0].inject("nc_delay_ms=10")
+    device(local).inject("nc_delay_ms=10")
     run_posted(local, model, four_stages, 4)
     assert len(nc_runs) == 16
     runs = sorted(nc_runs, key=lambda r: r[1])
@@ -112,13 +182,13 @@ def test_slot_is_held_until_collected_and_swept_when_never(
         local.post(model, x)
     local.wait(model, first)
     third = local.post(model, x)  # the collected one's slot
-    inflight = local.runtime.inflight
+    inflight = local.runtime._inflight  # the cookie table's sweep, made to run now
     inflight.ttl_s = 0.0
     deadline = time.monotonic() + 10
     while len(inflight.sweep()) < 2 and time.monotonic() < deadline:
         inflight.ttl_s = 0.0
         time.sleep(0.01)
-    assert model.in_flight == 0  # both uncollected ones dropped
+    assert local.runtime.model(model.id).in_flight == 0  # both uncollected ones dropped
     for cookie in (second, third):
         with pytest.raises(InvalidHandle, match=f"cookie {cookie}"):
             local.wait(model, cookie)
@@ -126,14 +196,14 @@ def test_slot_is_held_until_collected_and_swept_when_never(
 
 def test_stop_cancels_posted_inferences(local: LocalRuntime, four_stages: SampleModel) -> None:
     model = local.load(four_stages.neff, ninfer=4)
-    local.devices[0].inject("nc_delay_ms=50")
+    device(local).inject("nc_delay_ms=50")
     x = four_stages.random_inputs(seed=2)
     cookies = [local.post(model, x) for _ in range(4)]
     local.runtime.stop(model.id)
     for cookie in cookies:
         with pytest.raises(InferCancelled, match="stopped"):
             local.wait(model, cookie)
-    assert model.in_flight == 0
+    assert local.runtime.model(model.id).in_flight == 0
 
 
 def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
@@ -156,7 +226,7 @@ def test_models_on_different_ncgs_run_in_parallel(
     first = local.load(sample.neff, ninfer=2)
     second = local.load(sample.neff, ninfer=2)
     assert first.ncg_id != second.ncg_id and set(first.vncs).isdisjoint(second.vncs)
-    local.devices[0].inject("nc_delay_ms=40")
+    device(local).inject("nc_delay_ms=40")
     x = sample.random_inputs(seed=1)
     cookies = [(m, local.post(m, x)) for _ in range(2) for m in (first, second)]
     for model, cookie in cookies:

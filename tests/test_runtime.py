@@ -22,14 +22,24 @@ from neuron_rtd.errors import (
 )
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import build_mlp, build_relu
-from neuron_rtd.runtime.loader import LoadMode
+from neuron_rtd.runtime import (
+    FIRST_MODEL_ID,
+    LoadMode,
+    Runtime,
+    RuntimeOptions,
+    SimDevice,
+    acquire_sim,
+)
 from neuron_rtd.runtime.model import all_finite
-from neuron_rtd.runtime.runtime import FIRST_MODEL_ID, Runtime, RuntimeOptions
 
 
 @pytest.fixture
-def runtime(machine: driver_sim.Machine) -> Iterator[Runtime]:
-    devices = machine.acquire(range(4), address="in-process", version="test")
+def devices(machine: driver_sim.Machine) -> list[SimDevice]:
+    return acquire_sim(machine, range(4), address="in-process", version="test")
+
+
+@pytest.fixture
+def runtime(devices: list[SimDevice]) -> Iterator[Runtime]:
     rt = Runtime(devices)
     rt.init_devices()
     yield rt
@@ -59,7 +69,7 @@ def test_ncg_ids_contiguity_and_largest_run(runtime: Runtime) -> None:
 def test_ncg_spans_devices(runtime: Runtime) -> None:
     runtime.create_ncg(2)
     ncg = runtime.create_ncg(4)  # vncs 2..5: device 0 NCs 2,3 and device 1 NCs 0,1
-    assert [runtime.ncgs.locate(v).device_slot for v in ncg.vncs] == [0, 0, 1, 1]
+    assert [runtime.locate(v)[0] for v in ncg.vncs] == [0, 0, 1, 1]
 
 
 def test_implicit_load_runs_and_matches_numpy(runtime: Runtime) -> None:
@@ -73,16 +83,16 @@ def test_implicit_load_runs_and_matches_numpy(runtime: Runtime) -> None:
     assert result.code == Nerr.OK
     probs = np.frombuffer(result.outputs["probs"], np.float32).reshape(3, 8)
     np.testing.assert_allclose(probs, sample.reference(inputs)["probs"], rtol=1e-5, atol=1e-6)
-    ncg = runtime.ncgs.get(model.ncg_id)
+    ncg = runtime.ncg(model.ncg_id)
     assert ncg.implicit
     runtime.unload(model.id)
     assert runtime.list_ncgs() == []
 
 
-def test_neuron_cores_count_work(runtime: Runtime) -> None:
+def test_neuron_cores_count_work(runtime: Runtime, devices: list[SimDevice]) -> None:
     sample = build_mlp((64, 32, 10), batch=2)
     model = runtime.load(read_neff(sample.neff))
-    core = runtime.devices[0].nc(0)
+    core = devices[0].nc(0)
     before = core.counters()
     runtime.infer(model.id, {k: v.tobytes() for k, v in sample.random_inputs().items()})
     after = core.counters()
@@ -112,11 +122,11 @@ def test_shared_mode_and_resource_nc(runtime: Runtime) -> None:
         runtime.load(wide, ncg_id=ncg.id)
 
 
-def test_dram_is_accounted_and_returned(runtime: Runtime) -> None:
+def test_dram_is_accounted_and_returned(runtime: Runtime, devices: list[SimDevice]) -> None:
     sample = read_neff(build_mlp((256, 256, 16), batch=4).neff)
-    device = runtime.devices[0]
+    device = devices[0]
     before = device.dram_used()
-    model = runtime.load(sample, params=runtime.params(ninfer=3))
+    model = runtime.load(sample, ninfer=3)
     used = sum(device.dram_used()) - sum(before)
     io_per_slot = sum(t.nbytes for t in sample.tensors.values())
     assert used >= sample.weight_bytes + 3 * io_per_slot
@@ -125,12 +135,12 @@ def test_dram_is_accounted_and_returned(runtime: Runtime) -> None:
     assert device.dram_used() == before
 
 
-def test_dram_exhaustion_frees_partial_load(runtime: Runtime) -> None:
+def test_dram_exhaustion_frees_partial_load(runtime: Runtime, devices: list[SimDevice]) -> None:
     neff = read_neff(build_relu((1 << 28,), name="big"))
     with pytest.raises(ResourceError, match="cannot allocate") as info:
-        runtime.load(neff, params=runtime.params(ninfer=3))
+        runtime.load(neff, ninfer=3)
     assert info.value.code == Nerr.RESOURCE
-    assert runtime.devices[0].dram_used() == (0, 0)
+    assert devices[0].dram_used() == (0, 0)
     assert runtime.list_ncgs() == []
 
 
@@ -148,15 +158,15 @@ def test_input_checks(runtime: Runtime) -> None:
 
 def test_queue_full_past_ninfer(runtime: Runtime) -> None:
     sample = build_mlp((8, 8, 4))
-    model = runtime.load(read_neff(sample.neff), params=runtime.params(ninfer=1))
+    model = runtime.load(read_neff(sample.neff), ninfer=1)
     x = {"x": sample.random_inputs()["x"].tobytes()}
     cookie = runtime.post(model.id, x)  # in flight until it is waited for, done or not
     deadline = time.monotonic() + 30
-    while not runtime.poll(cookie) and time.monotonic() < deadline:
+    while not runtime.completed([cookie]) and time.monotonic() < deadline:
         time.sleep(0.001)
     with pytest.raises(QueueFull, match="ninfer 1"):
         runtime.infer(model.id, x)
-    assert runtime.stats.snapshot().infer_queue_drop_count == 1
+    assert runtime.counters().infer_queue_drop_count == 1
     assert set(runtime.wait(cookie).outputs) == {t.name for t in model.neff.outputs}
     assert runtime.infer(model.id, x).code == Nerr.OK  # the slot is free again
 
@@ -176,7 +186,7 @@ def test_model_params_are_checked(runtime: Runtime) -> None:
 
 
 def test_init_failure_answers_hw_error(machine: driver_sim.Machine) -> None:
-    devices = machine.acquire([0], address="in-process", version="test")
+    devices = acquire_sim(machine, [0], address="in-process", version="test")
     try:
         devices[0].inject("init_fail")
         rt = Runtime(devices)
@@ -188,7 +198,7 @@ def test_init_failure_answers_hw_error(machine: driver_sim.Machine) -> None:
 
 
 def test_models_per_ncg_limit(machine: driver_sim.Machine) -> None:
-    devices = machine.acquire([0], address="in-process", version="test")
+    devices = acquire_sim(machine, [0], address="in-process", version="test")
     rt = Runtime(devices, options=RuntimeOptions(models_per_ncg=2))
     try:
         rt.init_devices()

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 import driver_sim
 from driver_sim.errors import KernelError
 from driver_sim.kernels import KERNELS
+from neuron_rtd import onnxrt
 from neuron_rtd.compiler.bounds import Bound, plan_bounds
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.compiler.lower import lower
@@ -26,7 +27,7 @@ from neuron_rtd.compiler.onnx_attrs import node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
 from neuron_rtd.compiler.partition import CPU, NC, Segment
 from neuron_rtd.neff import NeffBuilder, StageSpec
-from neuron_rtd.runtime.host import ORT_MODEL, ORT_OP
+from neuron_rtd.neff.cpu_node import ORT_MODEL, ORT_OP
 
 SUB_MODEL_IR_VERSION = 10  # what onnxruntime 1.31 reads (it stops at 13)
 ELEMENT_COST = 32  # a written element costs about as much host time as this many MACs
@@ -290,15 +291,8 @@ class Emitter:
 
 def _check_ort(name: str, segment: Segment, model: onnx.ModelProto) -> None:
     """onnxruntime must accept the CPU node's sub-model now, not at load time."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1
     try:
-        ort.InferenceSession(
-            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        onnxrt.session(model, threads=1, log_severity=onnxrt.LOG_SILENT)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         ops = sorted({node.op_type for node in segment.nodes})

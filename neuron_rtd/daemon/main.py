@@ -28,9 +28,8 @@ from neuron_rtd.daemon.listener import (
 )
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
-from neuron_rtd.runtime.runtime import Runtime, RuntimeOptions
-from neuron_rtd.runtime.shm import ShmTable
-from neuron_rtd.server.servicer import SessionServicer, add_servicers
+from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim
+from neuron_rtd.server import SessionServicer, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -109,7 +108,7 @@ class Daemon:
         self.config = config
         self.address = parse_address(config.server_address)
         self.listener: UnixListener | None = None
-        self.devices: list[driver_sim.Device] = []
+        self.devices: list[SimDevice] = []
         self._stop = threading.Event()
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
@@ -153,13 +152,14 @@ class Daemon:
             self.listener.claim()
         machine = driver_sim.Machine.open(config.sim_root, instance_type=config.sim.instance_type)
         indices = select_devices(machine, config.devices)
-        self.devices = machine.acquire(indices, address=self.address.text, version=__version__)
+        self.devices = acquire_sim(machine, indices, address=self.address.text, version=__version__)
         runtime = Runtime(
             self.devices,
             options=RuntimeOptions(
                 default_timeout_s=config.default_timeout,
                 default_ninfer=config.default_ninfer,
                 models_per_ncg=config.model_cache_count,
+                shmem_enabled=config.shmem_enabled,
             ),
         )
         sd.notify("STATUS=Initializing devices")
@@ -171,7 +171,6 @@ class Daemon:
         sessions = add_servicers(
             server,
             runtime,
-            ShmTable(enabled=config.shmem_enabled),
             address=self.address.text,
             sim_root=str(machine.root),
             instance_type=machine.instance_type,

@@ -1,0 +1,76 @@
+"""The runtime's face: everything outside `neuron_rtd.runtime` uses these names only.
+
+`Runtime` is the transport-free core (NCGs, the model DB, load/start/stop/unload,
+infer/post/wait/poll/completed, sessions, shm maps, counters); the gRPC server calls one of
+its methods per RPC. `LocalRuntime` runs the same path in-process on a private simulated
+machine. Devices reach it through the driver port (`DeviceApi`; `acquire_sim` owns
+simulated ones).
+"""
+
+from neuron_rtd.runtime.api import (
+    DeviceInfo,
+    HwCounters,
+    InferResult,
+    Input,
+    ModelInfo,
+    NcgInfo,
+    NeffFile,
+    ShmInput,
+    ShmOutputs,
+    SystemCounters,
+    Topology,
+)
+from neuron_rtd.runtime.driver import (
+    DeviceApi,
+    DeviceSpec,
+    DramBuffer,
+    NcCounters,
+    NeuronCoreApi,
+    RunFn,
+    SimDevice,
+    acquire_sim,
+)
+from neuron_rtd.runtime.local import LocalRuntime
+from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
+from neuron_rtd.runtime.runtime import (
+    FIRST_MODEL_ID,
+    Runtime,
+    RuntimeOptions,
+    SessionRelease,
+    parse_version,
+)
+from neuron_rtd.runtime.stats import Aggregate, MetricSeries, NmgrCounters
+
+__all__ = [
+    "FIRST_MODEL_ID",
+    "Aggregate",
+    "DeviceApi",
+    "DeviceInfo",
+    "DeviceSpec",
+    "DramBuffer",
+    "HwCounters",
+    "InferResult",
+    "Input",
+    "LoadMode",
+    "LocalRuntime",
+    "MetricSeries",
+    "ModelInfo",
+    "ModelParams",
+    "ModelState",
+    "NcCounters",
+    "NcgInfo",
+    "NeffFile",
+    "NeuronCoreApi",
+    "NmgrCounters",
+    "RunFn",
+    "Runtime",
+    "RuntimeOptions",
+    "SessionRelease",
+    "ShmInput",
+    "ShmOutputs",
+    "SimDevice",
+    "SystemCounters",
+    "Topology",
+    "acquire_sim",
+    "parse_version",
+]

@@ -1,35 +1,133 @@
-"""The narrow interface through which the runtime reaches the driver.
+"""The driver port: the one way the runtime reaches a Neuron device, and its adapter to
+the simulated driver (`driver_sim`), the only runtime module that imports it.
 
-The runtime is handed a list of owned devices that satisfy `DeviceApi` (driver_sim's
-`Device` does; a test or another backend plugs in here). Driver exceptions become runtime
-exceptions in one place, `driver_errors()`.
+The runtime is handed devices that satisfy `DeviceApi`: an owned device with its spec,
+reset, DRAM allocation, health counters, and NeuronCores (`NeuronCoreApi`) that load an
+NC program (a NEFF `Stage`, its weights placed in DRAM) and give back a run function, and
+that are seeded and read. `SimDevice` adapts a `driver_sim.Device`; a test plugs in its own
+device here (wrapping a `SimDevice`, say) instead of patching the driver. Driver exceptions
+become runtime exceptions in one place, `driver_errors()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 import driver_sim
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
+from neuron_rtd.neff import Stage
+
+# A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.
+RunFn = Callable[[Mapping[str, Any], Mapping[str, Any]], int]
+# A CPU node's run: the same, counting nothing.
+HostFn = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+
+DynamicBuffer = driver_sim.DynamicBuffer  # a tensor whose shape its producer decides
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    nc_count: int
+    dram_channels: int
+    channel_bytes: int
+
+    @property
+    def dram_bytes(self) -> int:
+        return self.dram_channels * self.channel_bytes
+
+    def channel_of(self, nc: int) -> int:
+        """The DRAM channel next to NC `nc`."""
+        return nc * self.dram_channels // self.nc_count
+
+
+class DramBuffer(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+    def view(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray: ...
+
+
+class NcCounters(Protocol):
+    """What an NC has counted since its device's last reset (the wire's fields)."""
+
+    @property
+    def pe_num_idle_cycles(self) -> int: ...
+    @property
+    def pe_num_wait_event_cycles(self) -> int: ...
+    @property
+    def pe_matmul_num_wait_event_cycles(self) -> int: ...
+    @property
+    def pe_num_executed_instr(self) -> int: ...
+    @property
+    def pe_matmul_num_executed_instr(self) -> int: ...
+    @property
+    def pool_num_idle_cycles(self) -> int: ...
+    @property
+    def pool_num_wait_event_cycles(self) -> int: ...
+    @property
+    def pool_num_executed_instr(self) -> int: ...
+    @property
+    def act_num_idle_cycles(self) -> int: ...
+    @property
+    def act_num_wait_event_cycles(self) -> int: ...
+    @property
+    def act_num_executed_instr(self) -> int: ...
+    @property
+    def sb_rmw_count(self) -> int: ...
+    @property
+    def macs_count(self) -> int: ...
+    @property
+    def busy_ns(self) -> int: ...
+
+
+class EccCounters(Protocol):
+    @property
+    def mem_ecc_corr(self) -> int: ...
+    @property
+    def mem_ecc_uncorr(self) -> int: ...
+    @property
+    def sram_ecc_corr(self) -> int: ...
+    @property
+    def sram_ecc_uncorr(self) -> int: ...
+
+
+class NeuronCoreApi(Protocol):
+    def load(self, program: Stage) -> RunFn:
+        """Check `program` (its weights already in this device's DRAM) and prepare it;
+        what runs it on this NC."""
+        ...
+
+    def seed(self, seed: int, stream: int) -> None: ...
+
+    def counters(self) -> NcCounters: ...
 
 
 class DeviceApi(Protocol):
-    index: int
-    bdf: str
+    @property
+    def index(self) -> int: ...
+    @property
+    def bdf(self) -> str: ...
+    @property
+    def spec(self) -> DeviceSpec: ...
 
     def reset(self) -> None: ...
 
-    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> Any: ...
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer: ...
 
-    def dram_free(self, buf: Any) -> None: ...
+    def dram_free(self, buf: DramBuffer) -> None: ...
 
-    def dram_used(self) -> tuple[int, int]: ...
+    def dram_used(self) -> tuple[int, ...]: ...
 
-    def nc(self, i: int) -> Any: ...
+    def nc(self, i: int) -> NeuronCoreApi: ...
 
-    def hw_counters(self) -> Any: ...
+    def hw_counters(self) -> EccCounters: ...
 
     def release(self) -> None: ...
 
@@ -49,3 +147,108 @@ def driver_errors(context: str) -> Iterator[None]:
         raise HwError(f"{context}: {exc}") from exc
     except driver_sim.DriverError as exc:
         raise NrtError(f"{context}: {exc}") from exc
+
+
+# --- the simulated driver ---------------------------------------------------------------
+SIM_SPEC = DeviceSpec(
+    nc_count=driver_sim.NC_PER_DEVICE,
+    dram_channels=driver_sim.DRAM_CHANNELS,
+    channel_bytes=driver_sim.CHANNEL_BYTES,
+)
+
+
+def _nc_program(program: Stage) -> driver_sim.NcProgram:
+    return driver_sim.NcProgram(
+        instructions=[
+            driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
+            for i in program.instructions
+        ],
+        weights=dict(program.weights),
+        inputs=list(program.inputs),
+        outputs=list(program.outputs),
+    )
+
+
+class SimCore:
+    """An NC of a simulated device."""
+
+    def __init__(self, core: driver_sim.NeuronCore) -> None:
+        self._core = core
+
+    def load(self, program: Stage) -> RunFn:
+        loaded = self._core.load(_nc_program(program))
+        return functools.partial(self._core.run, loaded)
+
+    def seed(self, seed: int, stream: int) -> None:
+        self._core.seed(seed, stream)
+
+    def counters(self) -> driver_sim.NcCounters:
+        return self._core.counters()
+
+
+class SimDevice:
+    """A simulated device this process owns."""
+
+    spec = SIM_SPEC
+
+    def __init__(self, device: driver_sim.Device) -> None:
+        self._device = device
+        self._cores = [SimCore(device.nc(i)) for i in range(SIM_SPEC.nc_count)]
+
+    @property
+    def index(self) -> int:
+        return self._device.index
+
+    @property
+    def bdf(self) -> str:
+        return self._device.bdf
+
+    def reset(self) -> None:
+        self._device.reset()
+
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> driver_sim.DramBuffer:
+        return self._device.dram_alloc(channel, nbytes, tag=tag)
+
+    def dram_free(self, buf: DramBuffer) -> None:
+        assert isinstance(buf, driver_sim.DramBuffer)
+        self._device.dram_free(buf)
+
+    def dram_used(self) -> tuple[int, int]:
+        return self._device.dram_used()
+
+    def nc(self, i: int) -> SimCore:
+        return self._cores[i]
+
+    def hw_counters(self) -> driver_sim.HwCounters:
+        return self._device.hw_counters()
+
+    def release(self) -> None:
+        self._device.release()
+
+    def inject(self, fault: str) -> None:
+        """Inject a fault (`driver_sim.FaultSpec` syntax): the simulator's test lever."""
+        self._device.inject(fault)
+
+
+def open_sim(root: Path, instance_type: str, *, address: str, version: str) -> list[SimDevice]:
+    """Own every device of the simulated machine at `root` (made if missing)."""
+    machine = driver_sim.Machine.open(root, instance_type=instance_type)
+    return acquire_sim(machine, range(machine.device_count), address=address, version=version)
+
+
+def acquire_sim(
+    machine: driver_sim.Machine, indices: Sequence[int], *, address: str, version: str
+) -> list[SimDevice]:
+    """Own devices `indices` of a simulated machine (DriverError names an owner)."""
+    return [SimDevice(d) for d in machine.acquire(indices, address=address, version=version)]
+
+
+def host_program(what: str, program: Stage) -> HostFn:
+    """A CPU node (`what`) made of NC instructions, run with the NC's kernels on the host."""
+    with driver_errors(what):
+        loaded = driver_sim.load_program(f"host ({what})", _nc_program(program))
+
+    def run(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        driver_sim.execute_program(loaded, inputs, outputs)
+
+    return run

@@ -1,29 +1,25 @@
-"""CPU nodes: the parts of a NEFF that run on the host, not on a NeuronCore.
+"""CPU nodes: the parts of a NEFF that run on the host, not on a NeuronCore (the format
+is in `neff.cpu_node`).
 
-A CPU node compiled from ONNX holds one `OnnxRuntime` instruction whose last input is the
-weight `onnx_model`: the serialized ONNX sub-model of the ops the NC library lacks. The
-host runs it with onnxruntime, the way the original runtime left unsupported ops to the
-framework. A hand-built CPU node (instructions of NC ops) runs with the NC kernels on the
-host instead. Either runs in the inference's own thread and counts nothing on a device.
+An ONNX sub-model runs with onnxruntime, the way the original runtime left unsupported ops
+to the framework; a CPU node of NC instructions runs with the NC kernels on the host
+(through the driver port). Either runs in the inference's own thread and counts nothing on
+a device.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-import driver_sim
+from neuron_rtd import onnxrt
 from neuron_rtd.errors import InferError, NeffInvalid
 from neuron_rtd.neff import Stage
-from neuron_rtd.runtime.driver import driver_errors
-
-HostFn = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
-
-ORT_OP = "OnnxRuntime"
-ORT_MODEL = "onnx_model"  # the weight holding the serialized ONNX sub-model
+from neuron_rtd.neff.cpu_node import ORT_MODEL, ORT_OP, is_ort_stage
+from neuron_rtd.runtime.driver import DynamicBuffer, HostFn, driver_errors, host_program
 
 
 def host_threads() -> int:
@@ -31,10 +27,6 @@ def host_threads() -> int:
     the CPUs of this machine)."""
     value = os.environ.get("NEURON_RTD_HOST_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
-
-
-def is_ort_stage(stage: Stage) -> bool:
-    return len(stage.instructions) == 1 and stage.instructions[0].op == ORT_OP
 
 
 def compile_host_stage(node: str, stage: Stage) -> HostFn:
@@ -45,21 +37,18 @@ def compile_host_stage(node: str, stage: Stage) -> HostFn:
 
 
 def _ort_stage(node: str, stage: Stage) -> HostFn:
-    import onnxruntime as ort
-
     (instr,) = stage.instructions
     model = stage.weights.get(ORT_MODEL)
     if model is None or instr.inputs[-1:] != (ORT_MODEL,):
         raise NeffInvalid(f"CPU node '{node}': its {ORT_OP} instruction names no '{ORT_MODEL}'")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = host_threads()
-    options.inter_op_num_threads = 1
-    # Its pool must not spin after a run: the NC kernels that follow need those cores.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 4  # its errors come back as InferError, not on stderr
     try:
-        session = ort.InferenceSession(
-            model.tobytes(), sess_options=options, providers=["CPUExecutionProvider"]
+        # Its pool must not spin after a run: the NC kernels that follow need those cores;
+        # its errors come back as InferError, not on stderr.
+        session = onnxrt.session(
+            model.tobytes(),
+            threads=host_threads(),
+            spinning=False,
+            log_severity=onnxrt.LOG_SILENT,
         )
     except Exception as exc:  # onnxruntime raises its own exception types
         raise NeffInvalid(f"CPU node '{node}': onnxruntime refuses its sub-model: {exc}") from None
@@ -79,7 +68,7 @@ def _ort_stage(node: str, stage: Stage) -> HostFn:
 
 
 def _store(node: str, name: str, value: np.ndarray, target: Any) -> None:
-    if isinstance(target, driver_sim.DynamicBuffer):
+    if isinstance(target, DynamicBuffer):
         with driver_errors(f"CPU node '{node}'"):
             target.accept(value)
         return
@@ -92,20 +81,4 @@ def _store(node: str, name: str, value: np.ndarray, target: Any) -> None:
 
 
 def _kernel_stage(node: str, stage: Stage) -> HostFn:
-    program = driver_sim.NcProgram(
-        instructions=[
-            driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
-            for i in stage.instructions
-        ],
-        weights=dict(stage.weights),
-        inputs=list(stage.inputs),
-        outputs=list(stage.outputs),
-    )
-    owner = f"host (CPU node '{node}')"
-    with driver_errors(f"CPU node '{node}'"):
-        loaded = driver_sim.load_program(owner, program)
-
-    def run(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
-        driver_sim.execute_program(loaded, inputs, outputs)
-
-    return run
+    return host_program(f"CPU node '{node}'", stage)

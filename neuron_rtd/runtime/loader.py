@@ -12,16 +12,16 @@ Tensors with a dynamic axis get DRAM at their planned bound, or none when unboun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-import driver_sim
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Bucket, Neff, Stage
-from neuron_rtd.runtime.driver import DeviceApi, driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, DramBuffer, DynamicBuffer, driver_errors
 from neuron_rtd.runtime.host import compile_host_stage
 from neuron_rtd.runtime.model import (
     HostRun,
@@ -76,13 +76,13 @@ class _Allocator:
     model_name: str
 
     def __post_init__(self) -> None:
-        self.taken: list[tuple[Any, Any]] = []
+        self.taken: list[tuple[DeviceApi, DramBuffer]] = []
         self.placed: dict[tuple[int, int, int, str, tuple[int, ...]], np.ndarray] = {}
 
     def alloc(self, vnc: int, nbytes: int, tag: str) -> np.ndarray:
         loc = self.ncgs.locate(vnc)
         device = self.devices[loc.device_slot]
-        channel = loc.nc * driver_sim.DRAM_CHANNELS // driver_sim.NC_PER_DEVICE
+        channel = device.spec.channel_of(loc.nc)
         with driver_errors(f"loading '{self.model_name}' ({tag})"):
             buf = device.dram_alloc(channel, nbytes, tag=tag)
         self.taken.append((device, buf))
@@ -150,7 +150,7 @@ def _alloc_slots(
                 capacity = (
                     None if home == HOST or spec.unbounded else alloc.alloc(home, spec.nbytes, tag)
                 )
-                slot[name] = driver_sim.DynamicBuffer(name, spec.dtype, capacity)
+                slot[name] = DynamicBuffer(name, spec.dtype, capacity)
             elif home == HOST:
                 slot[name] = np.empty(spec.shape, dtype=spec.dtype)
             else:
@@ -186,22 +186,12 @@ def _load_steps(
             weights = _place_weights(alloc, vnc, stage, tag)
             loc = ncgs.locate(vnc)
             core = devices[loc.device_slot].nc(loc.nc)
-            program = driver_sim.NcProgram(
-                instructions=[
-                    driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
-                    for i in stage.instructions
-                ],
-                weights=weights,
-                inputs=list(stage.inputs),
-                outputs=list(stage.outputs),
-            )
             with driver_errors(f"loading '{neff_name}' {tag} on NC {vnc}"):
-                loaded = core.load(program)
+                run = core.load(dataclasses.replace(stage, weights=weights))
             steps.append(
                 StageRun(
                     vnc=vnc,
-                    core=core,
-                    program=loaded,
+                    run=run,
                     inputs=tuple(stage.inputs),
                     outputs=tuple(stage.outputs),
                 )

@@ -12,31 +12,35 @@ Used by the conformance runner and the benches; the daemon serves the same `Runt
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import driver_sim
-from neuron_rtd.neff import Neff, read_neff
-from neuron_rtd.runtime.model import Model, ModelParams
+from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.api import ModelInfo
+from neuron_rtd.runtime.driver import DeviceApi, open_sim
 from neuron_rtd.runtime.runtime import Runtime
 
 
 class LocalRuntime:
-    """A Runtime owning every device of a fresh simulated machine in a temp folder."""
+    """A Runtime owning every device of a fresh simulated machine in a temp folder.
+    `wrap_device` puts a test's own device in front of each simulated one (the port)."""
 
-    def __init__(self, instance_type: str = "inf1.6xlarge", *, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        instance_type: str = "inf1.6xlarge",
+        *,
+        root: Path | None = None,
+        wrap_device: Callable[[DeviceApi], DeviceApi] | None = None,
+    ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="nrt-local-")
             root = Path(self._tmp.name)
-        base = root
-        self.machine = driver_sim.Machine.open(base / "sim", instance_type=instance_type)
-        self.devices = self.machine.acquire(
-            range(self.machine.device_count), address="in-process", version="local"
-        )
+        devices = open_sim(root / "sim", instance_type, address="in-process", version="local")
+        self.devices = [wrap_device(d) for d in devices] if wrap_device else list(devices)
         self.runtime = Runtime(self.devices)
         self.runtime.init_devices()
 
@@ -60,30 +64,28 @@ class LocalRuntime:
         ninfer: int = 1,
         timeout_s: float = 60.0,
         ncg_id: int | None = None,
-    ) -> Model:
-        parsed = read_neff(neff) if isinstance(neff, bytes | bytearray | memoryview) else neff
-        params = ModelParams(timeout_s=timeout_s, ninfer=ninfer)
-        return self.runtime.load(parsed, ncg_id=ncg_id, params=params)
+    ) -> ModelInfo:
+        return self.runtime.load(neff, ncg_id=ncg_id, timeout_s=timeout_s, ninfer=ninfer)
 
-    def infer(self, model: Model, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def infer(self, model: ModelInfo, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run `model` on numpy arrays in this thread; the outputs as arrays of their true
         shapes."""
         result = self.runtime.infer(model.id, _raw(model, inputs))
         return _arrays(model, result.outputs)
 
-    def post(self, model: Model, inputs: Mapping[str, Any]) -> int:
+    def post(self, model: ModelInfo, inputs: Mapping[str, Any]) -> int:
         """Queue an inference (its inputs are copied in before this returns); a cookie."""
         return self.runtime.post(model.id, _raw(model, inputs))
 
-    def wait(self, model: Model, cookie: int) -> dict[str, np.ndarray]:
+    def wait(self, model: ModelInfo, cookie: int) -> dict[str, np.ndarray]:
         """The outputs of a posted inference of `model`, once it has ended."""
         return _arrays(model, self.runtime.wait(cookie).outputs)
 
-    def unload(self, model: Model) -> None:
+    def unload(self, model: ModelInfo) -> None:
         self.runtime.unload(model.id)
 
 
-def _raw(model: Model, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _raw(model: ModelInfo, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays of the model's dtypes (unknown names kept, for the
     model to refuse)."""
     dtypes = {spec.name: spec.dtype for spec in model.neff.inputs}
@@ -92,5 +94,5 @@ def _raw(model: Model, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
-def _arrays(model: Model, outputs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+def _arrays(model: ModelInfo, outputs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
     return {t.name: t.array_from(outputs[t.name]) for t in model.neff.outputs}

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,7 +49,7 @@ from neuron_rtd.errors import (
     QueueFull,
 )
 from neuron_rtd.neff import Bucket, Neff, TensorSpec
-from neuron_rtd.runtime.driver import driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, DramBuffer, HostFn, RunFn, driver_errors
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -77,11 +76,11 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class StageRun:
-    """One stage bound to its NC: run(inputs, outputs) with the slot's arrays."""
+    """One stage loaded on its NC: `run(inputs, outputs)` with the slot's arrays gives
+    the run's NC cycles."""
 
     vnc: int
-    core: Any
-    program: Any
+    run: RunFn
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
 
@@ -91,7 +90,7 @@ class HostRun:
     """A CPU node: `run(inputs, outputs)` on the host."""
 
     node: str
-    run: Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+    run: HostFn
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
 
@@ -119,7 +118,8 @@ class Source(Protocol):
     """An input the model reads into its own slot (client shared memory): no copy on
     the way to the slot."""
 
-    nbytes: int
+    @property
+    def nbytes(self) -> int: ...
 
     def read_into(self, target: memoryview) -> None: ...
 
@@ -188,12 +188,6 @@ class Job:
         return True
 
 
-@dataclass(frozen=True)
-class InferResult:
-    outputs: dict[str, bytes]
-    code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
-
-
 def _default_host_pool() -> threading.BoundedSemaphore:
     return threading.BoundedSemaphore(os.cpu_count() or 1)
 
@@ -207,7 +201,7 @@ class Model:
     mode: LoadMode
     params: ModelParams
     variants: list[Variant]
-    dram: list[tuple[Any, Any]]  # (device, buffer) to free on unload
+    dram: list[tuple[DeviceApi, DramBuffer]]  # (device, buffer) to free on unload
     vncs: tuple[int, ...]
     session_id: int = 0
     state: ModelState = ModelState.STANDBY
@@ -243,14 +237,6 @@ class Model:
             self.failure = failure
 
     # --- inference -----------------------------------------------------------------
-    def infer(self, inputs: Mapping[str, Any]) -> InferResult:
-        """Run one inference with inputs given as bytes-like objects, by name."""
-        job = self.submit(inputs)
-        self.run(job)
-        with self.answer(job) as outputs:
-            data = {name: value.tobytes() for name, value in outputs.items()}
-        return InferResult(outputs=data, code=job.code)
-
     def submit(self, inputs: Mapping[str, Any]) -> Job:
         """Check the inputs, take a slot (NERR_QUEUE_FULL when `ninfer` are in flight)
         and copy the inputs into it: what an inference does before it is queued.
@@ -356,8 +342,7 @@ class Model:
             raise job.cancel
         if time.monotonic() > deadline:
             raise InferTimeout(
-                f"inference on model {self.id} ran past its timeout of "
-                f"{self.params.timeout_s:g} s"
+                f"inference on model {self.id} ran past its timeout of {self.params.timeout_s:g} s"
             )
 
     def _fail(self, error: NrtError) -> None:
@@ -522,6 +507,7 @@ class Model:
                 )
             )
         return shapes, sizes
+
     def _input_shape(self, spec: TensorSpec, size: int, sizes: dict[str, int]) -> tuple[int, ...]:
         """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
         axis worked out from the byte count (and checked against the other inputs)."""
@@ -552,7 +538,7 @@ class Model:
 
 
 BoundStep = tuple[
-    Callable[[Mapping[str, Any], Mapping[str, Any]], None],
+    RunFn | HostFn,
     dict[str, Any],
     dict[str, Any],
 ]
@@ -561,8 +547,6 @@ BoundStep = tuple[
 def _bind(step: Step, slot: Mapping[str, Any]) -> BoundStep:
     ins = {n: slot[n] for n in step.inputs}
     outs = {n: slot[n] for n in step.outputs}
-    if isinstance(step, StageRun):
-        return functools.partial(step.core.run, step.program), ins, outs
     return step.run, ins, outs
 
 

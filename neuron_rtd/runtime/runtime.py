@@ -8,22 +8,38 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+import psutil
 
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
-from neuron_rtd.neff import Neff
-from neuron_rtd.runtime.driver import DeviceApi, driver_errors
+from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.runtime import dataplane
+from neuron_rtd.runtime.api import (
+    DeviceInfo,
+    HwCounters,
+    InferResult,
+    Input,
+    ModelInfo,
+    NcgInfo,
+    NeffFile,
+    ShmOutputs,
+    SystemCounters,
+    Topology,
+)
+from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
-from neuron_rtd.runtime.model import InferResult, Model, ModelParams, ModelState
+from neuron_rtd.runtime.model import Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
-from neuron_rtd.runtime.stats import Metric, Stats
+from neuron_rtd.runtime.shm import ShmTable
+from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -40,6 +56,7 @@ class RuntimeOptions:
     models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
     host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
     cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
+    shmem_enabled: bool = True  # clients may map shared memory for tensors
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -47,13 +64,30 @@ def parse_version(text: str) -> tuple[int, int]:
     return major, minor
 
 
+NeffSource = Neff | bytes | bytearray | memoryview | NeffFile  # parsed, its bytes, or a file
+
+
+@dataclass(frozen=True)
+class SessionRelease:
+    """What an ended session left and the runtime released."""
+
+    models: list[int]
+    ncgs: list[int]
+    shm_maps: list[str]
+
+
 class Runtime:
+    """The runtime's face: every call of the wire API is one call here."""
+
     def __init__(
-        self, devices: Sequence[DeviceApi], *, options: RuntimeOptions | None = None
+        self,
+        devices: Sequence[DeviceApi],
+        *,
+        options: RuntimeOptions | None = None,
     ) -> None:
-        self.devices = list(devices)
+        self._devices = list(devices)
         self.options = options or RuntimeOptions()
-        self.ncgs = NcgTable(len(self.devices), self.options.ncs_per_device)
+        self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device)
         self.version = __version__
         self._models: dict[int, Model] = {}
         self._model_ids = itertools.count(FIRST_MODEL_ID)
@@ -61,11 +95,12 @@ class Runtime:
         self._init_error: str | None = None
         self._init_tried = 0.0
         self.started_ns = time.time_ns()
-        self.inflight = Inflight(ttl_s=self.options.cookie_ttl_s)
-        self.stats = Stats()
-        logging.getLogger("nrtd").addHandler(self.stats.logs)
-        self.host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
-        self.transfer_adjustment = 0
+        self._inflight = Inflight(ttl_s=self.options.cookie_ttl_s)
+        self._shm = ShmTable(enabled=self.options.shmem_enabled)
+        self._stats = Stats()
+        logging.getLogger("nrtd").addHandler(self._stats.logs)
+        self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
+        self._transfer_adjustment = 0
         # Session ids start from the time in microseconds, so that ids from before a
         # restart do not name a session of this run.
         self._session_ids = itertools.count(time.time_ns() // 1000)
@@ -78,7 +113,7 @@ class Runtime:
         self._init_tried = time.monotonic()
         try:
             with driver_errors("device init"):
-                for device in self.devices:
+                for device in self._devices:
                     device.reset()
         except NrtError as exc:
             self._init_error = str(exc)
@@ -87,6 +122,8 @@ class Runtime:
         self._init_error = None
 
     def ensure_ready(self) -> None:
+        """HwError while the devices' init keeps failing (every call that needs them
+        starts here)."""
         if self._init_error is None:
             return
         with self._lock:
@@ -98,6 +135,27 @@ class Runtime:
             if self._init_error is not None:
                 raise HwError(f"devices are not initialized: {self._init_error}")
 
+    def topology(self) -> Topology:
+        return Topology(
+            device_count=len(self._devices),
+            ncs_per_device=self._ncgs.ncs_per_device,
+            total_ncs=self._ncgs.total_ncs,
+        )
+
+    def devices(self) -> list[DeviceInfo]:
+        self.ensure_ready()
+        return [self._device_info(device) for device in self._devices]
+
+    def _device_info(self, device: DeviceApi) -> DeviceInfo:
+        spec = device.spec
+        return DeviceInfo(
+            index=device.index,
+            bdf=device.bdf,
+            nc_count=spec.nc_count,
+            memory_bytes=spec.dram_bytes,
+            memory_used=device.dram_used(),
+        )
+
     # --- sessions ------------------------------------------------------------------
     def open_session(self) -> int:
         with self._lock:
@@ -105,13 +163,31 @@ class Runtime:
             self._sessions.add(session_id)
         return session_id
 
-    def close_session(self, session_id: int) -> None:
-        """Forget an ended session (before its resources are released, so that nothing
-        new is tied to it meanwhile)."""
+    def end_session(self, session_id: int, *, release: bool = True) -> SessionRelease | None:
+        """Forget an ended session and, with `release`, unload its models (and any model
+        on its NCGs), destroy its NCGs and unmap its shared memory: what a client that
+        went away leaves. Nothing new is tied to the session once it is forgotten."""
         with self._lock:
             self._sessions.discard(session_id)
+            if not release:
+                return None
+            ncgs = [ncg for ncg in self._ncgs.list() if ncg.session_id == session_id]
+            on_them = {m for ncg in ncgs for m in ncg.models}
+            models = [
+                m.id
+                for m in sorted(self._models.values(), key=lambda m: m.id)
+                if m.session_id == session_id or m.id in on_them
+            ]
+            for model_id in models:
+                self._unload(model_id)
+            remaining = {ncg.id for ncg in self._ncgs.list()}  # unloading took the implicit
+            for ncg in ncgs:
+                if ncg.id in remaining:
+                    self._ncgs.destroy(ncg.id)
+        maps = self._shm.unmap_session(session_id)
+        return SessionRelease(models=models, ncgs=[ncg.id for ncg in ncgs], shm_maps=maps)
 
-    def check_session(self, session_id: int) -> None:
+    def _check_session(self, session_id: int) -> None:
         """InvalidError unless `session_id` is 0 (no session) or an open session."""
         if session_id and session_id not in self._sessions:
             raise InvalidError(
@@ -120,10 +196,10 @@ class Runtime:
             )
 
     # --- NCGs ----------------------------------------------------------------------
-    def create_ncg(self, nc_count: int, *, session_id: int = 0) -> Ncg:
+    def create_ncg(self, nc_count: int, *, session_id: int = 0) -> NcgInfo:
         self.ensure_ready()
-        self.check_session(session_id)
-        ncg = self.ncgs.create(nc_count, session_id=session_id)
+        self._check_session(session_id)
+        ncg = self._ncgs.create(nc_count, session_id=session_id)
         log.info(
             "Created NCG %d: %d NC(s) from vnc %d",
             ncg.id,
@@ -131,33 +207,58 @@ class Runtime:
             ncg.start,
             extra={"fn": "create_eg"},
         )
-        return ncg
+        return self._ncg_info(ncg)
 
     def destroy_ncg(self, ncg_id: int) -> None:
         self.ensure_ready()
         with self._lock:
-            ncg = self.ncgs.get(ncg_id)
+            ncg = self._ncgs.get(ncg_id)
             if ncg.implicit:
                 raise InvalidError(
                     f"NCG {ncg_id} was made for model(s) {ncg.models} and goes with them: "
                     "unload the model instead"
                 )
-            self.ncgs.destroy(ncg_id)
+            self._ncgs.destroy(ncg_id)
         log.info("Destroyed NCG %d", ncg_id, extra={"fn": "destroy_eg"})
 
-    def list_ncgs(self) -> list[Ncg]:
-        return self.ncgs.list()
+    def list_ncgs(self) -> list[NcgInfo]:
+        self.ensure_ready()
+        return [self._ncg_info(ncg) for ncg in self._ncgs.list()]
+
+    def ncg(self, ncg_id: int) -> NcgInfo:
+        return self._ncg_info(self._ncgs.get(ncg_id))
+
+    def locate(self, vnc: int) -> tuple[int, int]:
+        """Where virtual NC `vnc` is: its device's index and its NC on that device."""
+        loc = self._ncgs.locate(vnc)
+        return self._devices[loc.device_slot].index, loc.nc
+
+    def _ncg_info(self, ncg: Ncg) -> NcgInfo:
+        loc = self._ncgs.locate(ncg.start)
+        return NcgInfo(
+            id=ncg.id,
+            start=ncg.start,
+            nc_count=ncg.nc_count,
+            device_index=self._devices[loc.device_slot].index,
+            nc_start=loc.nc,
+            session_id=ncg.session_id,
+            implicit=ncg.implicit,
+            models=tuple(ncg.models),
+        )
 
     # --- models --------------------------------------------------------------------
-    def model(self, model_id: int) -> Model:
+    def _model(self, model_id: int) -> Model:
         try:
             return self._models[model_id]
         except KeyError:
             raise InvalidHandle(f"model {model_id} is not loaded") from None
 
-    def models(self) -> list[Model]:
+    def model(self, model_id: int) -> ModelInfo:
+        return _model_info(self._model(model_id))
+
+    def models(self) -> list[ModelInfo]:
         with self._lock:
-            return sorted(self._models.values(), key=lambda m: m.id)
+            return [_model_info(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
 
     def params(self, *, timeout_s: float | None = None, ninfer: int | None = None) -> ModelParams:
         timeout = self.options.default_timeout_s if timeout_s is None else timeout_s
@@ -170,26 +271,42 @@ class Runtime:
             )
         return ModelParams(timeout_s=float(timeout), ninfer=depth)
 
+    def neff_buffer(self, size: int) -> bytearray:
+        """A buffer for a NEFF of `size` bytes a client streams in: admitted only while
+        the host has twice that memory available."""
+        self.ensure_ready()
+        available = psutil.virtual_memory().available
+        if size > available // 2:
+            raise ResourceError(
+                f"neff_size {size} bytes is more than the host can hold now "
+                f"({available} bytes available)"
+            )
+        return bytearray(size)
+
     def load(
         self,
-        neff: Neff,
+        neff: NeffSource,
         *,
         ncg_id: int | None = None,
-        params: ModelParams | None = None,
+        timeout_s: float | None = None,
+        ninfer: int | None = None,
         session_id: int = 0,
-    ) -> Model:
-        """Load `neff`: on NCG `ncg_id` (stopped), or on a new NCG of just enough NCs
-        (started) when `ncg_id` is None."""
+    ) -> ModelInfo:
+        """Load `neff` (parsed, its bytes, or an absolute file path): on NCG `ncg_id`
+        (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None."""
         self.ensure_ready()
-        params = params or self.params()
+        params = self.params(timeout_s=timeout_s, ninfer=ninfer)
+        parsed = _read_neff_source(neff)
         began = time.monotonic()
         with self._lock:
-            self.check_session(session_id)
+            self._check_session(session_id)
             implicit = ncg_id is None
             if ncg_id is None:
-                ncg = self.ncgs.create(max(neff.nc_count, 1), session_id=session_id, implicit=True)
+                ncg = self._ncgs.create(
+                    max(parsed.nc_count, 1), session_id=session_id, implicit=True
+                )
             else:
-                ncg = self.ncgs.get(ncg_id)
+                ncg = self._ncgs.get(ncg_id)
                 limit = self.options.models_per_ncg
                 if limit and len(ncg.models) >= limit:
                     raise ResourceError(
@@ -199,22 +316,22 @@ class Runtime:
             try:
                 model = build_model(
                     model_id=next(self._model_ids),
-                    neff=neff,
+                    neff=parsed,
                     ncg=ncg,
-                    ncgs=self.ncgs,
-                    devices=self.devices,
+                    ncgs=self._ncgs,
+                    devices=self._devices,
                     params=params,
                     session_id=session_id,
                 )
             except BaseException:
                 if implicit:
-                    self.ncgs.destroy(ncg.id)
+                    self._ncgs.destroy(ncg.id)
                 raise
-            model.host_pool = self.host_pool
-            model.observer = self.stats
+            model.host_pool = self._host_pool
+            model.observer = self._stats
             ncg.models.append(model.id)
             self._models[model.id] = model
-            self.stats.model_loaded(model, time.monotonic() - began)
+            self._stats.model_loaded(model, time.monotonic() - began)
             log.info(
                 "Loaded model %d '%s' on NCG %d (%s mode, NCs %s, %d bytes of DRAM, ninfer %d)",
                 model.id,
@@ -228,23 +345,23 @@ class Runtime:
             )
             if implicit:
                 self.start(model.id)
-            return model
+            return _model_info(model)
 
     def start(self, model_id: int) -> None:
         self.ensure_ready()
         began = time.monotonic()
         with self._lock:
-            model = self.model(model_id)
+            model = self._model(model_id)
             if model.state is ModelState.READY:
                 return
-            for other_id in self.ncgs.get(model.ncg_id).models:
+            for other_id in self._ncgs.get(model.ncg_id).models:
                 other = self._models[other_id]
                 if other is not model and other.state is ModelState.READY:
                     other.set_state(ModelState.STANDBY)
                     other.cancel(f"model {model_id} was started on NCG {model.ncg_id}")
                     log.info("Model %d is now STANDBY", other.id, extra={"fn": "start"})
             model.set_state(ModelState.READY)
-        self.stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
+        self._stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
         log.info("Started model %d", model_id, extra={"fn": "start"})
 
     def stop(self, model_id: int) -> None:
@@ -252,10 +369,10 @@ class Runtime:
         self.ensure_ready()
         began = time.monotonic()
         with self._lock:
-            model = self.model(model_id)
+            model = self._model(model_id)
             model.set_state(ModelState.STANDBY)
         cancelled = model.cancel("the model was stopped")
-        self.stats.model_event(Metric.MODEL_STOP_LATENCY, time.monotonic() - began)
+        self._stats.model_event(Metric.MODEL_STOP_LATENCY, time.monotonic() - began)
         log.info(
             "Stopped model %d%s",
             model_id,
@@ -274,7 +391,7 @@ class Runtime:
             if model is None:
                 raise InvalidHandle(f"model {model_id} is not loaded")
             model.set_state(ModelState.UNLOADING)
-            ncg = self.ncgs.get(model.ncg_id)
+            ncg = self._ncgs.get(model.ncg_id)
             ncg.models.remove(model_id)
         if not model.drop_all("the model was unloaded", model.params.timeout_s + 1):
             log.warning(
@@ -284,96 +401,151 @@ class Runtime:
             device.dram_free(buf)
         with self._lock:
             if ncg.implicit and not ncg.models:
-                self.ncgs.destroy(ncg.id)
-        self.stats.model_event(Metric.MODEL_UNLOAD_LATENCY, time.monotonic() - began)
+                self._ncgs.destroy(ncg.id)
+        self._stats.model_event(Metric.MODEL_UNLOAD_LATENCY, time.monotonic() - began)
         log.info("Unloaded model %d", model_id, extra={"fn": "unload"})
 
     def unload_all(self) -> None:
         """Unload every model and destroy every NCG."""
+        self.ensure_ready()
+        self._unload_all()
+
+    def _unload_all(self) -> None:
         with self._lock:
-            for model in self.models():
-                self._unload(model.id)
-            for ncg in self.ncgs.list():
-                self.ncgs.destroy(ncg.id)
+            for model_id in sorted(self._models):
+                self._unload(model_id)
+            for ncg in self._ncgs.list():
+                self._ncgs.destroy(ncg.id)
         log.info("Unloaded all models and destroyed all NCGs", extra={"fn": "unload_all"})
 
-    def release_session(self, session_id: int) -> tuple[list[int], list[int]]:
-        """Unload the models of session `session_id` (and any model on its NCGs) and
-        destroy its NCGs: what a client that went away leaves. The model and NCG ids."""
-        with self._lock:
-            ncgs = [ncg for ncg in self.ncgs.list() if ncg.session_id == session_id]
-            on_them = {m for ncg in ncgs for m in ncg.models}
-            models = [m.id for m in self.models() if m.session_id == session_id or m.id in on_them]
-            for model_id in models:
-                self._unload(model_id)
-            remaining = {ncg.id for ncg in self.ncgs.list()}  # unloading took the implicit ones
-            for ncg in ncgs:
-                if ncg.id in remaining:
-                    self.ncgs.destroy(ncg.id)
-        return models, [ncg.id for ncg in ncgs]
+    # --- inference -----------------------------------------------------------------
+    def infer(
+        self, model_id: int, inputs: Mapping[str, Input], shm_outputs: ShmOutputs | None = None
+    ) -> InferResult:
+        """One inference, in this thread: inputs as bytes-like objects or `ShmInput`s by
+        name; the outputs inline, or written to the shared memory `shm_outputs` names."""
+        self.ensure_ready()
+        return dataplane.run(self._model(model_id), inputs, self._shm, shm_outputs or {})
+
+    def post(
+        self, model_id: int, inputs: Mapping[str, Input], shm_outputs: ShmOutputs | None = None
+    ) -> int:
+        """Queue an inference (inputs checked and copied into its slot before this
+        returns); its cookie (see `Inflight`)."""
+        self.ensure_ready()
+        model = self._model(model_id)
+        return self._inflight.post(
+            model, dataplane.sources(model, inputs, self._shm), dict(shm_outputs or {})
+        )
+
+    def wait(self, cookie: int, shm_outputs: ShmOutputs | None = None) -> InferResult:
+        """The result of a posted inference once it has ended; the cookie is spent. Its
+        outputs go to the shared memory named here, else to that named by the post."""
+        self.ensure_ready()
+        posted = self._inflight.wait(cookie)
+        outputs = shm_outputs or posted.extra or {}
+        return dataplane.answer(posted.model, posted.job, self._shm, outputs)
+
+    def poll(self, cookie: int, shm_outputs: ShmOutputs | None = None) -> InferResult | None:
+        """As `wait` once the inference has ended; None (the cookie kept) until then."""
+        self.ensure_ready()
+        if not self._inflight.peek(cookie).done:
+            return None
+        return self.wait(cookie, shm_outputs)
+
+    def completed(self, cookies: Iterable[int]) -> list[int]:
+        """The cookies, of those given, whose inferences have ended (still to be waited
+        for)."""
+        self.ensure_ready()
+        return self._inflight.completed(cookies)
+
+    # --- shared memory -------------------------------------------------------------
+    def shm_map(self, path: str, prot: int, session_id: int = 0) -> None:
+        self.ensure_ready()
+        self._check_session(session_id)
+        self._shm.map(path, prot, session_id)
+
+    def shm_unmap(self, path: str) -> None:
+        self.ensure_ready()
+        self._shm.unmap(path)
 
     # --- counters ------------------------------------------------------------------
-    def nc_counters(self, vnc: int) -> Any:
+    def nc_counters(self, vnc: int) -> NcCounters:
         """The counters of virtual NC `vnc` since the devices were initialized."""
         self.ensure_ready()
-        if not 0 <= vnc < self.ncgs.total_ncs:
+        if not 0 <= vnc < self._ncgs.total_ncs:
             raise InvalidError(
-                f"no virtual NC {vnc}: this runtime has {self.ncgs.total_ncs} "
-                f"(0..{self.ncgs.total_ncs - 1})"
+                f"no virtual NC {vnc}: this runtime has {self._ncgs.total_ncs} "
+                f"(0..{self._ncgs.total_ncs - 1})"
             )
-        loc = self.ncgs.locate(vnc)
+        loc = self._ncgs.locate(vnc)
         with driver_errors(f"counters of NC {vnc}"):
-            return self.devices[loc.device_slot].nc(loc.nc).counters()
+            return self._devices[loc.device_slot].nc(loc.nc).counters()
 
-    def device(self, *, bdf: str | None = None, index: int | None = None) -> DeviceApi:
-        """One of this runtime's devices, by PCI BDF or by its device index."""
-        for device in self.devices:
+    def hw_counters(self, *, bdf: str | None = None, index: int | None = None) -> HwCounters:
+        """The health counters of one of this runtime's devices, by PCI BDF or index."""
+        self.ensure_ready()
+        for device in self._devices:
             if (bdf is not None and device.bdf == bdf) or (
                 index is not None and device.index == index
             ):
-                return device
-        owned = ", ".join(f"{d.index} ({d.bdf})" for d in self.devices)
+                return self._ecc_counters(device)
+        owned = ", ".join(f"{d.index} ({d.bdf})" for d in self._devices)
         wanted = f"BDF {bdf}" if bdf is not None else f"index {index}"
         raise InvalidError(f"no device with {wanted} in this runtime; it owns {owned}")
 
-    # --- inference -----------------------------------------------------------------
-    def infer(self, model_id: int, inputs: Mapping[str, Any]) -> InferResult:
-        """One inference, in this thread; inputs as bytes-like objects by name."""
+    def all_hw_counters(self) -> list[HwCounters]:
         self.ensure_ready()
-        return self.model(model_id).infer(inputs)
+        return [self._ecc_counters(device) for device in self._devices]
 
-    def post(self, model_id: int, inputs: Mapping[str, Any], extra: Any = None) -> int:
-        """Queue an inference; its cookie (see `Inflight`)."""
+    def _ecc_counters(self, device: DeviceApi) -> HwCounters:
+        ecc = device.hw_counters()
+        return HwCounters(
+            bdf=device.bdf,
+            device_index=device.index,
+            mem_ecc_corr=ecc.mem_ecc_corr,
+            mem_ecc_uncorr=ecc.mem_ecc_uncorr,
+            sram_ecc_corr=ecc.sram_ecc_corr,
+            sram_ecc_uncorr=ecc.sram_ecc_uncorr,
+            transfer_adjustment=self._transfer_adjustment,
+        )
+
+    def counters(self) -> NmgrCounters:
+        """The inference and model counters (no device needed: always answers)."""
+        return self._stats.snapshot()
+
+    def metrics(self, summarize_period_s: int) -> list[MetricSeries]:
         self.ensure_ready()
-        return self.inflight.post(self.model(model_id), inputs, extra)
+        return self._stats.read_metrics(summarize_period_s)
 
-    def wait(self, cookie: int) -> InferResult:
-        """The result of a posted inference, once it has ended; the cookie is spent."""
-        posted = self.inflight.wait(cookie)
-        with posted.model.answer(posted.job) as outputs:
-            data = {name: value.tobytes() for name, value in outputs.items()}
-        return InferResult(outputs=data, code=posted.job.code)
-
-    def poll(self, cookie: int) -> bool:
-        """Whether the inference of `cookie` has ended (it stays to be waited for)."""
-        return self.inflight.peek(cookie).done
+    def system_counters(self) -> SystemCounters:
+        self.ensure_ready()
+        logs = self._stats.logs
+        return SystemCounters(
+            log_errors=logs.errors,
+            log_warnings=logs.warnings,
+            host_memory_bytes=psutil.Process().memory_info().rss,
+            devices=tuple(self._device_info(device) for device in self._devices),
+        )
 
     def random_seed(self, ncg_id: int, seed: int) -> None:
         """Seed the random number generators of the NCs of NCG `ncg_id`: random ops of
         the models there repeat their draws from this point."""
         self.ensure_ready()
-        ncg = self.ncgs.get(ncg_id)
-        for offset, vnc in enumerate(range(ncg.start, ncg.start + ncg.nc_count)):
-            loc = self.ncgs.locate(vnc)
+        ncg = self._ncgs.get(ncg_id)
+        for offset, vnc in enumerate(ncg.vncs):
+            loc = self._ncgs.locate(vnc)
             with driver_errors(f"random_seed of NC {vnc}"):
-                self.devices[loc.device_slot].nc(loc.nc).seed(seed, offset)
+                self._devices[loc.device_slot].nc(loc.nc).seed(seed, offset)
         log.info("Seeded NCG %d with %d", ncg_id, seed, extra={"fn": "random_seed"})
 
     def set_transfer_adjustment(self, count: int) -> None:
         """Set the static DMA transfer adjustment count the devices report."""
-        self.transfer_adjustment = count
+        self.ensure_ready()
+        self._transfer_adjustment = count
         log.info("Static transfer adjustment set to %d", count, extra={"fn": "transfer_adjust"})
 
+    # --- the process ---------------------------------------------------------------
     def responsive(self, timeout_s: float) -> bool:
         """True when a control-plane call could run now: the runtime's lock is free
         within `timeout_s` (a wedged load or unload holds it)."""
@@ -384,6 +556,36 @@ class Runtime:
 
     def close(self) -> None:
         """Unload everything (the daemon's drain at exit)."""
-        self.unload_all()
-        self.inflight.close()
-        logging.getLogger("nrtd").removeHandler(self.stats.logs)
+        self._unload_all()
+        self._inflight.close()
+        self._shm.close()
+        logging.getLogger("nrtd").removeHandler(self._stats.logs)
+
+
+def _model_info(model: Model) -> ModelInfo:
+    return ModelInfo(
+        id=model.id,
+        name=model.name,
+        neff=model.neff,
+        ncg_id=model.ncg_id,
+        mode=model.mode,
+        state=model.state,
+        params=model.params,
+        vncs=model.vncs,
+        dram_bytes=model.dram_bytes,
+        in_flight=model.in_flight,
+        session_id=model.session_id,
+    )
+
+
+def _read_neff_source(neff: NeffSource) -> Neff:
+    if isinstance(neff, Neff):
+        return neff
+    if not isinstance(neff, NeffFile):
+        return read_neff(neff)
+    if not os.path.isabs(neff.path):
+        raise InvalidError(f"neff_file '{neff.path}' must be an absolute path")
+    try:
+        return read_neff_file(neff.path)
+    except OSError as exc:
+        raise InvalidError(f"cannot read neff_file '{neff.path}': {exc.strerror}") from exc

@@ -1,0 +1,79 @@
+"""The one place onnxruntime sessions are made: CPU nodes, references, validation, models.
+
+Shared by every layer (like `neuron_rtd.errors`), it imports nothing of the project.
+A session runs on the CPU provider with one inter-op thread; the caller says how many
+intra-op threads, whether its pool may spin between runs (not when NC kernels need those
+cores next), how quiet it is, and whether graph optimizations run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+ModelSource = onnx.ModelProto | bytes | str | Path
+
+# onnxruntime's log severities: 0 verbose .. 3 error, 4 fatal only
+LOG_ERRORS = 3
+LOG_SILENT = 4
+
+# onnxruntime's tensor type names, as numpy dtypes
+ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
+    f"tensor({name})": np.dtype(dtype)
+    for name, dtype in {
+        "float": np.float32,
+        "double": np.float64,
+        "float16": np.float16,
+        "int8": np.int8,
+        "int16": np.int16,
+        "int32": np.int32,
+        "int64": np.int64,
+        "uint8": np.uint8,
+        "uint16": np.uint16,
+        "uint32": np.uint32,
+        "uint64": np.uint64,
+        "bool": np.bool_,
+    }.items()
+}
+
+
+def session(
+    model: ModelSource,
+    *,
+    threads: int | None = None,
+    spinning: bool = True,
+    log_severity: int = LOG_ERRORS,
+    optimize: bool = True,
+) -> Any:
+    """An onnxruntime `InferenceSession` of `model` (a ModelProto, its serialized bytes,
+    or a file path). `threads`: intra-op threads (None: onnxruntime's default, the
+    machine's cores). onnxruntime's own exceptions pass through: callers name the model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = log_severity
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if isinstance(model, onnx.ModelProto):
+        data: bytes | str = model.SerializeToString()
+    elif isinstance(model, Path):
+        data = os.fspath(model)
+    else:
+        data = model
+    return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def run(sess: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of `sess` on `feeds`, by name."""
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, dict(feeds)), strict=True))

@@ -1,0 +1,112 @@
+"""The values the runtime's face takes and gives: what its callers (the gRPC server, the
+in-process runtime, tools) see instead of its models, jobs and tables.
+
+Inputs of an inference are bytes-like objects or `ShmInput`s (a tensor in a client's
+mapped shared memory). Outputs come back in the `InferResult`, or go straight into the
+client's shared memory when the call names `shm_outputs` (output name -> shm path): then
+only those outputs are written, and none comes back inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
+
+
+@dataclass(frozen=True)
+class ShmInput:
+    """An input read from the client's mapped shared memory object `path` straight into
+    the model's slot."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class NeffFile:
+    """A NEFF the runtime reads itself, from an absolute path on its host."""
+
+    path: str
+
+
+Input = bytes | bytearray | memoryview | np.ndarray | ShmInput
+ShmOutputs = Mapping[str, str]  # output name -> the shm path it is written to
+
+
+@dataclass(frozen=True)
+class InferResult:
+    outputs: dict[str, bytes]  # inline outputs (none when they went to shared memory)
+    code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model as it is when asked."""
+
+    id: int
+    name: str
+    neff: Neff
+    ncg_id: int
+    mode: LoadMode
+    state: ModelState
+    params: ModelParams
+    vncs: tuple[int, ...]
+    dram_bytes: int
+    in_flight: int  # inferences holding a slot: submitted, not yet answered
+    session_id: int
+
+
+@dataclass(frozen=True)
+class NcgInfo:
+    id: int
+    start: int  # its first virtual NC
+    nc_count: int
+    device_index: int  # the device of its first NC
+    nc_start: int  # its first NC's index on that device
+    session_id: int
+    implicit: bool  # made for a model's load, and goes with it
+    models: tuple[int, ...]
+
+    @property
+    def vncs(self) -> range:
+        return range(self.start, self.start + self.nc_count)
+
+
+@dataclass(frozen=True)
+class Topology:
+    device_count: int
+    ncs_per_device: int
+    total_ncs: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    bdf: str
+    nc_count: int
+    memory_bytes: int
+    memory_used: tuple[int, ...]  # per DRAM channel
+
+
+@dataclass(frozen=True)
+class HwCounters:
+    bdf: str
+    device_index: int
+    mem_ecc_corr: int
+    mem_ecc_uncorr: int
+    sram_ecc_corr: int
+    sram_ecc_uncorr: int
+    transfer_adjustment: int
+
+
+@dataclass(frozen=True)
+class SystemCounters:
+    log_errors: int
+    log_warnings: int
+    host_memory_bytes: int  # the runtime's process, resident
+    devices: tuple[DeviceInfo, ...]

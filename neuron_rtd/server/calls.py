@@ -1,0 +1,43 @@
+"""How every call with a status answers: its nerr code in `status.code` and the log lines
+the daemon wrote for it in `status.details`. The one place a runtime error meets the wire."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from neuron_rtd.errors import Nerr, NrtError
+from neuron_rtd.proto import pb
+from neuron_rtd.server.request_log import capture
+
+log = logging.getLogger("nrtd.NMGR")
+
+
+class WithStatus(Protocol):
+    @property
+    def status(self) -> pb.status: ...
+
+
+R = TypeVar("R", bound=WithStatus)
+
+
+def finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
+    """Run `make`, turning a runtime error into `empty()` with its nerr code (an
+    unexpected exception into NERR_FAIL, logged with its traceback); either way
+    `status.details` gets the request's log lines."""
+    with capture() as lines:
+        try:
+            response = make()
+            code = Nerr(response.status.code)
+        except NrtError as exc:
+            log.error("%s", exc, extra={"fn": method})
+            response, code = empty(), exc.code
+        except Exception:
+            log.exception("internal error", extra={"fn": method})
+            response, code = empty(), Nerr.FAIL
+    status = response.status
+    status.code = int(code)
+    if lines:
+        status.details = "\n".join(lines).encode()
+    return response

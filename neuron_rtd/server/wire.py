@@ -1,0 +1,138 @@
+"""Conversion between wire messages and the runtime's values: inference inputs and
+outputs, counters, metrics, NCGs and versions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from neuron_rtd.errors import InvalidError
+from neuron_rtd.proto import pb
+from neuron_rtd.runtime import (
+    HwCounters,
+    InferResult,
+    Input,
+    MetricSeries,
+    NcCounters,
+    NmgrCounters,
+    ShmInput,
+    parse_version,
+)
+
+NC_COUNTER_FIELDS = (
+    "pe_num_idle_cycles",
+    "pe_num_wait_event_cycles",
+    "pe_matmul_num_wait_event_cycles",
+    "pe_num_executed_instr",
+    "pe_matmul_num_executed_instr",
+    "pool_num_idle_cycles",
+    "pool_num_wait_event_cycles",
+    "pool_num_executed_instr",
+    "act_num_idle_cycles",
+    "act_num_wait_event_cycles",
+    "act_num_executed_instr",
+    "sb_rmw_count",
+    "macs_count",
+)
+
+
+# --- inference ---------------------------------------------------------------------------
+def ifmaps(ios: Iterable[pb.infer_io]) -> dict[str, Input]:
+    """The inputs by name: inline bytes, or the shared memory they are in."""
+    inputs: dict[str, Input] = {}
+    for io in ios:
+        if io.name in inputs:
+            raise InvalidError(f"ifmap '{io.name}' is given twice")
+        if io.WhichOneof("data") == "buf_shm":
+            inputs[io.name] = ShmInput(io.buf_shm.path)
+        else:
+            inputs[io.name] = io.buf
+    return inputs
+
+
+def shm_ofmaps(ios: Iterable[pb.infer_io]) -> dict[str, str]:
+    """The outputs the client wants written to its shared memory: name -> path."""
+    paths: dict[str, str] = {}
+    for io in ios:
+        if io.WhichOneof("data") != "buf_shm":
+            raise InvalidError(f"shm_ofmap '{io.name}' names no shared memory (buf_shm)")
+        if io.name in paths:
+            raise InvalidError(f"shm_ofmap '{io.name}' is given twice")
+        paths[io.name] = io.buf_shm.path
+    return paths
+
+
+def infer_response(result: InferResult) -> pb.infer_response:
+    response = pb.infer_response()
+    for name, data in result.outputs.items():
+        response.ofmap.append(pb.infer_io(name=name, buf=data))
+    response.status.code = int(result.code)
+    return response
+
+
+# --- counters and metrics ----------------------------------------------------------------
+def nc_counters(vnc: int, counters: NcCounters) -> pb.nc_counters:
+    return pb.nc_counters(virtual_nc_id=vnc, **{f: getattr(counters, f) for f in NC_COUNTER_FIELDS})
+
+
+def nmgr_counters(c: NmgrCounters) -> pb.nmgr_counters:
+    msg = pb.nmgr_counters(
+        infer_queue_drop_count=c.infer_queue_drop_count,
+        infer_count=c.infer_count,
+        model_start_count=c.model_start_count,
+        model_stop_count=c.model_stop_count,
+        model_load_count=c.model_load_count,
+        model_unload_count=c.model_unload_count,
+        neff_version_max_major=c.neff_version_max[0],
+        neff_version_max_minor=c.neff_version_max[1],
+        neff_version_min_major=c.neff_version_min[0],
+        neff_version_min_minor=c.neff_version_min[1],
+        neff_size_bytes_max=c.neff_size_bytes_max,
+        neff_num_ncs_max=c.neff_num_ncs_max,
+    )
+    for subtype, count in sorted(c.error_subtype.items()):
+        msg.infer_error_subtype_counts.add(
+            error_subtype=pb.infer_error_subtype.Name(subtype), count=count
+        )
+    for status, count in sorted(c.infer_status.items()):
+        msg.infer_status_counts.add(infer_status=pb.infer_status.Name(status), count=count)
+    return msg
+
+
+def hw_counters(c: HwCounters) -> pb.hw_counters:
+    return pb.hw_counters(
+        bdf=c.bdf,
+        device_index=c.device_index,
+        mem_ecc_corr=c.mem_ecc_corr,
+        mem_ecc_uncorr=c.mem_ecc_uncorr,
+        sram_ecc_corr=c.sram_ecc_corr,
+        sram_ecc_uncorr=c.sram_ecc_uncorr,
+        transfer_adjustment_cnt=c.transfer_adjustment,
+    )
+
+
+def metric(series: MetricSeries) -> pb.metric:
+    data = [
+        pb.metric_data(ts_nanos_since_epoch=ts, value_double=value) for ts, value in series.samples
+    ]
+    data += [
+        pb.metric_data(
+            ts_nanos_since_epoch=agg.start_ns,
+            value_agg=pb.aggregate(
+                min=agg.min,
+                max=agg.max,
+                count=agg.count,
+                sum=agg.sum,
+                values=agg.values,
+                counts=agg.counts,
+            ),
+        )
+        for agg in series.aggregates
+    ]
+    return pb.metric(
+        metric_type=pb.metric_type.Name(series.metric), data=data, overflow=series.overflow
+    )
+
+
+def version(text: str) -> pb.version:
+    major, minor = parse_version(text)
+    return pb.version(full_version=text, major_num=major, minor_num=minor)
