@@ -31,7 +31,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from driver_sim.kernels import KERNELS
+from driver_sim import KERNELS
 from neuron_rtd.compiler.onnx_attrs import node_attrs
 
 THREADS = 2

@@ -1,10 +1,10 @@
-"""WinogradConv (driver_sim.ops_winograd) against the NC's Conv kernel and onnxruntime on
+"""WinogradConv (driver_sim.ops.winograd) against the NC's Conv kernel and onnxruntime on
 the 3x3 stride-1 convs of ResNet-18, side by side in one run.
 
     python bench/winograd.py [--batches 1 8] [--rounds 7] [--calls 3] [--extra]
 
 Per shape (pads 1, Cin = Cout as in ResNet-18; `--extra` adds smaller and odd ones) three
-sides run on the same input: the NC's Conv kernel (driver_sim.ops_nn), WinogradConv with
+sides run on the same input: the NC's Conv kernel (driver_sim.ops.conv), WinogradConv with
 its weights transformed beforehand (as the compiler does), and onnxruntime on a one-node
 Conv model (weights as initializers, two intra-op threads, no spinning). Each round runs
 every side `--calls` times, the sides' order rotating round to round, after a pause that
@@ -39,8 +39,8 @@ import onnxruntime as ort
 from conv_kernels import onnxruntime_conv
 from onnx import helper
 
-from driver_sim.kernels import KERNELS
-from driver_sim.ops_winograd import winograd_pays, winograd_weights
+from driver_sim import KERNELS
+from driver_sim.ops.winograd import winograd_pays, winograd_weights
 from neuron_rtd.daemon.memory import keep_freed_memory
 
 THREADS = 2

@@ -21,8 +21,8 @@ from driver_sim.errors import (
 )
 from driver_sim.execute import DynamicBuffer, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
-from driver_sim.kernels import KERNELS, Kernel, supported_ops
 from driver_sim.machine import DeviceInfo, Machine
+from driver_sim.ops import KERNELS, Kernel, supported_ops
 from driver_sim.owner import OwnerInfo
 from driver_sim.presets import (
     CHANNEL_BYTES,

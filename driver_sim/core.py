@@ -17,7 +17,7 @@ import numpy as np
 from driver_sim import blas
 from driver_sim.errors import DriverError
 from driver_sim.execute import bind_inputs, copy_outputs, run_steps
-from driver_sim.ops_random import use_rng
+from driver_sim.ops.random import use_rng
 from driver_sim.program import LoadedProgram, NcProgram, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
 

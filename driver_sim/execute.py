@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from driver_sim.errors import KernelError
-from driver_sim.kernels import Shape
+from driver_sim.ops import Shape
 from driver_sim.program import LoadedProgram
 
 _KERNEL_FAILURES = (ValueError, TypeError, IndexError, ArithmeticError)

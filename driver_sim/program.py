@@ -17,7 +17,7 @@ import numpy as np
 
 from driver_sim.cost import Engine, engine_cycles
 from driver_sim.errors import KernelError
-from driver_sim.kernels import KERNELS, ComputeFn, Kernel, Shape
+from driver_sim.ops import KERNELS, ComputeFn, Kernel, Shape
 from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
 
 ABSENT = ""  # an input name that leaves an optional input out

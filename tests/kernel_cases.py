@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from driver_sim.kernels import KERNELS
+from driver_sim import KERNELS
 from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
 
 

@@ -35,7 +35,7 @@ def test_first_fit_reuses_the_first_hole_that_fits() -> None:
     channel.free(c)  # merges with b's hole: one hole [128, 448)
     assert channel.free_blocks() == [(128, 320), (512, (1 << 20) - 512)]
     assert channel.allocate(300) == 128  # fits in the merged hole
-    assert channel.allocate(64) is not None
+    assert channel.allocate(64) == 512  # the merged hole is full: the next one
     channel.free(a)
     assert channel.allocate(64) == 0  # the first hole, not the last one
 

@@ -25,6 +25,7 @@ from driver_sim import (
     NeuronCore,
     supported_ops,
 )
+from driver_sim.cost import ISSUE_CYCLES, elapsed_cycles
 
 RNG = np.random.default_rng(1234)
 
@@ -235,8 +236,11 @@ def test_mlp_run_writes_outputs(core: NeuronCore) -> None:
     np.testing.assert_allclose(y, softmax_ref(ref_logits, 1), rtol=1e-4, atol=1e-6)
 
 
-def test_counters_follow_the_cost_model(core: NeuronCore, machine: Machine) -> None:
+def test_counters_follow_the_cost_model(core: NeuronCore, device: Device, machine: Machine) -> None:
     program, _ = mlp_program()
+    reset_from = time.time_ns()
+    device.reset()  # the idle clock restarts between reset_from and reset_to
+    reset_to = time.time_ns()
     loaded = core.load(program)
     outs = {"y": np.empty((2, 4), np.float32), "logits": np.empty((2, 4), np.float32)}
     core.run(loaded, {"x": rand(2, 16)}, outs)
@@ -245,7 +249,9 @@ def test_counters_follow_the_cost_model(core: NeuronCore, machine: Machine) -> N
     core.run(loaded, {"x": rand(8, 16)}, outs8)
     # MACs: MatMul Y.size*K = (2*32)*16, Gemm (2*4)*32, per run; batch 8 is 4x that.
     per_row = 32 * 16 + 4 * 32
+    read_from = time.time_ns()
     counters = core.counters()
+    read_to = time.time_ns()
     assert counters.macs_count == 2 * (2 * per_row) + 8 * per_row
     assert counters.runs == 3
     assert counters.pe_num_executed_instr == counters.pe_matmul_num_executed_instr == 6
@@ -254,7 +260,12 @@ def test_counters_follow_the_cost_model(core: NeuronCore, machine: Machine) -> N
     assert counters.sb_rmw_count == 3
     assert counters.busy_ns > 0
     assert counters.pe_num_wait_event_cycles == 0
-    assert counters.pe_num_idle_cycles >= 0
+    # idle = cycles since the reset - busy cycles, and each of the 6 PE instructions is
+    # busy for its issue plus one pass of the array (each has under 128 x 128 MACs)
+    pe_busy = 6 * (ISSUE_CYCLES + 1)
+    least = elapsed_cycles(read_from - reset_to) - pe_busy
+    most = elapsed_cycles(read_to - reset_from) - pe_busy
+    assert least <= counters.pe_num_idle_cycles <= most
     seen = Machine.open(machine.root).device_info(0).nc_counters
     assert seen[1].macs_count == counters.macs_count
     assert seen[1].runs == 3

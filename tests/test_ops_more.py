@@ -1,5 +1,7 @@
-"""The extra elementwise ops (driver_sim/ops_more.py) against every ONNX backend case of
-theirs, plus what the cases leave out."""
+"""Rounding, trigonometry and the variadic Max/Min/Sum/Mean (`driver_sim.ops.elementwise`),
+Or, Xor, the inclusive comparisons, IsNaN and IsInf (`driver_sim.ops.logic`), and Elu,
+Selu, Softsign and HardSwish (`driver_sim.ops.activation`) against every ONNX backend case
+of theirs, plus what the cases leave out."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import numpy as np
 import pytest
 from kernel_cases import node_cases, run_case
 
-from driver_sim.kernels import KERNELS
+from driver_sim import KERNELS
 
 OPS = (
     "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Tan", "Max", "Min", "Sum", "Mean",

@@ -1,5 +1,6 @@
-"""The NN kernels (driver_sim.ops_nn): every ONNX backend node case of their ops, with the
-refused ones pinned, plus direct checks against nested-loop references."""
+"""The NN kernels (driver_sim.ops: conv, pool, norm, resize, and the Pad, DepthToSpace and
+SpaceToDepth of shape): every ONNX backend node case of their ops, with the refused ones
+pinned, plus direct checks against nested-loop references."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from driver_sim import ops_nn
+from driver_sim import KERNELS
 from driver_sim.execute import execute_program
-from driver_sim.kernels import KERNELS
+from driver_sim.ops import conv as conv_ops
 from driver_sim.program import Instr, NcProgram, load_program
 from tests.kernel_cases import node_cases, run_case
 
@@ -195,7 +196,7 @@ def test_conv_matches_loops(
 
 
 def test_depthwise_conv_in_channel_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops_nn, "_DEPTHWISE_BLOCK", 2 * 16)  # one channel (x 2) per block
+    monkeypatch.setattr(conv_ops, "_DEPTHWISE_BLOCK", 2 * 16)  # one channel (x 2) per block
     rng = np.random.default_rng(6)
     x, w, b = rand(rng, 2, 3, 7, 5), rand(rng, 6, 1, 2, 3), rand(rng, 6)
     y = run("Conv", x, w, b, group=3, strides=[2, 1], pads=[0, 1, 1, 0])

@@ -1,4 +1,4 @@
-"""WinogradConv (driver_sim.ops_winograd): the same numbers as the Conv kernel, its weight
+"""WinogradConv (driver_sim.ops.winograd): the same numbers as the Conv kernel, its weight
 transform, support check, MAC count and cost rule, and a program that runs it."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from driver_sim import ops_winograd
+from driver_sim import KERNELS
 from driver_sim.execute import execute_program
-from driver_sim.kernels import KERNELS
-from driver_sim.ops_winograd import winograd_pays, winograd_weights
+from driver_sim.ops import winograd as winograd_ops
+from driver_sim.ops.winograd import winograd_pays, winograd_weights
 from driver_sim.program import Instr, NcProgram, load_program
 
 WINOGRAD = KERNELS["WinogradConv"]
@@ -78,7 +78,7 @@ def test_chunks_of_images(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scratch too small for one image: each image is its own chunk, same numbers."""
     x, weights, b = frozen(5, 4, 9, 10, seed=1), frozen(6, 4, 3, 3, seed=2), frozen(6, seed=3)
     want = winograd(x, winograd_weights(weights), b, [1, 0, 1, 2])
-    monkeypatch.setattr(ops_winograd, "_SCRATCH_ELEMENTS", 1)
+    monkeypatch.setattr(winograd_ops, "_SCRATCH_ELEMENTS", 1)
     got = winograd(x, winograd_weights(weights), b, [1, 0, 1, 2])
     np.testing.assert_array_equal(got, want)
     assert_close(got, conv(x, weights, b, [1, 0, 1, 2]))

@@ -17,8 +17,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 import driver_sim
+from driver_sim import KERNELS
 from driver_sim.errors import KernelError
-from driver_sim.kernels import KERNELS
 from neuron_rtd import onnxrt
 from neuron_rtd.compiler.bounds import Bound, plan_bounds
 from neuron_rtd.compiler.errors import CompileError

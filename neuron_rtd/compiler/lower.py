@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 import driver_sim
-from driver_sim import ops_winograd
+from driver_sim.ops import winograd as ops_winograd
 from neuron_rtd.compiler.onnx_attrs import node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph
 

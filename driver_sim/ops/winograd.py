@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from driver_sim.cost import Engine
-from driver_sim.kernels import Attr, Shape, check_dtypes, dtype_set, ints_attr, kernel
+from driver_sim.ops.registry import Attr, Shape, check_dtypes, dtype_set, ints_attr, kernel
 
 _FLOAT32 = dtype_set("float32")
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])

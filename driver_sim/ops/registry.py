@@ -1,4 +1,5 @@
-"""The ops a NeuronCore executes, with ONNX (opset 13+) semantics, as numpy kernels.
+"""The registry of the ops a NeuronCore executes, with ONNX (opset 13+) semantics, as
+numpy kernels; the op modules of `driver_sim.ops` register them, this module imports none.
 
 Each op is a `Kernel`: its compute function (arrays in, array out; attributes as keyword
 arguments), its engine, how many inputs and outputs it takes, its attributes (each with a
@@ -6,19 +7,21 @@ parser that validates and a default), the ONNX op versions whose semantics it im
 an optional check of input dtypes and attribute combinations, and its MAC count. A kernel
 with more than one possible output returns a tuple of all of them (a step keeps the first
 ones it names). An absent optional input arrives as None. Adding an op is a function plus
-a decorator:
+a decorator, in the op module of its concept:
 
     @kernel("Neg", Engine.POOL)
     def _neg(x: np.ndarray) -> np.ndarray:
         return np.negative(x)
 
 Kernels never write to their inputs, and keep the input dtype (float32 stays float32).
+Besides the registry, this module holds what the op modules share: the attribute parsers,
+the dtype sets and support checks, and a few helpers (float16 via float32, integer tensor
+inputs, axes).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -239,22 +242,6 @@ def tensor_attr(value: Any) -> np.ndarray:
     return array
 
 
-# ---- MAC counts (see driver_sim.cost) ------------------------------------------------
-
-
-def _matmul_macs(
-    inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]
-) -> int:
-    contraction = inputs[0][-1]
-    return math.prod(outputs[0]) * contraction
-
-
-def _gemm_macs(inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
-    a = inputs[0]
-    contraction = a[0] if attrs["transA"] else a[1]
-    return math.prod(outputs[0]) * contraction
-
-
 # ---- input dtypes the op kernels implement (support checks) ---------------------------
 
 
@@ -300,8 +287,25 @@ def dtype_check(*allowed: frozenset[np.dtype], same: Sequence[int] = ()) -> Supp
 
 FLOAT_CHECK = dtype_check(FLOATS)  # the support check of float-only ops
 
+# ONNX TensorProto element types the NeuronCore holds (others: string, bfloat16, complex,
+# float8, 4-bit and 2-bit types).
+ONNX_DTYPES: dict[int, np.dtype] = {
+    1: np.dtype("float32"),
+    2: np.dtype("uint8"),
+    3: np.dtype("int8"),
+    4: np.dtype("uint16"),
+    5: np.dtype("int16"),
+    6: np.dtype("int32"),
+    7: np.dtype("int64"),
+    9: np.dtype("bool"),
+    10: np.dtype("float16"),
+    11: np.dtype("float64"),
+    12: np.dtype("uint32"),
+    13: np.dtype("uint64"),
+}
 
-# ---- PE: matmul-type ops ---------------------------------------------------------------
+
+# ---- helpers shared by the op modules ----------------------------------------------
 
 
 def via_float32(fn: Callable[..., Any], *arrays: np.ndarray, **kwargs: Any) -> np.ndarray:
@@ -313,210 +317,49 @@ def via_float32(fn: Callable[..., Any], *arrays: np.ndarray, **kwargs: Any) -> n
     return np.asarray(fn(*widened, **kwargs)).astype(np.float16)
 
 
-@kernel(
-    "MatMul",
-    Engine.PE,
-    inputs=(2, 2),
-    macs=_matmul_macs,
-    since=(1, 9, 13),
-    check=dtype_check(FLOATS | dtype_set("int32", "int64", "uint32", "uint64"), same=(0, 1)),
-)
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Y = A @ B with numpy.matmul broadcasting (1-D operands promoted and dropped)."""
-    return via_float32(_stacked_matmul, a, b)
+def int_values(tensor: np.ndarray, what: str | None = None) -> list[int]:
+    """The values of an integer tensor input (shape, axes, starts, pads...) as Python
+    ints; ValueError (naming the input `what`, when given) for another dtype."""
+    array = np.asarray(tensor)
+    if array.dtype.kind not in "iu":
+        expected = "expected an" if what is None else f"{what} must be an"
+        raise ValueError(f"{expected} integer tensor, got dtype {array.dtype}")
+    return [int(v) for v in array.reshape(-1).tolist()]
 
 
-def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul, with a stack of rows times one matrix (B, S, K) @ (K, N) done as one
-    (B*S, K) @ (K, N) GEMM: numpy would make it B separate ones."""
-    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
-        flat = np.matmul(a.reshape(-1, a.shape[-1]), b)
-        return flat.reshape(*a.shape[:-1], b.shape[-1])
-    return np.matmul(a, b)
+def scalar(tensor: np.ndarray, what: str) -> np.ndarray:
+    """A one-element tensor input as a 0-d array."""
+    array = np.asarray(tensor)
+    if array.size != 1:
+        raise ValueError(f"{what} must have one element, got shape {array.shape}")
+    return array.reshape(())
 
 
-@kernel(
-    "MatMulBias",
-    Engine.PE,
-    inputs=(3, 3),
-    macs=_matmul_macs,
-    check=dtype_check(FLOATS, same=(0, 1, 2)),
-)
-def _matmul_bias(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Y = A @ B + bias (bias along the last axis), the bias added in place into the
-    product. Not an ONNX op: the compiler fuses MatMul + Add of a constant into it."""
-    if a.dtype == np.float16:
-        return via_float32(_matmul_bias, a, b, bias)
-    product = _stacked_matmul(a, b)
-    np.add(product, bias, out=product)
-    return product
+def axis_index(axis: int, rank: int) -> int:
+    """`axis` in [-rank, rank) made non-negative."""
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
 
 
-@kernel(
-    "Gemm",
-    Engine.PE,
-    inputs=(2, 3),
-    attrs={
-        "alpha": Attr(float_attr, 1.0),
-        "beta": Attr(float_attr, 1.0),
-        "transA": Attr(flag_attr, 0),
-        "transB": Attr(flag_attr, 0),
-    },
-    macs=_gemm_macs,
-    since=(7, 9, 11, 13),
-    check=dtype_check(FLOATS, same=(0, 1, 2)),
-)
-def _gemm(
-    a: np.ndarray,
-    b: np.ndarray,
-    c: np.ndarray | None = None,
-    *,
-    alpha: float,
-    beta: float,
-    transA: int,  # the ONNX attribute names
-    transB: int,
-) -> np.ndarray:
-    """Y = alpha * A' @ B' + beta * C, C unidirectionally broadcast to Y."""
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"Gemm needs 2-D A and B, got shapes {a.shape} and {b.shape}")
-    a = a.T if transA else a
-    b = b.T if transB else b
-    if c is None or beta == 0.0:
-        return via_float32(_scaled_product, a, b, alpha=alpha, beta=beta)
-    return via_float32(_scaled_product, a, b, c, alpha=alpha, beta=beta)
+def axis_indices(axes: Sequence[int], rank: int) -> tuple[int, ...]:
+    """Distinct axes, each in [-rank, rank), made non-negative."""
+    result = tuple(axis_index(a, rank) for a in axes)
+    if len(set(result)) != len(result):
+        raise ValueError(f"repeated axis in {list(axes)}")
+    return result
 
 
-def _scaled_product(
-    a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, *, alpha: float, beta: float
-) -> np.ndarray:
-    y = np.matmul(a, b)
-    if alpha != 1.0:
-        y *= alpha
-    if c is not None:
-        y += c if beta == 1.0 else c * beta
-    return y
+def scratch_like(x: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """A new array shaped like `x` (an array even when `x` is a numpy scalar)."""
+    return np.empty_like(x, dtype=dtype)
 
 
-# ---- ACT: activations --------------------------------------------------------------------
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a float kernel computes in: float32 for float16, else the dtype itself."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
-@kernel("Relu", Engine.ACT, since=(6, 13, 14), check=dtype_check(FLOATS | SIGNED))
-def _relu(x: np.ndarray) -> np.ndarray:
-    """Y = max(X, 0)."""
-    return np.maximum(x, 0)
-
-
-@kernel("Sigmoid", Engine.ACT, since=(6, 13), check=dtype_check(FLOATS))
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    """Y = 1 / (1 + exp(-X)), from exp(-|X|) so that nothing overflows."""
-    return via_float32(_stable_sigmoid, x)
-
-
-def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
-    y = np.abs(x, out=np.empty_like(x))
-    np.negative(y, out=y)
-    np.exp(y, out=y)  # e = exp(-|x|), in (0, 1]
-    np.divide(y, y + 1, out=y)  # sigmoid(-|x|) = e / (1 + e)
-    np.subtract(1, y, out=y, where=np.greater_equal(x, 0))  # sigmoid(|x|) = 1 - that
-    return y
-
-
-@kernel("Tanh", Engine.ACT, since=(6, 13), check=dtype_check(FLOATS))
-def _tanh(x: np.ndarray) -> np.ndarray:
-    """Y = tanh(X)."""
-    return np.tanh(x)
-
-
-@kernel(
-    "Softmax",
-    Engine.ACT,
-    attrs={"axis": Attr(int_attr, -1)},
-    since=(13,),  # versions 1 and 11 coerce the input to 2-D around `axis` (default 1)
-    check=dtype_check(FLOATS),
-)
-def _softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
-    """Y = exp(X - max) / sum(exp(X - max)) along `axis`, in one temporary."""
-    return via_float32(_shifted_softmax, x, axis=axis)
-
-
-def _shifted_softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    shifted = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=np.empty_like(x))
-    np.exp(shifted, out=shifted)
-    shifted /= np.sum(shifted, axis=axis, keepdims=True)
-    return shifted
-
-
-# ---- POOL: elementwise and data movement ---------------------------------------------------
-
-_BINARY_SINCE = (7, 13, 14)  # version 6 and older broadcast only by attribute
-_BINARY_CHECK = dtype_check(NUMBERS, same=(0, 1))
-
-
-@kernel(
-    "Add",
-    Engine.POOL,
-    inputs=(2, 2),
-    read_modify_write=True,
-    since=_BINARY_SINCE,
-    check=_BINARY_CHECK,
-)
-def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A + B (integers wrap)."""
-    return np.add(a, b)
-
-
-@kernel(
-    "Sub",
-    Engine.POOL,
-    inputs=(2, 2),
-    read_modify_write=True,
-    since=_BINARY_SINCE,
-    check=_BINARY_CHECK,
-)
-def _sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A - B (integers wrap)."""
-    return np.subtract(a, b)
-
-
-@kernel(
-    "Mul",
-    Engine.POOL,
-    inputs=(2, 2),
-    read_modify_write=True,
-    since=_BINARY_SINCE,
-    check=_BINARY_CHECK,
-)
-def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A * B (integers wrap)."""
-    return np.multiply(a, b)
-
-
-@kernel(
-    "Div",
-    Engine.POOL,
-    inputs=(2, 2),
-    read_modify_write=True,
-    since=_BINARY_SINCE,
-    check=_BINARY_CHECK,
-)
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A / B; integer division truncates toward zero, as in C."""
-    if a.dtype.kind == "f":
-        return np.divide(a, b)
-    quotient = np.floor_divide(a, b)
-    if a.dtype.kind == "u":
-        return quotient
-    # floor and truncation differ where the division is inexact and the signs differ
-    inexact = np.remainder(a, b) != 0
-    fix = inexact & (np.less(a, 0) != np.less(b, 0))
-    return np.add(quotient, fix, dtype=quotient.dtype)
-
-
-@kernel("Identity", Engine.POOL, since=(1, 13, 14, 16, 19, 21, 23, 24, 25))
-def _identity(x: np.ndarray) -> np.ndarray:
-    """Y = X (the same array: kernels never write their inputs)."""
-    return x
-
-
-# The rest of the op library registers itself on import.
-from driver_sim import ops_more, ops_nn, ops_random, ops_tensor, ops_winograd  # noqa: E402, F401
+def as_compute(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`array` in `dtype` (no copy when it already is)."""
+    return np.asarray(array, dtype=dtype)

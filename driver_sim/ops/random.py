@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from driver_sim.cost import Engine
-from driver_sim.kernels import FLOATS, Attr, float_attr, ints_attr, kernel
+from driver_sim.ops.registry import FLOATS, Attr, float_attr, ints_attr, kernel
 
 _state = threading.local()
 _fallback = np.random.default_rng()  # for runs outside a NeuronCore (host CPU nodes)

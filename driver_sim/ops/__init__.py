@@ -1,0 +1,51 @@
+"""The NeuronCore's op library: numpy kernels with ONNX semantics, one module per concept.
+
+`registry` holds the registry (`KERNELS`, `Kernel`, the `kernel` decorator) and what the
+op modules share (attribute parsers, dtype sets, support checks, helpers); it imports no
+op module. Importing an op module registers its kernels, and this package imports each
+of them: linalg, elementwise, activation, logic, reduce, shape, create, cast, conv and
+winograd, pool, norm, resize, random. `window` holds the sliding-window geometry that
+conv and pool share.
+"""
+
+from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
+    activation,
+    cast,
+    conv,
+    create,
+    elementwise,
+    linalg,
+    logic,
+    norm,
+    pool,
+    random,
+    reduce,
+    resize,
+    shape,
+    winograd,
+)
+from driver_sim.ops.registry import (
+    KERNELS,
+    REQUIRED,
+    Attr,
+    ComputeFn,
+    Kernel,
+    MacCount,
+    Shape,
+    SupportCheck,
+    kernel,
+    supported_ops,
+)
+
+__all__ = [
+    "KERNELS",
+    "REQUIRED",
+    "Attr",
+    "ComputeFn",
+    "Kernel",
+    "MacCount",
+    "Shape",
+    "SupportCheck",
+    "kernel",
+    "supported_ops",
+]
