@@ -16,6 +16,7 @@ import pytest
 from test_wire import load_stream
 
 import driver_sim
+from neuron_rtd import __version__
 from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError, NotifyListener
 from neuron_rtd.client import Client
 from neuron_rtd.neff.samples import build_mlp, build_relu
@@ -255,7 +256,11 @@ def test_device_init_failure_answers_hw_error(work: Path) -> None:
             assert status.code == 6 and b"not initialized" in status.details, method
         assert stub.unload_all(pb.empty()).code == 6
         # The two answers without a status still come, and the ping says the daemon lives.
-        assert stub.get_version(pb.get_version_request()).runtime_version.major_num >= 0
+        version = stub.get_version(pb.get_version_request()).runtime_version
+        assert version.full_version == __version__
+        assert (version.major_num, version.minor_num) == tuple(
+            int(p) for p in __version__.split(".")[:2]
+        )
         assert stub.read_inference_counters(pb.empty()).nmgr_counters.infer_count == 0
         assert stub.start(pb.start_request(h_nn=pb.h_nn(id=0))).status.code == 0
 
