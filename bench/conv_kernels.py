@@ -4,7 +4,7 @@ depthwise conv), side by side in one run.
     python bench/conv_kernels.py [--batches 1 8] [--rounds 15]
 
 Each shape is a one-node Conv model (weights as initializers) run by onnxruntime with
-two intra-op threads, and the same Conv run by the NC kernel (driver_sim.ops_nn) on the
+two intra-op threads, and the same Conv run by the NC kernel (driver_sim.ops.conv) on the
 same input. The two alternate call by call so machine noise hits both alike; the output
 is checked against onnxruntime's first. Prints per shape both medians and their ratio,
 then per batch size the sums over the ResNet-18 shapes. The NC kernel computes in numpy,

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 import driver_sim
-from driver_sim.ops import winograd as ops_winograd
+from driver_sim.ops import winograd
 from neuron_rtd.compiler.onnx_attrs import node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph
 
@@ -62,12 +62,12 @@ def _winograd(
         return None
     n, cin, _, _ = x_shape
     _, cout, h_out, w_out = y_shape
-    if not ops_winograd.winograd_pays(n, cin, cout, h_out, w_out):
+    if not winograd.winograd_pays(n, cin, cout, h_out, w_out):
         return None
     transformed = f"{node.input[1]}.winograd"
     inputs = [node.input[0], transformed] + ([bias_name] if bias_name else [])
     instr = _instruction("WinogradConv", inputs, node.output, {"pads": list(pads)})
-    return instr, {transformed: ops_winograd.winograd_weights(weight)}
+    return instr, {transformed: winograd.winograd_weights(weight)}
 
 
 def _stride_one_pads(attrs: dict[str, Any]) -> tuple[int, int, int, int] | None:

@@ -2,7 +2,7 @@
 
 ints, floats and strings stay what they are (strings decoded from UTF-8), lists stay
 lists, and a tensor becomes {"dtype", "shape", "data"} (read back by
-`driver_sim.kernels.tensor_attr`). A graph-valued attribute (If, Loop, Scan bodies) has no
+`driver_sim.ops.registry.tensor_attr`). A graph-valued attribute (If, Loop, Scan bodies) has no
 instruction form: `UnsupportedAttr` says so, and the op goes to a CPU node.
 """
 
