@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from driver_sim.kernels import KERNELS
+from driver_sim import KERNELS
 from neuron_rtd.compiler import conformance
 from neuron_rtd.compiler.conformance import (
     FAIL,

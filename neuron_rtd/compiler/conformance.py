@@ -64,7 +64,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from driver_sim.kernels import KERNELS
+from driver_sim import KERNELS
 from neuron_rtd.compiler.compile import compile_model
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import ALLOWED_DTYPES, read_neff
