@@ -15,7 +15,8 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(PY) -m neuron_rtd.protogen --check
+	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VENV)/bin/lint-imports \
+		&& $(PY) -m neuron_rtd.protogen --check
 
 bench: setup
 	$(PY) bench/infer_roundtrip.py

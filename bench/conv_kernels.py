@@ -32,6 +32,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from driver_sim import KERNELS
+from neuron_rtd import onnxrt
 from neuron_rtd.compiler.onnx_attrs import node_attrs
 
 THREADS = 2
@@ -89,14 +90,8 @@ def onnxruntime_conv(
         initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
     # no spinning between calls: a spinning pool thread would compete with numpy's BLAS
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = onnxrt.session(model, threads=THREADS, spinning=False)
     return lambda: session.run(None, {"x": x})[0]
 
 

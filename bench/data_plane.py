@@ -607,7 +607,7 @@ def pipeline_in_process_ms(
     work: Path, sample: SampleModel, x: np.ndarray, ref: np.ndarray
 ) -> float:
     """One inference of `sample` in this process (no daemon), median of a few."""
-    from neuron_rtd.runtime.local import LocalRuntime
+    from neuron_rtd.runtime import LocalRuntime
 
     with LocalRuntime("inf1.xlarge", root=work / "local-pipeline") as rt:
         model = rt.load(sample.neff)
@@ -656,7 +656,7 @@ def roundtrip_case(
     ref: np.ndarray,
 ) -> dict[str, Any]:
     from neuron_rtd.neff import read_neff
-    from neuron_rtd.runtime.local import LocalRuntime
+    from neuron_rtd.runtime import LocalRuntime
 
     parsed = read_neff(neff)
     daemon = Daemon(work, f"roundtrip-{parsed.name}")

@@ -50,12 +50,12 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 import driver_sim
-from neuron_rtd import models
+from neuron_rtd import models, onnxrt
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.neff import read_neff
-from neuron_rtd.runtime.local import LocalRuntime
+from neuron_rtd.runtime import LocalRuntime
 
 Outputs = Mapping[str, np.ndarray]
 SIDES = ("onnxruntime", "in-process", "daemon")
@@ -230,13 +230,7 @@ def run_case(
 ) -> Result:
     case, model, neff = prepared
     feeds = models.random_inputs(model, 0, **case.dims)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    session = onnxrt.session(model, threads=args.threads)
     names = [o.name for o in session.get_outputs()]
     local_model = rt.load(neff, timeout_s=INFER_TIMEOUT_S)
     daemon_model = client.load(neff, timeout_s=INFER_TIMEOUT_S)

@@ -481,8 +481,8 @@ def test_ninfer_bounds_what_the_client_sends(
         asynced = [f.result(timeout=30) for f in pending]
     for i, got in enumerate(results):
         assert_probs({"probs": got}, mlp, inputs[i])
-    for i, got in enumerate(asynced):
-        np.testing.assert_array_equal(got["probs"], results[i])
+    for i, outputs in enumerate(asynced):
+        np.testing.assert_array_equal(outputs["probs"], results[i])
     assert len(recorder.requests("infer")) == 32
     assert len(recorder.requests("infer_post")) == len(recorder.requests("infer_wait")) == 12
     assert len(recorder.requests("shm_map")) == 4  # 2 slots x (input + output)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from driver_sim import KERNELS
-from neuron_rtd.compiler import conformance
-from neuron_rtd.compiler.conformance import (
+from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.tools import conformance
+from neuron_rtd.tools.conformance import (
     FAIL,
     ORT_PASS,
     ORT_UNSUPPORTED,
@@ -30,7 +31,6 @@ from neuron_rtd.compiler.conformance import (
     select_cases,
     totals,
 )
-from neuron_rtd.runtime.local import LocalRuntime
 
 CLAIMED = ["Relu", "Gemm", "MatMul", "Softmax", "Add", "Div"]
 

@@ -1,7 +1,10 @@
-"""Hand-written code stays ruff- and mypy-clean (generated code is excluded)."""
+"""Hand-written code stays ruff- and mypy-clean (generated code is excluded), and the
+layers hold (the import-linter contracts in pyproject.toml)."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +26,47 @@ def test_ruff() -> None:
 def test_mypy() -> None:
     done = run("mypy")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_layers_hold() -> None:
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_wrong_import_breaks_the_layers(tmp_path: Path) -> None:
+    """The contract is not vacuous: the server reaching past the runtime's face into its
+    model module (a copy of the tree with that one import added) fails it."""
+    for part in ("neuron_rtd", "driver_sim"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    nmgr = tmp_path / "neuron_rtd" / "server" / "nmgr.py"
+    nmgr.write_text(nmgr.read_text() + "\nimport neuron_rtd.runtime.model  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "neuron_rtd.server.nmgr -> neuron_rtd.runtime.model" in done.stdout
+
+
+def test_architecture_names_what_exists() -> None:
+    """Every `path` and `path:function` ARCHITECTURE.md names is there."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = re.findall(r"`((?:neuron_rtd|driver_sim)/[\w/.]*)(?::([\w.]+))?`", text)
+    assert len(named) > 20
+    for path, symbol in named:
+        where = ROOT / path
+        assert where.exists(), f"ARCHITECTURE.md names {path}, which is gone"
+        if symbol:
+            source = where.read_text()
+            for name in symbol.split("."):
+                assert re.search(rf"^\s*(?:def|class) {name}\b", source, re.M), (
+                    f"ARCHITECTURE.md names {path}:{symbol}; {name} is not defined there"
+                )

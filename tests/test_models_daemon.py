@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
-from neuron_rtd import models
+from neuron_rtd import models, onnxrt
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.client.client import NrtClientError
@@ -30,9 +29,7 @@ def client(daemon: DaemonProcess) -> Iterator[Client]:
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+    return onnxrt.run(onnxrt.session(model), feeds)
 
 
 def assert_matches(got: np.ndarray, want: np.ndarray) -> None:

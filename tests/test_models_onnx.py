@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
+from neuron_rtd import onnxrt
 from neuron_rtd.models import (
     MODELS,
     bert,
@@ -22,17 +23,8 @@ from neuron_rtd.models import (
 from neuron_rtd.models.__main__ import main as models_main
 
 
-def session(model: onnx.ModelProto | bytes) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.inter_op_num_threads = 1
-    data = model if isinstance(model, bytes) else model.SerializeToString()
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-
-
-def run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds), strict=True))
+def session(model: onnx.ModelProto | bytes) -> Any:
+    return onnxrt.session(model, threads=2)
 
 
 def dims(value: onnx.ValueInfoProto) -> list[int | str]:
@@ -146,8 +138,8 @@ def test_resnet_structure(small_resnet: onnx.ModelProto) -> None:
 def test_resnet_runs_at_several_batches(small_resnet: onnx.ModelProto) -> None:
     sess = session(small_resnet)
     three = random_inputs(small_resnet, seed=5, N=3)
-    probs3 = run(sess, three)["probs"]
-    probs1 = run(sess, {"input": three["input"][:1]})["probs"]
+    probs3 = onnxrt.run(sess, three)["probs"]
+    probs1 = onnxrt.run(sess, {"input": three["input"][:1]})["probs"]
     assert probs3.shape == (3, 100) and probs1.shape == (1, 100)
     assert np.isfinite(probs3).all()
     np.testing.assert_allclose(probs3.sum(axis=1), 1.0, rtol=1e-5)
@@ -164,7 +156,7 @@ def test_resnet18_full_size() -> None:
     assert dims(m.graph.output[0]) == ["N", 1000]
     # torchvision's resnet18: 11,689,512 parameters, + 9,600 BN running statistics
     assert count_parameters(m) == 11_689_512 + 9_600
-    probs = run(session(m), random_inputs(m, N=1))["probs"]
+    probs = onnxrt.run(session(m), random_inputs(m, N=1))["probs"]
     assert probs.shape == (1, 1000) and np.isfinite(probs).all()
     assert 0.005 < probs.max() < 0.95
 
@@ -174,7 +166,7 @@ def test_resnet_static_batch_and_depth() -> None:
     onnx.checker.check_model(m, full_check=True)
     assert dims(m.graph.input[0]) == [2, 3, 32, 32]
     assert count_ops(m, "Conv") == 1 + 4 * 2 + 3
-    probs = run(session(m), random_inputs(m))["probs"]
+    probs = onnxrt.run(session(m), random_inputs(m))["probs"]
     assert probs.shape == (2, 10) and np.isfinite(probs).all()
 
 
@@ -213,7 +205,7 @@ def test_bert_structure(small_bert: onnx.ModelProto) -> None:
 
 @pytest.mark.parametrize("seq", [8, 17])
 def test_bert_runs_at_several_lengths(small_bert: onnx.ModelProto, seq: int) -> None:
-    out = run(session(small_bert), random_inputs(small_bert, seed=seq, B=2, S=seq))
+    out = onnxrt.run(session(small_bert), random_inputs(small_bert, seed=seq, B=2, S=seq))
     hidden, pooled = out["last_hidden_state"], out["pooler_output"]
     assert hidden.shape == (2, seq, 64) and pooled.shape == (2, 64)
     assert np.isfinite(hidden).all() and np.isfinite(pooled).all()
@@ -228,7 +220,7 @@ def test_bert_padding_leaves_real_positions_unchanged(small_bert: onnx.ModelProt
     real = random_inputs(small_bert, seed=7, B=2, S=100)
     padded = random_inputs(small_bert, seed=8, B=2, S=128, valid_lengths=100)
     padded["input_ids"][:, :100] = real["input_ids"]
-    a, b = run(sess, real), run(sess, padded)
+    a, b = onnxrt.run(sess, real), onnxrt.run(sess, padded)
     assert b["last_hidden_state"].shape == (2, 128, 64)
     np.testing.assert_allclose(
         b["last_hidden_state"][:, :100], a["last_hidden_state"], atol=1e-5, rtol=0
@@ -236,7 +228,7 @@ def test_bert_padding_leaves_real_positions_unchanged(small_bert: onnx.ModelProt
     np.testing.assert_allclose(b["pooler_output"], a["pooler_output"], atol=1e-5, rtol=0)
     # and the mask is what does it: attending to the padding changes the outputs
     padded["attention_mask"][:] = 1
-    c = run(sess, padded)
+    c = onnxrt.run(sess, padded)
     assert np.abs(c["pooler_output"] - a["pooler_output"]).max() > 1e-4
 
 
@@ -259,7 +251,7 @@ def test_bert_base_4_layers() -> None:
         if i.data_type == onnx.TensorProto.INT64 and len(i.dims) == 1
     }
     assert (0, 0, 12, 64) in shapes and (0, 0, 768) in shapes
-    out = run(session(data), random_inputs(m, B=1, S=8))
+    out = onnxrt.run(session(data), random_inputs(m, B=1, S=8))
     assert out["last_hidden_state"].shape == (1, 8, 768)
     assert out["pooler_output"].shape == (1, 768)
     assert np.isfinite(out["last_hidden_state"]).all()
@@ -269,7 +261,7 @@ def test_bert_static_dims() -> None:
     m = bert.build(layers=1, hidden=32, heads=2, intermediate=64, vocab=50, batch=1, seq=6)
     onnx.checker.check_model(m, full_check=True)
     assert [dims(v) for v in m.graph.input] == [[1, 6], [1, 6]]
-    out = run(session(m), random_inputs(m))
+    out = onnxrt.run(session(m), random_inputs(m))
     assert out["last_hidden_state"].shape == (1, 6, 32)
     with pytest.raises(ValueError, match="multiple of heads"):
         bert.build(hidden=30, heads=4)
@@ -309,7 +301,7 @@ def test_ssd_detections_vary_with_the_image(small_ssd: onnx.ModelProto) -> None:
     counts = []
     clipped = False
     for seed in range(6):
-        out = run(sess, random_inputs(small_ssd, seed=seed))
+        out = onnxrt.run(sess, random_inputs(small_ssd, seed=seed))
         boxes, scores, labels = out["boxes"], out["scores"], out["classes"]
         d = len(scores)
         counts.append(d)
@@ -330,7 +322,7 @@ def test_ssd_detections_vary_with_the_image(small_ssd: onnx.ModelProto) -> None:
 
 def test_ssd_nothing_selected_gives_empty_outputs() -> None:
     m = ssd.build(**ssd.SMALL, score_threshold=0.9999)
-    out = run(session(m), random_inputs(m))
+    out = onnxrt.run(session(m), random_inputs(m))
     assert out["boxes"].shape == (0, 4)
     assert out["scores"].shape == (0,) and out["classes"].shape == (0,)
     assert out["classes"].dtype == np.int64
@@ -339,7 +331,7 @@ def test_ssd_nothing_selected_gives_empty_outputs() -> None:
 def test_ssd_other_sizes() -> None:
     m = ssd.build(image=64, num_classes=3, max_detections=5, seed=2, width=4)
     onnx.checker.check_model(m, full_check=True)
-    out = run(session(m), random_inputs(m, seed=1))
+    out = onnxrt.run(session(m), random_inputs(m, seed=1))
     assert len(out["scores"]) <= 5 and out["boxes"].shape == (len(out["scores"]), 4)
     with pytest.raises(ValueError, match="multiple of 16"):
         ssd.build(image=100)

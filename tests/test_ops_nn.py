@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kernel_cases import node_cases, run_case
 
 from driver_sim import KERNELS
 from driver_sim.execute import execute_program
 from driver_sim.ops import conv as conv_ops
 from driver_sim.program import Instr, NcProgram, load_program
-from tests.kernel_cases import node_cases, run_case
 
 # op -> how many ONNX node cases it has (a case that goes missing is noticed)
 CASE_COUNTS = {
@@ -312,7 +312,10 @@ def test_max_pool_runs_in_programs_with_one_or_two_outputs() -> None:
     attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
     for outputs in (("y",), ("y", "i")):
         program = NcProgram([Instr("MaxPool", ("x",), outputs, attrs)], {}, ["x"], list(outputs))
-        got = {"y": np.empty((1, 1, 2, 2), np.float32), "i": np.empty((1, 1, 2, 2), np.int64)}
+        got: dict[str, np.ndarray] = {
+            "y": np.empty((1, 1, 2, 2), np.float32),
+            "i": np.empty((1, 1, 2, 2), np.int64),
+        }
         execute_program(load_program(None, program), {"x": x}, got)
         np.testing.assert_array_equal(got["y"].ravel(), [5, 7, 13, 15])
         if "i" in outputs:

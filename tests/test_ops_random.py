@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from neuron_rtd.compiler import compile_model
-from neuron_rtd.runtime.local import LocalRuntime
+from neuron_rtd.runtime import LocalRuntime
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from neuron_rtd.cli.neuron_cli import main
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.cli.validate import (
+from neuron_rtd.client.client import Client
+from neuron_rtd.compiler import bucket_ranges, compile_model
+from neuron_rtd.neff import TensorSpec
+from neuron_rtd.tools.validate import (
     Thresholds,
     UsageError,
     compare,
@@ -28,9 +31,6 @@ from neuron_rtd.cli.validate import (
     random_inputs,
     sqnr_db,
 )
-from neuron_rtd.client.client import Client
-from neuron_rtd.compiler import bucket_ranges, compile_model
-from neuron_rtd.neff import TensorSpec
 
 # --- metrics -------------------------------------------------------------------------
 

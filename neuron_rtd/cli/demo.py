@@ -54,8 +54,8 @@ def tool(*args: str) -> str:
 
 def _real_model(client: Client, work: Path, sim_root: str) -> bool:
     import onnx
-    import onnxruntime as ort
 
+    from neuron_rtd import onnxrt
     from neuron_rtd.models import count_parameters, random_inputs, resnet
 
     section("A real model: a ResNet-18-style CNN written as ONNX (224x224, 1000 classes)")
@@ -87,9 +87,7 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
     print(f"model id {model.id}; NCGs now: {client.list_ncgs()}")
 
     section("Inference on 1 and on 3 images, checked against onnxruntime")
-    session = ort.InferenceSession(
-        onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = onnxrt.session(onnx_model)
     images = random_inputs(onnx_model, seed=1, N=3)["input"]
     want = session.run(["probs"], {"input": images})[0]
     good = True
@@ -125,8 +123,7 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
     results = [f.result()["probs"] for f in pending]
     elapsed = time.perf_counter() - t0
     same = all(
-        np.allclose(r, want[i % 3 : i % 3 + 1], rtol=1e-4, atol=1e-6)
-        for i, r in enumerate(results)
+        np.allclose(r, want[i % 3 : i % 3 + 1], rtol=1e-4, atol=1e-6) for i, r in enumerate(results)
     )
     counters = client.stub.read_inference_counters(pb.empty()).nmgr_counters
     print(

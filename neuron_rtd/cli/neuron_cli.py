@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from neuron_rtd.cli import validate
+from neuron_rtd.tools.validate import command as validate
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from neuron_rtd import onnxrt
 from neuron_rtd.models._graph import (
     FLOAT,
     GraphBuilder,
@@ -141,13 +141,7 @@ class _ResNetWriter:
         stats = [name for p in self.pending for name in p.node.output[1:]]
         for name in [features, *stats]:
             model.graph.output.append(helper.make_empty_tensor_value_info(name))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        session = onnxrt.session(model, threads=1, optimize=False)
         values = session.run(None, {b.inputs[0].name: pixels})
         by_name = {i.name: i for i in b.initializers}
         for k, p in enumerate(self.pending):

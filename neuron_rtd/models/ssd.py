@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
+from neuron_rtd import onnxrt
 from neuron_rtd.models._graph import (
     BOOL,
     FLOAT,
@@ -85,12 +85,7 @@ def _calibrate_threshold(b: GraphBuilder, image: int, max_detections: int, seed:
     that list, so the midpoint between the target-th and the next score keeps `target`.
     """
     model = make_model(b, "", {})
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = onnxrt.session(model, threads=1)
     rng = np.random.default_rng([seed, 1])
     target = max(1, max_detections // 2)
     cuts = []

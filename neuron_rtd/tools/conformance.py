@@ -1,7 +1,7 @@
 """The ONNX conformance run: every backend node test case that onnx defines, through
 compile -> load -> infer -> compare, next to onnxruntime on the same cases.
 
-    python -m neuron_rtd.compiler.conformance [--ops Conv,Relu] [--match SUBSTRING]
+    python -m neuron_rtd.tools.conformance [--ops Conv,Relu] [--match SUBSTRING]
         [--json out.json] [--failures] [--no-ort] [--verbose]
 
 Each case gets exactly one outcome:
@@ -65,10 +65,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from driver_sim import KERNELS
+from neuron_rtd import onnxrt
 from neuron_rtd.compiler.compile import compile_model
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import ALLOWED_DTYPES, read_neff
-from neuron_rtd.runtime.local import LocalRuntime
+from neuron_rtd.runtime import LocalRuntime
 
 PASS_NC = "pass-nc"
 PASS_CPU = "pass-cpu"
@@ -456,14 +457,8 @@ def _nrt_text(exc: BaseException) -> str:
 
 
 def _ort_session(model: onnx.ModelProto) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
     try:
-        return ort.InferenceSession(
-            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        return onnxrt.session(model, log_severity=onnxrt.LOG_SILENT)
     except Exception as exc:
         if "IR version" not in str(exc):
             raise
@@ -472,9 +467,7 @@ def _ort_session(model: onnx.ModelProto) -> Any:
     lowered.ir_version = helper.find_min_ir_version_for(
         list(model.opset_import), ignore_unknown=True
     )
-    return ort.InferenceSession(
-        lowered.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    return onnxrt.session(lowered, log_severity=onnxrt.LOG_SILENT)
 
 
 def run_onnxruntime(case: Any) -> tuple[str, str]:
@@ -666,7 +659,7 @@ def to_json(results: Sequence[CaseResult], seconds: float | None = None) -> dict
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m neuron_rtd.compiler.conformance",
+        prog="python -m neuron_rtd.tools.conformance",
         description="Run onnx's backend node test cases through compile, load and infer "
         "on a simulated machine, next to onnxruntime.",
     )

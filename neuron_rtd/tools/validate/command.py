@@ -1,0 +1,318 @@
+"""`neuron-cli validate model.onnx model.neff`: does a compiled NEFF compute what its ONNX
+model does?
+
+The NEFF runs on the daemon (loaded, inferred once, unloaded even on errors), the ONNX
+model on onnxruntime's CPU provider, both on the same inputs: an npz given with
+`--inputs` (keys are the input names) or random ones drawn from `--seed` (float inputs
+uniform in `--range`, integer inputs uniform in [LOW, HIGH), bool inputs fair coins), at
+the NEFF's declared shapes or the `--input-shape` given for an input with a varying axis.
+
+Per output it reports the cosine similarity (the exact-match fraction for integer and
+bool outputs), the SQNR in dB, the largest absolute error and, for classifier-like
+outputs (float, rank 2, last axis > 1), the top-1 agreement.
+
+Exit codes: 0 every output meets the thresholds, 1 some output does not (the report says
+which and why), 2 usage errors (a bad file or npz, arguments that do not fit the model,
+no daemon at the address).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from neuron_rtd import onnxrt
+from neuron_rtd.client.client import Client, NrtClientError, default_address
+from neuron_rtd.errors import NrtError
+from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
+from neuron_rtd.tools.validate.errors import UsageError
+from neuron_rtd.tools.validate.inputs import input_shapes, npz_inputs, random_inputs
+from neuron_rtd.tools.validate.metrics import DEFAULT_MIN_COSINE, Thresholds, compare
+from neuron_rtd.tools.validate.report import iter_input_lines, render_text
+
+PROG = "neuron-cli validate"
+ORT_THREADS = 2
+
+
+# --- arguments -----------------------------------------------------------------------
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (float(low), float(high))
+    except ValueError:
+        bounds = (math.nan, math.nan)
+    if not sep or not all(math.isfinite(b) for b in bounds) or bounds[0] > bounds[1]:
+        raise argparse.ArgumentTypeError(
+            f"expected LOW:HIGH with LOW <= HIGH (e.g. 0:1, or --range=-1:1), got {text!r}"
+        )
+    return bounds
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        sizes = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        sizes = ()
+    if not sep or not name or not sizes or any(d < 0 for d in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=D0,D1,... (e.g. input_ids=1,128), got {text!r}"
+        )
+    return name, sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("onnx", help="the ONNX model (the reference, run by onnxruntime)")
+    parser.add_argument("neff", help="the NEFF compiled from it (run by the daemon)")
+    parser.add_argument(
+        "--inputs",
+        metavar="FILE.npz",
+        help="the inputs, one array per input name (default: random ones)",
+    )
+    parser.add_argument(
+        "-a",
+        "--address",
+        help="the daemon's address (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
+    )
+    parser.add_argument(
+        "--range",
+        type=parse_range,
+        default=(0.0, 1.0),
+        metavar="LOW:HIGH",
+        help="random inputs: floats uniform in [LOW, HIGH], integers in [LOW, HIGH) "
+        "(default 0:1; write a negative LOW as --range=-1:1)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
+    parser.add_argument(
+        "--input-shape",
+        type=parse_shape,
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="the shape of a random input with a varying axis (default: its largest; repeatable)",
+    )
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        default=DEFAULT_MIN_COSINE,
+        metavar="C",
+        help="least cosine similarity (exact-match fraction for integer/bool outputs) "
+        f"(default {DEFAULT_MIN_COSINE})",
+    )
+    parser.add_argument(
+        "--min-sqnr", type=float, metavar="DB", help="least SQNR in dB of float outputs"
+    )
+    parser.add_argument(
+        "--max-abs-error", type=float, metavar="X", help="largest absolute error allowed"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="how long one call to the daemon, and the inference itself, may take (default 60)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+# --- running -------------------------------------------------------------------------
+
+
+def read_neff_or_fail(path: str) -> Neff:
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such NEFF file")
+    try:
+        return read_neff_file(path)
+    except (NrtError, OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a valid NEFF: {exc}") from None
+
+
+def onnx_session(path: str) -> Any:
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such ONNX file")
+    try:
+        return onnxrt.session(path, threads=ORT_THREADS, log_severity=onnxrt.LOG_ERRORS)
+    except Exception as exc:  # onnxruntime's own exception types
+        raise UsageError(f"{path}: onnxruntime cannot load it: {exc}") from None
+
+
+def run_onnx(session: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run onnxruntime on `inputs` (cast to the dtypes the model declares)."""
+    feeds: dict[str, np.ndarray] = {}
+    for arg in session.get_inputs():
+        dtype = onnxrt.ORT_DTYPES.get(arg.type)
+        if dtype is None:
+            raise UsageError(f"ONNX input {arg.name!r} has type {arg.type}, not supported here")
+        feeds[arg.name] = np.ascontiguousarray(inputs[arg.name], dtype=dtype)
+    names = [arg.name for arg in session.get_outputs()]
+    try:
+        values = session.run(names, feeds)
+    except Exception as exc:  # onnxruntime's own exception types
+        raise UsageError(f"onnxruntime cannot run the model on these inputs: {exc}") from None
+    return {name: np.asarray(value) for name, value in zip(names, values, strict=True)}
+
+
+def _output_array(spec: TensorSpec, data: bytes, reference: np.ndarray | None) -> np.ndarray:
+    """The daemon's bytes as the output's array; an output with more than one varying
+    axis takes the reference's shape when the element count and fixed axes agree."""
+    try:
+        return spec.array_from(data)
+    except ValueError:
+        flat = np.frombuffer(data, dtype=spec.dtype)
+        varying = set(spec.varying_axes)
+        if (
+            reference is not None
+            and reference.ndim == len(spec.shape)
+            and flat.size == reference.size
+            and all(
+                reference.shape[axis] == size
+                for axis, size in enumerate(spec.shape)
+                if axis not in varying
+            )
+        ):
+            return flat.reshape(reference.shape)
+        return flat
+
+
+@dataclasses.dataclass
+class NeffRun:
+    outputs: dict[str, np.ndarray]
+    error: str | None = None  # the daemon could not run the NEFF on these inputs
+
+
+def run_neff(
+    address: str,
+    neff_path: str,
+    neff: Neff,
+    inputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    timeout_s: int = 60,
+) -> NeffRun:
+    """Load the NEFF on the daemon, infer once, unload it (whatever happened). Each call
+    and the inference itself may take `timeout_s` seconds."""
+    with Client(address, timeout_s=timeout_s) as client:
+        try:
+            model = client.load(neff_path, timeout_s=timeout_s)
+        except grpc.RpcError as exc:
+            raise UsageError(_rpc_message(exc, address)) from None
+        except NrtClientError as exc:
+            raise UsageError(f"the daemon at {address} cannot load {neff_path}: {exc}") from None
+        try:
+            raw = {
+                spec.name: np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype).tobytes()
+                for spec in neff.inputs
+            }
+            try:
+                data = client.infer_raw(model.id, raw)
+            except NrtClientError as exc:
+                return NeffRun({}, error=f"the daemon failed to run the NEFF: {exc}")
+            except grpc.RpcError as exc:
+                raise UsageError(_rpc_message(exc, address)) from None
+            return NeffRun(
+                {
+                    spec.name: _output_array(spec, data[spec.name], reference.get(spec.name))
+                    for spec in neff.outputs
+                    if spec.name in data
+                }
+            )
+        finally:
+            try:
+                model.unload()
+            except (grpc.RpcError, NrtClientError) as exc:
+                print(f"{PROG}: warning: could not unload model {model.id}: {exc}", file=sys.stderr)
+
+
+def _rpc_message(exc: grpc.RpcError, address: str) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the daemon at {address}: {details}"
+    name = code.name if code is not None else "error"
+    return f"the daemon at {address} failed the call ({name}): {details}"
+
+
+# --- the command ---------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    thresholds = Thresholds(
+        min_cosine=args.min_cosine, min_sqnr_db=args.min_sqnr, max_abs_error=args.max_abs_error
+    )
+    address = args.address or default_address()
+    neff = read_neff_or_fail(args.neff)
+    session = onnx_session(args.onnx)
+
+    onnx_inputs = [arg.name for arg in session.get_inputs()]
+    neff_inputs = [spec.name for spec in neff.inputs]
+    if sorted(onnx_inputs) != sorted(neff_inputs):
+        raise UsageError(
+            f"the models do not have the same inputs: the ONNX model's are "
+            f"{', '.join(onnx_inputs) or 'none'}, the NEFF's {', '.join(neff_inputs) or 'none'}"
+        )
+
+    if args.inputs is not None:
+        if args.input_shape:
+            raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
+        inputs = npz_inputs(args.inputs, neff.inputs)
+        source = f"from {args.inputs}"
+    else:
+        given = dict(args.input_shape)
+        if len(given) != len(args.input_shape):
+            raise UsageError("--input-shape names an input more than once")
+        shapes = input_shapes(neff.inputs, given)
+        inputs = random_inputs(neff.inputs, shapes, args.range, args.seed)
+        low, high = args.range
+        source = f"random, seed {args.seed}, range {low:g}:{high:g}"
+
+    reference = run_onnx(session, inputs)
+    if args.timeout < 1:
+        raise UsageError(f"--timeout must be at least 1 second, got {args.timeout}")
+    result = run_neff(address, args.neff, neff, inputs, reference, args.timeout)
+    reports = [] if result.error else compare(reference, result.outputs, thresholds)
+    passed = result.error is None and all(r.passed for r in reports)
+
+    if args.json:
+        doc = {
+            "onnx": args.onnx,
+            "neff": args.neff,
+            "address": address,
+            "inputs": {
+                "source": "npz" if args.inputs is not None else "random",
+                "file": args.inputs,
+                "seed": None if args.inputs is not None else args.seed,
+                "range": None if args.inputs is not None else list(args.range),
+                "tensors": {
+                    name: {"dtype": a.dtype.name, "shape": list(a.shape)}
+                    for name, a in inputs.items()
+                },
+            },
+            "thresholds": dataclasses.asdict(thresholds),
+            "error": result.error,
+            "outputs": [r.to_json() for r in reports],
+            "passed": passed,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"validate {args.onnx} (onnxruntime) against {args.neff} (daemon at {address})")
+        lines = list(iter_input_lines(inputs, source))
+        print(render_text(reports, thresholds, lines, result.error))
+    return 0 if passed else 1

@@ -1,0 +1,158 @@
+"""The inputs of `neuron-cli validate`: shapes fitted to the NEFF's declared ones, random
+values drawn from a seed, or arrays read from an npz."""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from neuron_rtd.neff import TensorSpec
+from neuron_rtd.tools.validate.errors import UsageError
+
+
+def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
+    """`shape` fits `spec`: same rank, fixed axes equal, varying axes within their bound."""
+    if len(shape) != len(spec.shape):
+        raise UsageError(
+            f"{where}: input {spec.name!r} has shape {tuple(shape)}; the NEFF declares "
+            f"{spec.describe()} ({len(spec.shape)} axes)"
+        )
+    varying = set(spec.varying_axes)
+    for axis, (size, declared) in enumerate(zip(shape, spec.shape, strict=True)):
+        if axis in varying:
+            if size < 1 or (declared and size > declared):
+                raise UsageError(
+                    f"{where}: input {spec.name!r} axis {axis} is {size}; the NEFF declares "
+                    f"{spec.describe()} (1 to {declared or 'any'} there)"
+                )
+        elif size != declared:
+            raise UsageError(
+                f"{where}: input {spec.name!r} has shape {tuple(shape)}; the NEFF declares "
+                f"{spec.describe()}"
+            )
+
+
+def input_shapes(
+    specs: Sequence[TensorSpec], given: Mapping[str, Sequence[int]]
+) -> dict[str, tuple[int, ...]]:
+    """Each input's shape for random inputs: `given` (checked against the spec), else
+    the declared size, where a varying axis follows a size given for its symbol on
+    another input."""
+    by_name = {spec.name: spec for spec in specs}
+    unknown = sorted(set(given) - set(by_name))
+    if unknown:
+        raise UsageError(
+            f"--input-shape names {', '.join(unknown)}; the NEFF's inputs are {', '.join(by_name)}"
+        )
+    symbol_sizes: dict[str, tuple[int, str]] = {}
+    for name, shape in given.items():
+        spec = by_name[name]
+        _check_shape(spec, shape, "--input-shape")
+        for axis, symbol in enumerate(spec.symbols):
+            if symbol is None:
+                continue
+            seen = symbol_sizes.setdefault(symbol, (shape[axis], name))
+            if seen[0] != shape[axis]:
+                raise UsageError(
+                    f"--input-shape gives dimension {symbol!r} size {seen[0]} for {seen[1]!r} "
+                    f"but {shape[axis]} for {name!r}"
+                )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        if spec.name in given:
+            shapes[spec.name] = tuple(given[spec.name])
+            continue
+        shape = list(spec.shape)
+        for axis, symbol in enumerate(spec.symbols):
+            if symbol is not None and symbol in symbol_sizes:
+                shape[axis] = symbol_sizes[symbol][0]
+        if spec.unbounded:
+            raise UsageError(
+                f"input {spec.name!r} ({spec.describe()}) has an axis without a bound: "
+                "give its shape with --input-shape"
+            )
+        shapes[spec.name] = tuple(shape)
+    return shapes
+
+
+def random_inputs(
+    specs: Sequence[TensorSpec],
+    shapes: Mapping[str, Sequence[int]],
+    value_range: tuple[float, float],
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """Random inputs in the NEFF's dtypes: floats uniform in [low, high], integers
+    uniform over the integers in [low, high), bools fair coins."""
+    rng = np.random.default_rng(seed)
+    low, high = value_range
+    arrays: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = tuple(shapes[spec.name])
+        dtype = spec.dtype
+        if dtype.kind == "b":
+            arrays[spec.name] = rng.random(shape) < 0.5
+        elif dtype.kind in "iu":
+            lo, hi = math.ceil(low), math.ceil(high)
+            info = np.iinfo(dtype)
+            if lo >= hi:
+                raise UsageError(
+                    f"--range {low:g}:{high:g} holds no integer for input {spec.name!r} "
+                    f"({dtype.name}): integers are drawn from [LOW, HIGH)"
+                )
+            if lo < info.min or hi - 1 > info.max:
+                raise UsageError(
+                    f"--range {low:g}:{high:g} does not fit input {spec.name!r} "
+                    f"({dtype.name}: {info.min} to {info.max})"
+                )
+            values = rng.integers(lo, hi, size=shape, dtype=np.int64, endpoint=False)
+            arrays[spec.name] = values.astype(dtype)
+        elif dtype.kind == "f":
+            arrays[spec.name] = rng.uniform(low, high, size=shape).astype(dtype)
+        else:
+            raise UsageError(f"input {spec.name!r} has dtype {dtype.name}: no random values")
+    return arrays
+
+
+def npz_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """The inputs in an npz file, each checked against its spec and cast to its dtype."""
+    if not Path(path).is_file():
+        raise UsageError(f"--inputs {path}: no such file")
+    try:
+        if not zipfile.is_zipfile(path):
+            raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)")
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise UsageError(f"--inputs {path}: cannot read it as an npz archive: {exc}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)")
+    try:
+        with loaded:
+            arrays = {key: loaded[key] for key in loaded.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise UsageError(f"--inputs {path}: cannot read it as an npz archive: {exc}") from None
+    names = [spec.name for spec in specs]
+    missing = [n for n in names if n not in arrays]
+    extra = sorted(set(arrays) - set(names))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing key(s) {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"unknown key(s) {', '.join(map(repr, extra))}")
+        raise UsageError(
+            f"--inputs {path}: {'; '.join(parts)} (the NEFF's inputs are {', '.join(names)})"
+        )
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        array = arrays[spec.name]
+        _check_shape(spec, array.shape, f"--inputs {path}")
+        if array.dtype.kind not in "biuf":
+            raise UsageError(
+                f"--inputs {path}: key {spec.name!r} has dtype {array.dtype}, not a number"
+            )
+        out[spec.name] = np.ascontiguousarray(array, dtype=spec.dtype)
+    return out
