@@ -7,7 +7,7 @@ from concurrent import futures
 
 import grpc
 
-from neuron_rtd.client.client import CHANNEL_OPTIONS
+from neuron_rtd.proto import CHANNEL_OPTIONS
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"

@@ -24,9 +24,8 @@ import grpc
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client.client import CHANNEL_OPTIONS
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -15,6 +15,7 @@ from neuron_rtd._generated.nrt import nmgr_pb2 as pb
 from neuron_rtd._generated.nrt import nmgr_pb2_grpc as pb_grpc
 
 __all__ = [
+    "CHANNEL_OPTIONS",
     "NMGR_EXT",
     "NMGR_SESSION_MANAGER",
     "NMGR_STREAM",
@@ -23,6 +24,13 @@ __all__ = [
     "ext_pb_grpc",
     "pb",
     "pb_grpc",
+]
+
+# Every channel and server of the wire API: no message size limits (tensors and NEFFs
+# go inline when shared memory is off).
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
 ]
 
 # Full service names: the first part of each method's HTTP/2 path ("/nrt.nmgr_v1/load").

@@ -12,8 +12,7 @@ import pytest
 
 import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client.client import CHANNEL_OPTIONS
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 
 def short_tmpdir() -> Path:

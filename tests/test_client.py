@@ -20,13 +20,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client import CHANNEL_OPTIONS, DEFAULT_ADDRESS, Client, NrtClientError
+from neuron_rtd.client import DEFAULT_ADDRESS, Client, NrtClientError
 from neuron_rtd.client import default_address as default_address_exported
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 pytestmark = pytest.mark.daemon
 
@@ -411,9 +411,9 @@ def test_a_restarted_daemon_gets_a_new_session(work: Path, mlp: SampleModel) -> 
         proc.proc.kill()  # a crash (SIGTERM would wait out the drain of the open session)
         proc.stop()  # reaps it
         proc.start()
-        assert client._session is not None
+        assert client.connection.session is not None
         deadline = time.monotonic() + 5
-        while not client._session.ended:  # the stream broke with the connection
+        while not client.connection.session.ended:  # the stream broke with the connection
             assert time.monotonic() < deadline
             time.sleep(0.01)
         new = client.load(mlp.neff)  # a new session, a new NCG from ncg_sizes

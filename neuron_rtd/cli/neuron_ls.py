@@ -16,8 +16,7 @@ from typing import Any
 import grpc
 
 import driver_sim
-from neuron_rtd.client.client import CHANNEL_OPTIONS
-from neuron_rtd.proto import ext_pb, ext_pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
 
 HEADERS = (
     ("NEURON", "DEVICE"),

@@ -5,13 +5,12 @@
 as a dict of numpy arrays.
 """
 
-from neuron_rtd.client._config import CHANNEL_OPTIONS, DEFAULT_ADDRESS, default_address
+from neuron_rtd.client._config import DEFAULT_ADDRESS, default_address
 from neuron_rtd.client.client import Client
 from neuron_rtd.client.errors import NrtClientError
 from neuron_rtd.client.model import Model
 
 __all__ = [
-    "CHANNEL_OPTIONS",
     "DEFAULT_ADDRESS",
     "Client",
     "Model",

@@ -19,10 +19,6 @@ NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
 
 CHUNK_BYTES = 1 << 20  # NEFF chunks of a load stream: at most 1 MiB each
 DEFAULT_NINFER = 4  # in-flight inferences per model (the daemon's default too)
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-]
 _OFF = frozenset({"no", "0", "false", "off"})
 
 

@@ -20,15 +20,12 @@ import math
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from neuron_rtd.client._config import (
-    CHANNEL_OPTIONS,
     CHUNK_BYTES,
     DEFAULT_ADDRESS,
     DEFAULT_NINFER,
@@ -37,16 +34,14 @@ from neuron_rtd.client._config import (
     ncg_sizes_from_env,
     shm_from_env,
 )
+from neuron_rtd.client._connection import Connection
 from neuron_rtd.client._ncg import NcgGate
-from neuron_rtd.client._session import Session
-from neuron_rtd.client._shm import ShmBuffer
 from neuron_rtd.client.errors import SUCCESS, NrtClientError, check
 from neuron_rtd.client.model import Model
 from neuron_rtd.neff import Neff, read_neff
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import pb
 
 __all__ = [
-    "CHANNEL_OPTIONS",
     "CHUNK_BYTES",
     "DEFAULT_ADDRESS",
     "SUCCESS",
@@ -58,7 +53,6 @@ __all__ = [
 
 log = logging.getLogger("neuron_rtd.client")
 
-PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
 ASYNC_WORKERS = 8
 
 NeffSource = bytes | bytearray | memoryview | str | os.PathLike[str] | Neff
@@ -84,23 +78,28 @@ class Client:
         `NEURONCORE_GROUP_SIZES`). `ninfer`: the queue depth of models loaded without
         one. `channel`: a channel to use instead of opening one (it stays the caller's)."""
         self.address = address or default_address()
-        self.timeout_s = timeout_s
         self.ninfer = ninfer
-        self.async_workers = async_workers
         sizes = ncg_sizes_from_env() if ncg_sizes is None else check_ncg_sizes(ncg_sizes)
         self.ncg_sizes = sizes
-        self._shm = shm_from_env() if shm is None else shm
-        self._owns_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self.stub = pb_grpc.nmgr_v1Stub(self.channel)
+        self.connection = Connection(
+            self.address,
+            timeout_s=timeout_s,
+            shm=shm_from_env() if shm is None else shm,
+            async_workers=async_workers,
+            channel=channel,
+        )
+        self.channel = self.connection.channel
+        self.stub = self.connection.stub
         self._lock = threading.RLock()
-        self._closed = False
-        self._session: Session | None = None
         self._gates: list[NcgGate] = []
         self._next_gate = 0
         self._ncgs: set[int] = set()  # NCGs this client made
         self._models: dict[int, Model] = {}
-        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The deadline of each call (None: none)."""
+        return self.connection.timeout_s
 
     def __enter__(self) -> Client:
         return self
@@ -109,27 +108,22 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        if self._closed:
-            state = "closed"
-        else:
-            state = f"session {self._session.id}" if self._session else "not open"
-        return f"Client({self.address!r}, {state})"
+        session = self.connection.session
+        state = f"session {session.id}" if session else "not open"
+        return f"Client({self.address!r}, {'closed' if self.closed else state})"
 
     # --- open / close ---------------------------------------------------------------
     def open(self) -> Client:
         """Open the session and make the NCGs of `ncg_sizes`. Calls that make something
         on the daemon do this themselves; `ping`, `version` and `list_ncgs` do not."""
         with self._lock:
-            if self._closed:
-                raise RuntimeError("this client is closed")
-            if self._session is None or self._session.ended:
+            if self.connection.open_session():
                 # the first open, or the daemon went away since (a new daemon holds
-                # nothing of ours): a new session, and new NCGs
-                self._session = Session(self.channel, timeout_s=self.timeout_s)
+                # nothing of ours): new NCGs too
                 self._gates = []
                 stale, self._models = list(self._models.values()), {}
                 for model in stale:
-                    model._release(unmap=False)
+                    model.release_buffers(unmap=False)
             if self.ncg_sizes and not self._gates:
                 self._gates = self._make_gates(self.ncg_sizes)
                 self._next_gate = 0
@@ -139,17 +133,16 @@ class Client:
     def session_id(self) -> int:
         """The session's id (opens it); 0 when the daemon tracks no sessions."""
         self.open()
-        assert self._session is not None
-        return self._session.id
+        return self.connection.session_id()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.connection.closed
 
     @property
     def shm_enabled(self) -> bool:
         """True while tensors go through shared memory."""
-        return self._shm
+        return self.connection.shm_enabled
 
     @property
     def ncgs(self) -> list[int]:
@@ -162,13 +155,10 @@ class Client:
         once it has); without one (session id 0) the client unloads, destroys and unmaps
         them. Async inferences not started yet are cancelled; running ones finish first."""
         with self._lock:
-            if self._closed:
+            if self.connection.closed:
                 return
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        session = self._session
+            self.connection.close_pool()
+        session = self.connection.session
         tracked = session is not None and session.id != 0
         with self._lock:
             models = list(self._models.values())
@@ -176,35 +166,15 @@ class Client:
         for model in models:
             if not tracked:
                 with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
-                    self._model_call("unload", pb.unload_request, model.id)
-            model._release(unmap=not tracked)
+                    self.connection.model_call("unload", pb.unload_request, model.id)
+            model.release_buffers(unmap=not tracked)
         if not tracked:
             for ncg_id in sorted(self._ncgs):
                 with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
                     self.destroy_ncg(ncg_id)
         if session is not None and not session.close():
             log.warning("the daemon did not end session %d in time", session.id)
-        if self._owns_channel:
-            self.channel.close()
-
-    # --- calls ----------------------------------------------------------------------
-    def _unary(self, method: str, request: Any) -> Any:
-        """Call `method`; retried once when the daemon is UNAVAILABLE."""
-        call: Callable[..., Any] = getattr(self.stub, method)
-        try:
-            return call(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if _code(exc) != grpc.StatusCode.UNAVAILABLE:
-                raise
-        return call(request, timeout=self.timeout_s)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this client is closed")
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.async_workers, thread_name_prefix="nrt-client")
-            return self._pool
+        self.connection.close_channel()
 
     # --- daemon ---------------------------------------------------------------------
     def ping(self) -> bool:
@@ -216,7 +186,7 @@ class Client:
         return True
 
     def version(self) -> str:
-        response = self._unary("get_version", pb.get_version_request())
+        response = self.connection.unary("get_version", pb.get_version_request())
         return str(response.runtime_version.full_version)
 
     # --- NCGs -----------------------------------------------------------------------
@@ -227,22 +197,23 @@ class Client:
         return self._create_eg(nc_count)
 
     def _create_eg(self, nc_count: int) -> tuple[int, int]:
-        assert self._session is not None
-        request = pb.create_eg_request(nc_count=nc_count, session_id=self._session.id)
-        response = self._unary("create_eg", request)
+        request = pb.create_eg_request(nc_count=nc_count, session_id=self.connection.session_id())
+        response = self.connection.unary("create_eg", request)
         check("create_eg", response.status)
         self._ncgs.add(response.h_eg.id)
         return response.h_eg.id, response.nc_count
 
     def destroy_ncg(self, ncg_id: int) -> None:
-        response = self._unary("destroy_eg", pb.destroy_eg_request(h_eg=pb.h_eg(id=ncg_id)))
+        response = self.connection.unary(
+            "destroy_eg", pb.destroy_eg_request(h_eg=pb.h_eg(id=ncg_id))
+        )
         self._ncgs.discard(ncg_id)
         if any(gate.id == ncg_id for gate in self._gates):
             self._gates = []  # made again at the next load
         check("destroy_eg", response.status)
 
     def list_ncgs(self) -> list[dict[str, int]]:
-        response = self._unary("list_egs", pb.empty())
+        response = self.connection.unary("list_egs", pb.empty())
         check("list_egs", response.status)
         return [
             {"id": e.eg.id, "nc_count": e.nc_count, "vnc_start": e.vnc_start_index}
@@ -306,11 +277,13 @@ class Client:
         model_id = response.h_nn.id
         try:
             parsed = neff if isinstance(neff, Neff) else read_neff(data)
-            model = Model(self, model_id, parsed, ninfer=depth, ncg=target, gate=gate)
+            model = Model(
+                self, self.connection, model_id, parsed, ninfer=depth, ncg=target, gate=gate
+            )
             with self._lock:
                 self._models[model_id] = model
             if gate is not None:
-                with gate.running_model(model_id, lambda: self._start_rpc(model_id)):
+                with gate.running_model(model_id, lambda: self.connection.start_model(model_id)):
                     pass
             elif start:
                 self.start(model_id)
@@ -320,11 +293,12 @@ class Client:
             raise
         return model
 
-    def _load_stream(self, ncg: int | None, params: Any, data: memoryview, path: str | None) -> Any:
-        assert self._session is not None
-        session_id = self._session.id
+    def _load_stream(
+        self, ncg: int | None, params: pb.model_params, data: memoryview, path: str | None
+    ) -> pb.load_response:
+        session_id = self.connection.session_id()
 
-        def stream() -> Iterator[Any]:
+        def stream() -> Iterator[pb.load_request]:
             if ncg is not None:
                 yield pb.load_request(h_eg=pb.h_eg(id=ncg))
             if session_id:
@@ -339,53 +313,41 @@ class Client:
                 chunk = bytes(data[i : i + CHUNK_BYTES])
                 yield pb.load_request(neff_chunk=pb.file_chunk(chunk=chunk))
 
-        try:
-            return self.stub.load(stream(), timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if _code(exc) != grpc.StatusCode.UNAVAILABLE:
-                raise
-        return self.stub.load(stream(), timeout=self.timeout_s)  # a broken stream loads nothing
-
-    def _model_call(self, method: str, request_cls: Any, model_id: int) -> None:
-        response = self._unary(method, request_cls(h_nn=pb.h_nn(id=model_id)))
-        check(method, response.status)
-
-    def _start_rpc(self, model_id: int) -> None:
-        self._model_call("start", pb.start_request, model_id)
+        return self.connection.load(stream)
 
     def start(self, model_id: int) -> None:
         """Make the model the running one of its NCG."""
-        self._start_rpc(model_id)
+        self.connection.start_model(model_id)
         model = self._models.get(model_id)
-        if model is not None and model._gate is not None:
-            model._gate.started(model_id)
+        if model is not None and model.gate is not None:
+            model.gate.started(model_id)
 
     def stop(self, model_id: int) -> None:
-        self._model_call("stop", pb.stop_request, model_id)
+        self.connection.model_call("stop", pb.stop_request, model_id)
         model = self._models.get(model_id)
-        if model is not None and model._gate is not None:
-            model._gate.stopped(model_id)
+        if model is not None and model.gate is not None:
+            model.gate.stopped(model_id)
 
     def unload(self, model_id: int) -> None:
         """Unload the model; its shared memory is freed whatever the daemon answers."""
         try:
-            self._model_call("unload", pb.unload_request, model_id)
+            self.connection.model_call("unload", pb.unload_request, model_id)
         finally:
             with self._lock:
                 model = self._models.pop(model_id, None)
             if model is not None:
-                model._release(unmap=True)
+                model.release_buffers(unmap=True)
 
     def unload_all(self) -> None:
         """Unload every model and destroy every NCG on the daemon (also other clients')."""
-        check("unload_all", self._unary("unload_all", pb.empty()))
+        check("unload_all", self.connection.unary("unload_all", pb.empty()))
         with self._lock:
             models = list(self._models.values())
             self._models.clear()
             self._gates = []  # destroyed: made again at the next load
             self._ncgs.clear()
         for model in models:
-            model._release(unmap=True)
+            model.release_buffers(unmap=True)
 
     def infer_raw(self, model_id: int, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
         """One inference with inputs and outputs as raw bytes, sent inline."""
@@ -396,55 +358,9 @@ class Client:
             h_nn=pb.h_nn(id=model_id),
             ifmap=[pb.infer_io(name=name, buf=data) for name, data in inputs.items()],
         )
-        response = self._unary("infer", request)
+        response = self.connection.unary("infer", request)
         check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
-
-    # --- shared memory --------------------------------------------------------------
-    def _share(self, buffers: Sequence[ShmBuffer]) -> bool:
-        """`shm_map` the buffers with the session id and unlink their names. False (and
-        shared memory off for this client) when the daemon cannot map them."""
-        session_id = self.session_id
-        mapped: list[ShmBuffer] = []
-        try:
-            for buffer in buffers:
-                request = pb.shm_map_request(
-                    path=buffer.path, mmap_prot=PROT_READ_WRITE, session_id=session_id
-                )
-                try:
-                    response = self._unary("shm_map", request)
-                finally:
-                    buffer.unlink()  # the daemon has it open (or never will)
-                check("shm_map", response.status)
-                mapped.append(buffer)
-        except (grpc.RpcError, NrtClientError) as exc:
-            self._unshare(mapped)
-            for buffer in buffers:
-                buffer.close()
-            if isinstance(exc, grpc.RpcError) and _code(exc) != grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            self._shm_failed(str(exc))
-            return False
-        return True
-
-    def _unshare(self, buffers: Sequence[ShmBuffer], *, unmap: bool = True) -> None:
-        """`shm_unmap` the buffers (best effort, when `unmap` and still connected) and free
-        them here."""
-        for buffer in buffers:
-            if unmap and not buffer.closed:
-                request = pb.shm_unmap_request(path=buffer.path, mmap_prot=PROT_READ_WRITE)
-                with contextlib.suppress(grpc.RpcError, ValueError):
-                    self._unary("shm_unmap", request)
-            buffer.close()
-
-    def _shm_failed(self, reason: str) -> None:
-        if self._shm:
-            self._shm = False
-            log.warning("shared memory off for this client, tensors go inline: %s", reason)
-
-
-def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.Call) else None
 
 
 def _neff_source(neff: NeffSource, by_path: bool) -> tuple[memoryview, str | None]:

@@ -26,6 +26,7 @@ from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import pb
 
 if TYPE_CHECKING:
+    from neuron_rtd.client._connection import Connection
     from neuron_rtd.client.client import Client
 
 Inputs = Mapping[str, Any]  # numpy arrays (or anything np.asarray takes), by input name
@@ -48,6 +49,7 @@ class Model:
     def __init__(
         self,
         client: Client,
+        connection: Connection,
         model_id: int,
         neff: Neff,
         *,
@@ -56,11 +58,12 @@ class Model:
         gate: NcgGate | None = None,
     ) -> None:
         self.client = client
+        self.connection = connection
         self.id = model_id
         self.neff = neff
         self.ninfer = ninfer
         self.ncg = ncg  # the NCG it was loaded on; None: an implicit one
-        self._gate = gate
+        self.gate = gate
         self._specs = {t.name: t for t in neff.inputs}
         self._shm_outputs = bool(neff.outputs) and not any(t.varying_axes for t in neff.outputs)
         self._in_flight = threading.BoundedSemaphore(ninfer)
@@ -92,7 +95,7 @@ class Model:
         pool); the future gives what `infer` returns. Leave the arrays unchanged until
         it is done."""
         self._check_loaded()
-        return self.client._executor().submit(self._run, dict(inputs), posted=True)
+        return self.connection.executor().submit(self._run, dict(inputs), posted=True)
 
     def infer_raw(self, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
         """Inputs and outputs as raw bytes, inline."""
@@ -102,7 +105,7 @@ class Model:
                 h_nn=pb.h_nn(id=self.id),
                 ifmap=[pb.infer_io(name=name, buf=data) for name, data in inputs.items()],
             )
-            response = self.client._unary("infer", request)
+            response = self.connection.unary("infer", request)
             check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
 
@@ -111,13 +114,13 @@ class Model:
         with self._in_flight, self._slot() as slot, self._running():
             request = self._request(inputs, slot)
             if posted:
-                answer = self.client._unary("infer_post", request)
+                answer = self.connection.unary("infer_post", request)
                 check("infer_post", answer.status)
                 wait = pb.infer_wait_request(cookie=answer.cookie)
-                response = self.client._unary("infer_wait", wait)
+                response = self.connection.unary("infer_wait", wait)
                 check("infer_wait", response.status)
             else:
-                response = self.client._unary("infer", request)
+                response = self.connection.unary("infer", request)
                 check("infer", response.status)
             return self._outputs(response, slot)
 
@@ -158,7 +161,7 @@ class Model:
         """A slot of shm buffers for one inference (None: everything goes inline)."""
         with self._lock:
             slot = self._idle.pop() if self._idle else None
-        if slot is None and self.client.shm_enabled:
+        if slot is None and self.connection.shm_enabled:
             slot = self._new_slot()
         if slot is None:
             yield None
@@ -177,7 +180,7 @@ class Model:
                     self._idle.append(slot)
                     slot = None
             if slot is not None:
-                self.client._unshare(slot.buffers())
+                self.connection.unshare(slot.buffers())
 
     def _new_slot(self) -> _Slot | None:
         outputs = self.neff.outputs if self._shm_outputs else ()
@@ -188,19 +191,19 @@ class Model:
         except OSError as exc:
             for buffer in made:
                 buffer.close()
-            self.client._shm_failed(f"cannot make shared memory: {exc}")
+            self.connection.shm_failed(f"cannot make shared memory: {exc}")
             return None
-        if not self.client._share(made):
+        if not self.connection.share(made, self.client.session_id):
             return None
         return _Slot(ins, outs)
 
-    def _release(self, *, unmap: bool) -> None:
+    def release_buffers(self, *, unmap: bool) -> None:
         """The model is gone: free its idle slots now, busy ones when they come back."""
         with self._lock:
             self._unloaded = True
             idle, self._idle = self._idle, []
         for slot in idle:
-            self.client._unshare(slot.buffers(), unmap=unmap)
+            self.connection.unshare(slot.buffers(), unmap=unmap)
 
     def _check_loaded(self) -> None:
         if self._unloaded:
@@ -214,9 +217,9 @@ class Model:
     # --- NCG ------------------------------------------------------------------------
     def _running(self) -> contextlib.AbstractContextManager[None]:
         """On a client-made NCG shared with other models: make this one the running one."""
-        if self._gate is None:
+        if self.gate is None:
             return contextlib.nullcontext()
-        return self._gate.running_model(self.id, lambda: self.client._start_rpc(self.id))
+        return self.gate.running_model(self.id, lambda: self.connection.start_model(self.id))
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:

@@ -28,16 +28,13 @@ from neuron_rtd.daemon.listener import (
 )
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
+from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim
 from neuron_rtd.server import SessionServicer, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
 DRAIN_GRACE_S = 5.0
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-]
 
 
 class StartupError(Exception):
@@ -166,7 +163,7 @@ class Daemon:
         runtime.init_devices()
         server = grpc.server(
             futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
-            options=GRPC_OPTIONS,
+            options=CHANNEL_OPTIONS,
         )
         sessions = add_servicers(
             server,

@@ -1,0 +1,166 @@
+"""What a `Client` and its `Model`s share: the channel and stubs, each call's deadline and
+its one retry on UNAVAILABLE, the session stream, the pool of async inferences, and the
+client's shared-memory state (on, or turned off when the daemon cannot map)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from neuron_rtd.client._session import Session
+from neuron_rtd.client._shm import ShmBuffer
+from neuron_rtd.client.errors import NrtClientError, check
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
+
+log = logging.getLogger("neuron_rtd.client")
+
+PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
+
+
+class ClientClosed(RuntimeError):
+    def __init__(self) -> None:
+        super().__init__("this client is closed")
+
+
+class Connection:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float | None,
+        shm: bool,
+        async_workers: int,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.async_workers = async_workers
+        self.owns_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.nmgr_v1Stub(self.channel)
+        self.session: Session | None = None
+        self.closed = False
+        self._shm = shm
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # --- calls ----------------------------------------------------------------------
+    def unary(self, method: str, request: Any) -> Any:
+        """Call `method`; retried once when the daemon is UNAVAILABLE."""
+        call: Callable[..., Any] = getattr(self.stub, method)
+        try:
+            return call(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
+                raise
+        return call(request, timeout=self.timeout_s)
+
+    def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
+        """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
+        stream loads nothing)."""
+        try:
+            return self.stub.load(stream(), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
+                raise
+        return self.stub.load(stream(), timeout=self.timeout_s)
+
+    def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
+        """`start`, `stop` or `unload` of one model, its status checked."""
+        response = self.unary(method, request_cls(h_nn=pb.h_nn(id=model_id)))
+        check(method, response.status)
+
+    def start_model(self, model_id: int) -> None:
+        self.model_call("start", pb.start_request, model_id)
+
+    # --- session --------------------------------------------------------------------
+    def open_session(self) -> bool:
+        """Open the session stream unless one is open; True when a new one was opened
+        (the first, or the daemon went away since: a new daemon holds nothing of ours)."""
+        if self.closed:
+            raise ClientClosed
+        if self.session is not None and not self.session.ended:
+            return False
+        self.session = Session(self.channel, timeout_s=self.timeout_s)
+        return True
+
+    def session_id(self) -> int:
+        assert self.session is not None, "open_session first"
+        return self.session.id
+
+    # --- async inferences -----------------------------------------------------------
+    def executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self.closed:
+                raise ClientClosed
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.async_workers, thread_name_prefix="nrt-client")
+            return self._pool
+
+    def close_pool(self) -> None:
+        """No more async inferences: those not started are cancelled, running ones end."""
+        with self._lock:
+            self.closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # --- shared memory --------------------------------------------------------------
+    @property
+    def shm_enabled(self) -> bool:
+        return self._shm
+
+    def share(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
+        """`shm_map` the buffers with the session id and unlink their names. False (and
+        shared memory off for this client) when the daemon cannot map them."""
+        mapped: list[ShmBuffer] = []
+        try:
+            for buffer in buffers:
+                request = pb.shm_map_request(
+                    path=buffer.path, mmap_prot=PROT_READ_WRITE, session_id=session_id
+                )
+                try:
+                    response = self.unary("shm_map", request)
+                finally:
+                    buffer.unlink()  # the daemon has it open (or never will)
+                check("shm_map", response.status)
+                mapped.append(buffer)
+        except (grpc.RpcError, NrtClientError) as exc:
+            self.unshare(mapped)
+            for buffer in buffers:
+                buffer.close()
+            if isinstance(exc, grpc.RpcError) and code_of(exc) != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.shm_failed(str(exc))
+            return False
+        return True
+
+    def unshare(self, buffers: Sequence[ShmBuffer], *, unmap: bool = True) -> None:
+        """`shm_unmap` the buffers (best effort, when `unmap` and still connected) and free
+        them here."""
+        for buffer in buffers:
+            if unmap and not buffer.closed:
+                request = pb.shm_unmap_request(path=buffer.path, mmap_prot=PROT_READ_WRITE)
+                with contextlib.suppress(grpc.RpcError, ValueError):
+                    self.unary("shm_unmap", request)
+            buffer.close()
+
+    def shm_failed(self, reason: str) -> None:
+        if self._shm:
+            self._shm = False
+            log.warning("shared memory off for this client, tensors go inline: %s", reason)
+
+    # --- close ----------------------------------------------------------------------
+    def close_channel(self) -> None:
+        if self.owns_channel:
+            self.channel.close()
+
+
+def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.Call) else None
