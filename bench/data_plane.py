@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import mmap
 import multiprocessing
 import multiprocessing.util
 import os
@@ -49,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -63,17 +61,14 @@ import psutil
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client
+from neuron_rtd.client._shm import ShmBuffer
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.neff.builder import NeffBuilder, StageSpec
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-]
 DEVICE = "0000:00:1c.0"  # one device: 4 NCs
-PROT_RW = 0x1 | 0x2  # PROT_READ | PROT_WRITE
 MIB = 1 << 20
 OK = 0
 
@@ -151,7 +146,8 @@ class EchoServer:
 
 # --- the daemon ------------------------------------------------------------------------
 class Daemon:
-    """A fresh daemon serving one device, with a channel and an nmgr_v1 stub."""
+    """A fresh daemon serving one device, and a client of it; `stub` makes the raw calls
+    that the benches time."""
 
     def __init__(self, work: Path, name: str, env: dict[str, str] | None = None) -> None:
         self.proc = DaemonProcess(
@@ -162,58 +158,43 @@ class Daemon:
             env=env,
         ).start()
         self.address = self.proc.address
-        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self.stub: Any = pb_grpc.nmgr_v1Stub(self.channel)
+        self.client = Client(self.address, shm=False)
+        self.channel = self.client.channel
+        self.stub: Any = self.client.stub
 
     def load(self, neff: bytes, *, ninfer: int, timeout_s: int = 60, eg: int | None = None) -> int:
-        params = pb.model_params(ninfer=pb.u32(data=ninfer), timeout=pb.u32(data=timeout_s))
-        stream = [pb.load_request(h_eg=pb.h_eg(id=eg))] if eg is not None else []
-        stream += [pb.load_request(neff_size=len(neff)), pb.load_request(model_params=params)]
-        stream += [
-            pb.load_request(neff_chunk=pb.file_chunk(chunk=neff[i : i + MIB]))
-            for i in range(0, len(neff), MIB)
-        ]
-        return int(check(self.stub.load(iter(stream)), "load").h_nn.id)
+        """Load `neff` (on NCG `eg`, stopped; else on an implicit NCG, started)."""
+        return self.client.load(neff, ncg=eg, ninfer=ninfer, timeout_s=timeout_s).id
 
     def unload(self, model_id: int) -> None:
-        check(self.stub.unload(pb.unload_request(h_nn=pb.h_nn(id=model_id))), "unload")
+        self.client.unload(model_id)
 
     def close(self) -> None:
-        self.channel.close()
+        self.client.close()
         self.proc.close()
 
 
 class Shm:
-    """A POSIX shm object the way a client makes one: created, sized, mapped here,
-    shm_map'ed in the daemon, and its name unlinked at once (the daemon holds it open)."""
+    """A shm object made and mapped by the client (its name unlinked once the daemon holds
+    it), with a numpy view of it here."""
 
     def __init__(self, daemon: Daemon, nbytes: int, dtype: Any = np.float32) -> None:
-        self.path = f"/bench_dp_{uuid.uuid4().hex}"
-        file = f"/dev/shm/{self.path[1:]}"
-        fd = os.open(file, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            self.map = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        try:
-            request = pb.shm_map_request(path=self.path, mmap_prot=PROT_RW)
-            check(daemon.stub.shm_map(request), f"shm_map {self.path}")
-        finally:
-            os.unlink(file)
+        self.buffer = ShmBuffer(nbytes)
+        self.path = self.buffer.path
         self.daemon = daemon
-        self.array = np.frombuffer(self.map, dtype=dtype)
+        client = daemon.client
+        if not client.connection.share([self.buffer], client.session_id):
+            raise RuntimeError(f"the daemon cannot map shared memory {self.path}")
+        self.array = self.buffer.view(np.dtype(dtype), (nbytes // np.dtype(dtype).itemsize,))
         self.io = pb.shared_mem_buf(path=self.path)
 
     def close(self) -> None:
-        check(self.daemon.stub.shm_unmap(pb.shm_unmap_request(path=self.path)), "shm_unmap")
         del self.array
-        with contextlib.suppress(BufferError):  # views of it still alive: closed at GC
-            self.map.close()
+        self.daemon.client.connection.unshare([self.buffer])
 
 
 def start_model(daemon: Daemon, model_id: int) -> None:
-    check(daemon.stub.start(pb.start_request(h_nn=pb.h_nn(id=model_id))), "start")
+    daemon.client.start(model_id)
 
 
 # --- (a) tensor transport --------------------------------------------------------------
@@ -363,13 +344,12 @@ class PipelineRig:
         self, daemon: Daemon, sample: SampleModel, windows: Sequence[int], inputs: list[np.ndarray]
     ) -> None:
         self.daemon = daemon
-        self.stub = stub = daemon.stub
+        self.stub = daemon.stub
         self.spec_in, self.spec_out = sample.inputs[0], sample.outputs[0]
         self.inputs = inputs
-        self.eg = check(stub.create_eg(pb.create_eg_request(nc_count=4)), "create_eg").h_eg.id
+        self.eg, _ = daemon.client.create_ncg(4)
         self.models = {n: daemon.load(sample.neff, ninfer=n, eg=self.eg) for n in windows}
-        info = check(stub.list_egs(pb.empty()), "list_egs")
-        start = next(e.vnc_start_index for e in info.eg_info if e.eg.id == self.eg)
+        start = next(e["vnc_start"] for e in daemon.client.list_ncgs() if e["id"] == self.eg)
         self.vncs = range(start, start + 4)
         self.shm_in = [Shm(daemon, self.spec_in.nbytes) for _ in range(max(windows))]
         self.shm_out = [Shm(daemon, self.spec_out.nbytes) for _ in range(max(windows))]
@@ -454,7 +434,7 @@ class PipelineRig:
             obj.close()
         for model in self.models.values():
             self.daemon.unload(model)
-        check(self.stub.destroy_eg(pb.destroy_eg_request(h_eg=pb.h_eg(id=self.eg))), "destroy_eg")
+        self.daemon.client.destroy_ncg(self.eg)
 
 
 @dataclass

@@ -80,6 +80,14 @@ class ShmBuffer:
             return np.empty(shape, dtype)
         return np.frombuffer(self._map, dtype, count).reshape(shape).copy()  # type: ignore[arg-type]
 
+    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The tensor of `dtype` and `shape` at the start of the object, in place (no copy):
+        writes go straight to the daemon's view of it. Drop the view before `close`."""
+        count = math.prod(shape)
+        if count * dtype.itemsize > self.size or self._map is None:
+            raise ValueError(f"{self.path} holds {self.size} bytes, fewer than {shape} {dtype}")
+        return np.frombuffer(self._map, dtype, count).reshape(shape)
+
     def unlink(self) -> None:
         """Remove the name; the object stays while it is mapped or open anywhere."""
         if self._linked:
