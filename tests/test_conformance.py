@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_device import OffByOneDevice
 
 from driver_sim import KERNELS
 from neuron_rtd.runtime import LocalRuntime
@@ -78,16 +79,9 @@ def test_op_no_one_runs_is_unsupported_with_a_reason(runtime: LocalRuntime) -> N
     assert result.group == "ai.onnx.preview.FlexAttention"
 
 
-def test_wrong_numbers_from_a_kernel_fail(
-    runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    relu = KERNELS["Relu"]
-
-    def off_by_one(x: np.ndarray) -> np.ndarray:
-        return np.maximum(x, 0) + 1
-
-    monkeypatch.setitem(KERNELS, "Relu", dataclasses.replace(relu, compute=off_by_one))
-    (result,) = run_cases(named("test_relu"), runtime)
+def test_wrong_numbers_from_the_nc_fail() -> None:
+    with LocalRuntime(wrap_device=OffByOneDevice) as broken:
+        (result,) = run_cases(named("test_relu"), broken)
     assert result.outcome == FAIL
     assert result.reason.startswith("output 0:") and "Mismatched elements" in result.reason
     assert result.claimed and result.ort == ORT_PASS

@@ -12,95 +12,35 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_device import WrappedDevice
 
 from neuron_rtd.errors import InferCancelled, InvalidHandle, QueueFull
-from neuron_rtd.neff import Stage
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.runtime import (
-    DeviceApi,
-    DeviceSpec,
-    DramBuffer,
-    LoadMode,
-    LocalRuntime,
-    NcCounters,
-    NeuronCoreApi,
-    RunFn,
-    SimDevice,
-)
+from neuron_rtd.runtime import DeviceApi, LoadMode, LocalRuntime, RunFn
 
 Runs = list[tuple[int, float, float]]  # (NC index, start, end) of each NC run
 
 
-class TimedCore:
-    """An NC whose runs are timed: from the start of the run (where an injected delay
-    sleeps) to the end of its outputs' copy, one run at a time as on the NC itself."""
+class TimedDevice(WrappedDevice):
+    """Its NC runs are timed: from the start of the run (where an injected delay sleeps)
+    to the end of its outputs' copy, one run at a time per NC as on the NC itself."""
 
-    def __init__(self, core: NeuronCoreApi, index: int, runs: Runs) -> None:
-        self._core, self._index, self._runs = core, index, runs
-        self._lock = threading.Lock()
+    def __init__(self, device: DeviceApi, runs: Runs) -> None:
+        super().__init__(device)
+        self._runs = runs
+        self._locks = [threading.Lock() for _ in range(device.spec.nc_count)]
 
-    def load(self, program: Stage) -> RunFn:
-        run = self._core.load(program)
+    def wrap_run(self, nc: int, run: RunFn) -> RunFn:
+        lock = self._locks[nc]
 
         def timed(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
-            with self._lock:
+            with lock:
                 start = time.monotonic()
                 cycles = run(inputs, outputs)
-                self._runs.append((self._index, start, time.monotonic()))
+                self._runs.append((nc, start, time.monotonic()))
             return cycles
 
         return timed
-
-    def seed(self, seed: int, stream: int) -> None:
-        self._core.seed(seed, stream)
-
-    def counters(self) -> NcCounters:
-        return self._core.counters()
-
-
-class TimedDevice:
-    """A simulated device seen through the driver port, its NC runs timed."""
-
-    def __init__(self, device: DeviceApi, runs: Runs) -> None:
-        assert isinstance(device, SimDevice)
-        self._device = device
-        self._cores = [TimedCore(device.nc(i), i, runs) for i in range(device.spec.nc_count)]
-
-    @property
-    def index(self) -> int:
-        return self._device.index
-
-    @property
-    def bdf(self) -> str:
-        return self._device.bdf
-
-    @property
-    def spec(self) -> DeviceSpec:
-        return self._device.spec
-
-    def reset(self) -> None:
-        self._device.reset()
-
-    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer:
-        return self._device.dram_alloc(channel, nbytes, tag=tag)
-
-    def dram_free(self, buf: DramBuffer) -> None:
-        self._device.dram_free(buf)
-
-    def dram_used(self) -> tuple[int, ...]:
-        return self._device.dram_used()
-
-    def nc(self, i: int) -> TimedCore:
-        return self._cores[i]
-
-    def hw_counters(self) -> Any:
-        return self._device.hw_counters()
-
-    def release(self) -> None:
-        self._device.release()
-
-    def inject(self, fault: str) -> None:
-        self._device.inject(fault)
 
 
 @pytest.fixture
