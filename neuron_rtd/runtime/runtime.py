@@ -295,8 +295,8 @@ class Runtime:
         """Load `neff` (parsed, its bytes, or an absolute file path): on NCG `ncg_id`
         (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None."""
         self.ensure_ready()
-        params = self.params(timeout_s=timeout_s, ninfer=ninfer)
         parsed = _read_neff_source(neff)
+        params = self.params(timeout_s=timeout_s, ninfer=ninfer)
         began = time.monotonic()
         with self._lock:
             self._check_session(session_id)
