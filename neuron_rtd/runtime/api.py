@@ -16,7 +16,8 @@ import numpy as np
 
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import Neff
-from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
+from neuron_rtd.runtime.driver import DeviceApi
+from neuron_rtd.runtime.model import LoadMode, Model, ModelParams, ModelState
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,22 @@ class ModelInfo:
     in_flight: int  # inferences holding a slot: submitted, not yet answered
     session_id: int
 
+    @classmethod
+    def of(cls, model: Model) -> ModelInfo:
+        return cls(
+            id=model.id,
+            name=model.name,
+            neff=model.neff,
+            ncg_id=model.ncg_id,
+            mode=model.mode,
+            state=model.state,
+            params=model.params,
+            vncs=model.vncs,
+            dram_bytes=model.dram_bytes,
+            in_flight=model.in_flight,
+            session_id=model.session_id,
+        )
+
 
 @dataclass(frozen=True)
 class NcgInfo:
@@ -92,6 +109,17 @@ class DeviceInfo:
     memory_bytes: int
     memory_used: tuple[int, ...]  # per DRAM channel
 
+    @classmethod
+    def of(cls, device: DeviceApi) -> DeviceInfo:
+        spec = device.spec
+        return cls(
+            index=device.index,
+            bdf=device.bdf,
+            nc_count=spec.nc_count,
+            memory_bytes=spec.dram_bytes,
+            memory_used=device.dram_used(),
+        )
+
 
 @dataclass(frozen=True)
 class HwCounters:
@@ -102,6 +130,19 @@ class HwCounters:
     sram_ecc_corr: int
     sram_ecc_uncorr: int
     transfer_adjustment: int
+
+    @classmethod
+    def of(cls, device: DeviceApi, transfer_adjustment: int) -> HwCounters:
+        ecc = device.hw_counters()
+        return cls(
+            bdf=device.bdf,
+            device_index=device.index,
+            mem_ecc_corr=ecc.mem_ecc_corr,
+            mem_ecc_uncorr=ecc.mem_ecc_uncorr,
+            sram_ecc_corr=ecc.sram_ecc_corr,
+            sram_ecc_uncorr=ecc.sram_ecc_uncorr,
+            transfer_adjustment=transfer_adjustment,
+        )
 
 
 @dataclass(frozen=True)

@@ -144,17 +144,7 @@ class Runtime:
 
     def devices(self) -> list[DeviceInfo]:
         self.ensure_ready()
-        return [self._device_info(device) for device in self._devices]
-
-    def _device_info(self, device: DeviceApi) -> DeviceInfo:
-        spec = device.spec
-        return DeviceInfo(
-            index=device.index,
-            bdf=device.bdf,
-            nc_count=spec.nc_count,
-            memory_bytes=spec.dram_bytes,
-            memory_used=device.dram_used(),
-        )
+        return [DeviceInfo.of(device) for device in self._devices]
 
     # --- sessions ------------------------------------------------------------------
     def open_session(self) -> int:
@@ -254,11 +244,11 @@ class Runtime:
             raise InvalidHandle(f"model {model_id} is not loaded") from None
 
     def model(self, model_id: int) -> ModelInfo:
-        return _model_info(self._model(model_id))
+        return ModelInfo.of(self._model(model_id))
 
     def models(self) -> list[ModelInfo]:
         with self._lock:
-            return [_model_info(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
+            return [ModelInfo.of(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
 
     def params(self, *, timeout_s: float | None = None, ninfer: int | None = None) -> ModelParams:
         timeout = self.options.default_timeout_s if timeout_s is None else timeout_s
@@ -345,7 +335,7 @@ class Runtime:
             )
             if implicit:
                 self.start(model.id)
-            return _model_info(model)
+            return ModelInfo.of(model)
 
     def start(self, model_id: int) -> None:
         self.ensure_ready()
@@ -489,26 +479,14 @@ class Runtime:
             if (bdf is not None and device.bdf == bdf) or (
                 index is not None and device.index == index
             ):
-                return self._ecc_counters(device)
+                return HwCounters.of(device, self._transfer_adjustment)
         owned = ", ".join(f"{d.index} ({d.bdf})" for d in self._devices)
         wanted = f"BDF {bdf}" if bdf is not None else f"index {index}"
         raise InvalidError(f"no device with {wanted} in this runtime; it owns {owned}")
 
     def all_hw_counters(self) -> list[HwCounters]:
         self.ensure_ready()
-        return [self._ecc_counters(device) for device in self._devices]
-
-    def _ecc_counters(self, device: DeviceApi) -> HwCounters:
-        ecc = device.hw_counters()
-        return HwCounters(
-            bdf=device.bdf,
-            device_index=device.index,
-            mem_ecc_corr=ecc.mem_ecc_corr,
-            mem_ecc_uncorr=ecc.mem_ecc_uncorr,
-            sram_ecc_corr=ecc.sram_ecc_corr,
-            sram_ecc_uncorr=ecc.sram_ecc_uncorr,
-            transfer_adjustment=self._transfer_adjustment,
-        )
+        return [HwCounters.of(device, self._transfer_adjustment) for device in self._devices]
 
     def counters(self) -> NmgrCounters:
         """The inference and model counters (no device needed: always answers)."""
@@ -525,7 +503,7 @@ class Runtime:
             log_errors=logs.errors,
             log_warnings=logs.warnings,
             host_memory_bytes=psutil.Process().memory_info().rss,
-            devices=tuple(self._device_info(device) for device in self._devices),
+            devices=tuple(DeviceInfo.of(device) for device in self._devices),
         )
 
     def random_seed(self, ncg_id: int, seed: int) -> None:
@@ -560,22 +538,6 @@ class Runtime:
         self._inflight.close()
         self._shm.close()
         logging.getLogger("nrtd").removeHandler(self._stats.logs)
-
-
-def _model_info(model: Model) -> ModelInfo:
-    return ModelInfo(
-        id=model.id,
-        name=model.name,
-        neff=model.neff,
-        ncg_id=model.ncg_id,
-        mode=model.mode,
-        state=model.state,
-        params=model.params,
-        vncs=model.vncs,
-        dram_bytes=model.dram_bytes,
-        in_flight=model.in_flight,
-        session_id=model.session_id,
-    )
 
 
 def _read_neff_source(neff: NeffSource) -> Neff:
