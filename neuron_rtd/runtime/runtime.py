@@ -450,8 +450,12 @@ class Runtime:
         return self._inflight.completed(cookies)
 
     # --- shared memory -------------------------------------------------------------
-    def shm_map(self, path: str, prot: int, session_id: int = 0) -> None:
+    def shm_map(self, path: str | None, prot: int, session_id: int = 0) -> None:
+        """Map the client's shm object `path` (None: the client gave none, as with
+        hugetlb memory, which is not supported)."""
         self.ensure_ready()
+        if path is None:
+            raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
         self._check_session(session_id)
         self._shm.map(path, prot, session_id)
 
@@ -475,6 +479,8 @@ class Runtime:
     def hw_counters(self, *, bdf: str | None = None, index: int | None = None) -> HwCounters:
         """The health counters of one of this runtime's devices, by PCI BDF or index."""
         self.ensure_ready()
+        if bdf is None and index is None:
+            raise InvalidError("get_hw_counters needs a bdf or a device_id")
         for device in self._devices:
             if (bdf is not None and device.bdf == bdf) or (
                 index is not None and device.index == index

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from neuron_rtd.errors import InvalidError, Nerr
+from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import pb, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server import wire
@@ -154,12 +154,10 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     ) -> pb.get_hw_counters_response:
         def make() -> pb.get_hw_counters_response:
             which = request.WhichOneof("device")
-            if which == "bdf":
-                counters = self.runtime.hw_counters(bdf=request.bdf)
-            elif which == "device_id":
-                counters = self.runtime.hw_counters(index=request.device_id)
-            else:
-                raise InvalidError("get_hw_counters needs a bdf or a device_id")
+            counters = self.runtime.hw_counters(
+                bdf=request.bdf if which == "bdf" else None,
+                index=request.device_id if which == "device_id" else None,
+            )
             return pb.get_hw_counters_response(counters=wire.hw_counters(counters))
 
         return finish("get_hw_counters", make, pb.get_hw_counters_response)
@@ -247,9 +245,8 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.shm_map_request, context: grpc.ServicerContext
     ) -> pb.shm_map_response:
         def make() -> pb.shm_map_response:
-            if request.WhichOneof("data") != "path":
-                raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
-            self.runtime.shm_map(request.path, request.mmap_prot, request.session_id)
+            path = request.path if request.WhichOneof("data") == "path" else None
+            self.runtime.shm_map(path, request.mmap_prot, request.session_id)
             return pb.shm_map_response()
 
         return finish("shm_map", make, pb.shm_map_response)
