@@ -286,5 +286,3 @@ def test_unknown_methods_are_unimplemented(channel: grpc.Channel, path: str) -> 
     with pytest.raises(grpc.RpcError) as info:
         call(b"")
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-

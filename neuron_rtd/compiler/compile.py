@@ -217,10 +217,7 @@ def _input_axes(
 def _graph_for(
     model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]], sizes: Mapping[str, int]
 ) -> Graph:
-    shapes = {
-        name: [_size(d, sizes) for d in dims]
-        for name, dims in axes.items()
-    }
+    shapes = {name: [_size(d, sizes) for d in dims] for name, dims in axes.items()}
     return build_graph(with_input_shapes(model, shapes))
 
 
