@@ -5,6 +5,7 @@ machine; `Machine.devices()` reads it; `Machine.acquire(...)` owns devices, whos
 NeuronCores run `NcProgram`s for real with numpy kernels.
 """
 
+from driver_sim import fast
 from driver_sim.core import NeuronCore
 from driver_sim.cost import NC_CLOCK_HZ, Engine
 from driver_sim.device import Device
@@ -70,6 +71,7 @@ __all__ = [
     "OwnerInfo",
     "default_sim_root",
     "execute_program",
+    "fast",
     "load_program",
     "parse_fault_spec",
     "supported_ops",

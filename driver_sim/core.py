@@ -16,9 +16,10 @@ import numpy as np
 
 from driver_sim import blas
 from driver_sim.errors import DriverError
-from driver_sim.execute import bind_inputs, copy_outputs, run_steps
+from driver_sim.execute import bind_inputs, copy_outputs, input_key, run_steps
+from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
-from driver_sim.program import LoadedProgram, NcProgram, load_program
+from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
 
 if TYPE_CHECKING:
@@ -30,9 +31,13 @@ _BUSY_NS = NC_FIELD["busy_ns"]
 class NeuronCore:
     """NC `index` of an owned device."""
 
-    def __init__(self, device: Device, index: int) -> None:
+    def __init__(
+        self, device: Device, index: int, *, engine: str = "reference", threads: int = 1
+    ) -> None:
         self.device_index = device.index
         self.index = index
+        self.engine = check_engine(engine)
+        self.threads = threads  # the fast engine's onnxruntime threads
         self._device = device
         self.lock = threading.Lock()
         self.rng = np.random.default_rng()
@@ -55,7 +60,10 @@ class NeuronCore:
     def load(self, program: NcProgram) -> LoadedProgram:
         """Validate and resolve `program` for this core; KernelError if it is bad."""
         self._device.check_owned()
-        return load_program(self, program)
+        loaded = load_program(self, program)
+        if self.engine == "fast":
+            loaded.fast = FastProgram.of(loaded, self.threads, program.opset)
+        return loaded
 
     def run(
         self,
@@ -70,24 +78,47 @@ class NeuronCore:
         with self.lock:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)
-            env = program.template.copy()
-            key = bind_inputs(program, inputs, env)
-            use_rng(self.rng)
-            blas.run_starts()
-            try:
-                freed = run_steps(program, env)
-            finally:
-                blas.run_ends()
-                use_rng(None)
+            fast = program.fast
+            if fast is not None and fast.run(inputs, outputs):
+                key = input_key(program, inputs)
+                cost = fast.costs.get(key)
+                if cost is None:  # measured by the reference kernels once per shape set
+                    cost = self._run_reference(program, inputs, None)
+                    if len(fast.costs) < MAX_CACHED_COSTS:
+                        fast.costs[key] = cost
+                return self._count(cost, start)
+            return self._count(self._run_reference(program, inputs, outputs), start)
+
+    def _run_reference(
+        self,
+        program: LoadedProgram,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None,
+    ) -> RunCost:
+        """Run on the numpy kernels, into `outputs` (None: only to measure); the run's
+        cost."""
+        env = program.template.copy()
+        key = bind_inputs(program, inputs, env)
+        use_rng(self.rng)
+        blas.run_starts()
+        try:
+            freed = run_steps(program, env)
+        finally:
+            blas.run_ends()
+            use_rng(None)
+        if outputs is not None:
             copy_outputs(program, env, outputs)
-            cost = program.cost_of(key, env, freed)
-            counters, cycles = self._counters, self._cycles
-            if counters is None or cycles is None:
-                raise DriverError(f"{self!r}: device {self.device_index} was released")
-            counters += cost.nc_totals
-            counters[_BUSY_NS] += time.perf_counter_ns() - start
-            cycles += cost.engine_cycles
-            return int(cost.engine_cycles.max())
+        return program.cost_of(key, env, freed)
+
+    def _count(self, cost: RunCost, start_ns: int) -> int:
+        """Add a run's cost and busy time to the counters; its cycles."""
+        counters, cycles = self._counters, self._cycles
+        if counters is None or cycles is None:
+            raise DriverError(f"{self!r}: device {self.device_index} was released")
+        counters += cost.nc_totals
+        counters[_BUSY_NS] += time.perf_counter_ns() - start_ns
+        cycles += cost.engine_cycles
+        return int(cost.engine_cycles.max())
 
     def seed(self, seed: int, stream: int = 0) -> None:
         """Restart this core's random generator from `seed` (`stream` tells apart the

@@ -44,7 +44,16 @@ class Device:
     Made by `Machine.acquire`, which holds `lock_fd` locked for the claim's life.
     """
 
-    def __init__(self, machine: Machine, index: int, lock_fd: int, owner: OwnerRecord) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        index: int,
+        lock_fd: int,
+        owner: OwnerRecord,
+        *,
+        engine: str = "reference",
+        threads: int = 1,
+    ) -> None:
         self.machine = machine
         self.index = index
         self.bdf = machine.bdf_of(index)
@@ -56,7 +65,9 @@ class Device:
         self._faults = FaultState()
         self._channels = [ChannelAllocator(CHANNEL_BYTES) for _ in range(DRAM_CHANNELS)]
         self._buffers: dict[tuple[int, int], DramBuffer] = {}
-        self._cores = tuple(NeuronCore(self, nc) for nc in range(NC_PER_DEVICE))
+        self._cores = tuple(
+            NeuronCore(self, nc, engine=engine, threads=threads) for nc in range(NC_PER_DEVICE)
+        )
         self._stats: StatsMap | None = None
         try:
             write_owner(self._paths.owner(index), owner)

@@ -143,8 +143,17 @@ class Machine:
 
     # ---- claims ----------------------------------------------------------------------------
 
-    def acquire(self, indices: Sequence[int], *, address: str, version: str) -> list[Device]:
-        """Own the devices `indices`, all or none: DeviceBusy names a current owner."""
+    def acquire(
+        self,
+        indices: Sequence[int],
+        *,
+        address: str,
+        version: str,
+        engine: str = "reference",
+        threads: int = 1,
+    ) -> list[Device]:
+        """Own the devices `indices`, all or none: DeviceBusy names a current owner. Their
+        NCs compute with `engine` (`threads`: the fast engine's threads per NC run)."""
         wanted = list(indices)
         for index in wanted:
             self._check_index(index)
@@ -155,7 +164,10 @@ class Machine:
         taken: list[Device] = []
         try:
             for index in wanted:
-                taken.append(Device(self, index, self._lock_device(index), record))
+                device = Device(
+                    self, index, self._lock_device(index), record, engine=engine, threads=threads
+                )
+                taken.append(device)
         except BaseException:
             for device in reversed(taken):
                 device.release()

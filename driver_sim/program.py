@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from driver_sim.cost import Engine, engine_cycles
 from driver_sim.errors import KernelError
 from driver_sim.ops import KERNELS, ComputeFn, Kernel, Shape
 from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
+
+if TYPE_CHECKING:
+    from driver_sim.fast import FastProgram
 
 ABSENT = ""  # an input name that leaves an optional input out
 MAX_CACHED_COSTS = 1024  # input-shape sets whose run cost a program remembers
@@ -65,6 +68,7 @@ class NcProgram:
     weights: Mapping[str, np.ndarray]
     inputs: Sequence[str]
     outputs: Sequence[str]
+    opset: int | None = None  # the ONNX opset its ops' attributes follow (None: unknown)
 
 
 class Step(NamedTuple):
@@ -102,6 +106,7 @@ class LoadedProgram:
     # Per step, the slots no later step reads: a run frees them right after the step.
     release: tuple[tuple[int, ...], ...] = ()
     costs: dict[tuple[Shape, ...], RunCost] = field(default_factory=dict)
+    fast: FastProgram | None = None  # the fast engine's form of it, when it has one
 
     def cost_of(
         self, key: tuple[Shape, ...], env: list[Any], freed: Mapping[int, Shape]

@@ -4,7 +4,7 @@ a variable number of detections (detector); 4 NCs give the same outputs as 1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from neuron_rtd.client import Client
 from neuron_rtd.client.client import NrtClientError
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
+from neuron_rtd.runtime import LocalRuntime
 
 pytestmark = pytest.mark.daemon
 
@@ -98,8 +99,10 @@ def test_detector_gives_a_variable_number_of_detections(client: Client) -> None:
     assert len(counts) > 1 and 0 not in counts
 
 
-@pytest.mark.parametrize("family", ["resnet", "bert"])
-def test_four_neuroncores_give_the_outputs_of_one(client: Client, family: str) -> None:
+def one_and_four_nc_outputs(
+    family: str, infer: Callable[[bytes, dict[str, np.ndarray]], dict[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """A model of `family` compiled for 1 and for 4 NCs, run by `infer(neff, feeds)`."""
     onnx_model = models.MODELS[family](**models.SMALL[family], seed=4)
     if family == "resnet":
         dims: dict[str, int] = {"N": 2}
@@ -112,10 +115,36 @@ def test_four_neuroncores_give_the_outputs_of_one(client: Client, family: str) -
     for ncs in (1, 4):
         result = compile_model(onnx_model, num_neuroncores=ncs, **options)
         assert result.summary.nc_count == ncs
-        model = client.load(result.neff)
-        try:
-            results.append(model(**feeds))
-        finally:
-            model.unload()
-    for name in results[0]:
-        np.testing.assert_array_equal(results[0][name], results[1][name])
+        results.append(infer(result.neff, feeds))
+    return results
+
+
+@pytest.mark.parametrize("family", ["resnet", "bert"])
+def test_four_neuroncores_give_the_outputs_of_one(client: Client, family: str) -> None:
+    """On the daemon's (fast) engine, each stage is its own onnxruntime graph, fused on
+    its own: the same numbers within fp32 rounding."""
+
+    def infer(neff: bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with client.load(neff) as model:
+            return model(**feeds)
+
+    one, four = one_and_four_nc_outputs(family, infer)
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["resnet", "bert"])
+def test_four_neuroncores_give_the_bits_of_one_on_the_reference_engine(family: str) -> None:
+    """The reference kernels compute each op the same way wherever its stage runs."""
+    with LocalRuntime(engine="reference") as rt:
+
+        def infer(neff: bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            model = rt.load(neff)
+            try:
+                return rt.infer(model, feeds)
+            finally:
+                rt.unload(model)
+
+        one, four = one_and_four_nc_outputs(family, infer)
+    for name in one:
+        np.testing.assert_array_equal(four[name], one[name])

@@ -197,7 +197,13 @@ class Emitter:
             raise CompileError(
                 str(exc), node=bad.name if bad else "", op=bad.op_type if bad else ""
             ) from None
-        return StageSpec(instructions=instructions, weights=weights, inputs=inputs, outputs=outputs)
+        return StageSpec(
+            instructions=instructions,
+            weights=weights,
+            inputs=inputs,
+            outputs=outputs,
+            opset=self.graph.opset,
+        )
 
     def _macs(self, node: onnx.NodeProto) -> int:
         kern = KERNELS[node.op_type]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from neuron_rtd.runtime import nc_engine
+
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
@@ -35,6 +37,7 @@ class DaemonConfig:
     default_ninfer: int = 4  # in-flight inferences per model
     shmem_enabled: bool = True
     model_cache_count: int = 4  # models one NCG may hold (1 running, rest STANDBY); 0: any
+    nc_engine: str | None = None  # None: $NEURON_RTD_NC_ENGINE, else fast
     log_level: str = "info"
     log_console: bool = False
     socket_group: str | None = None
@@ -55,6 +58,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "default_ninfer": int,
     "shmem_enabled": bool,
     "model_cache_count": int,
+    "nc_engine": (str, type(None)),
     "log_level": str,
     "socket_group": (str, type(None)),
     "socket_mode": str,
@@ -118,6 +122,10 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: default_ninfer must be at least 1")
     if config.model_cache_count < 0:
         raise ConfigError(f"{where}: model_cache_count must not be negative")
+    try:
+        nc_engine(config.nc_engine)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: nc_engine: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
     if config.log_level not in LOG_LEVELS:

@@ -29,7 +29,7 @@ from neuron_rtd.daemon.listener import (
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.proto import CHANNEL_OPTIONS
-from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim
+from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
 from neuron_rtd.server import SessionServicer, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
@@ -149,7 +149,13 @@ class Daemon:
             self.listener.claim()
         machine = driver_sim.Machine.open(config.sim_root, instance_type=config.sim.instance_type)
         indices = select_devices(machine, config.devices)
-        self.devices = acquire_sim(machine, indices, address=self.address.text, version=__version__)
+        self.devices = acquire_sim(
+            machine,
+            indices,
+            address=self.address.text,
+            version=__version__,
+            engine=nc_engine(config.nc_engine),
+        )
         runtime = Runtime(
             self.devices,
             options=RuntimeOptions(

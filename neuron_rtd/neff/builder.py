@@ -55,6 +55,7 @@ class StageSpec:
     weights: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     inputs: Sequence[str] | None = None
     outputs: Sequence[str] | None = None
+    opset: int | None = None  # the ONNX opset of its ops' attributes, when known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,12 +309,14 @@ def _stage_files(
 ) -> tuple[bytes, bytes]:
     """The program JSON and the weights blob of one stage (empty when in `store`)."""
     blob, table = _layout_weights(stage.weights, store)
-    program = {
+    program: JsonDict = {
         "inputs": list(node.inputs if stage.inputs is None else stage.inputs),
         "outputs": list(node.outputs if stage.outputs is None else stage.outputs),
         "weights": table,
         "instructions": [_instruction_json(as_instruction(i)) for i in stage.instructions],
     }
+    if stage.opset is not None:
+        program["opset"] = stage.opset
     return _dump(program, f"{where} program"), blob
 
 

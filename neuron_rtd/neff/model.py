@@ -95,6 +95,7 @@ class Stage:
     outputs: tuple[str, ...]
     instructions: tuple[Instruction, ...]
     weights: Mapping[str, np.ndarray]
+    opset: int | None = None  # the ONNX opset its ops' attributes follow (None: not said)
 
     @property
     def weight_bytes(self) -> int:
@@ -107,6 +108,7 @@ class Stage:
             self.inputs == other.inputs
             and self.outputs == other.outputs
             and self.instructions == other.instructions
+            and self.opset == other.opset
             and _same_weights(self.weights, other.weights)
         )
 

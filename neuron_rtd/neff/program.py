@@ -28,9 +28,20 @@ def parse_stage(doc: object, blob: memoryview, where: str) -> Stage:
         outputs=jf.as_names(jf.get(obj, "outputs", where), f"{where} outputs"),
         instructions=_instructions(jf.get(obj, "instructions", where), where),
         weights=_weights(jf.get(obj, "weights", where), blob, where),
+        opset=_opset(obj.get("opset"), where),
     )
     _check_dataflow(stage, where)
     return stage
+
+
+def _opset(value: object, where: str) -> int | None:
+    """The optional ONNX opset of a stage's ops; an int from 1 to 1000."""
+    if value is None:
+        return None
+    opset = jf.as_int(value, f"{where} opset")
+    if not 1 <= opset <= 1000:
+        raise NeffInvalid(f"{where} opset: {opset} is not an ONNX opset version")
+    return opset
 
 
 def _weights(value: object, blob: memoryview, where: str) -> Mapping[str, np.ndarray]:

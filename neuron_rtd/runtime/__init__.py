@@ -21,6 +21,7 @@ from neuron_rtd.runtime.api import (
     Topology,
 )
 from neuron_rtd.runtime.driver import (
+    NC_ENGINES,
     DeviceApi,
     DeviceSpec,
     DramBuffer,
@@ -29,6 +30,7 @@ from neuron_rtd.runtime.driver import (
     RunFn,
     SimDevice,
     acquire_sim,
+    nc_engine,
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
@@ -43,6 +45,7 @@ from neuron_rtd.runtime.stats import Aggregate, MetricSeries, NmgrCounters
 
 __all__ = [
     "FIRST_MODEL_ID",
+    "NC_ENGINES",
     "Aggregate",
     "DeviceApi",
     "DeviceInfo",
@@ -72,5 +75,6 @@ __all__ = [
     "SystemCounters",
     "Topology",
     "acquire_sim",
+    "nc_engine",
     "parse_version",
 ]

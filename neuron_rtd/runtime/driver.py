@@ -12,6 +12,7 @@ become runtime exceptions in one place, `driver_errors()`.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -150,6 +151,24 @@ def driver_errors(context: str) -> Iterator[None]:
 
 
 # --- the simulated driver ---------------------------------------------------------------
+NC_ENGINE_ENV = "NEURON_RTD_NC_ENGINE"
+NC_ENGINES = driver_sim.fast.ENGINES  # how an NC does its arithmetic (see driver_sim.fast)
+DEFAULT_NC_ENGINE = "fast"
+
+
+def nc_engine(name: str | None = None) -> str:
+    """The NC engine: `name`, else $NEURON_RTD_NC_ENGINE, else fast; ValueError when it
+    names none."""
+    chosen = name or os.environ.get(NC_ENGINE_ENV) or DEFAULT_NC_ENGINE
+    return driver_sim.fast.check_engine(chosen)
+
+
+def nc_threads() -> int:
+    """The threads one NC run of the fast engine may use: the host's cores (its pools do
+    not spin, so NCs running at once share them)."""
+    return os.cpu_count() or 1
+
+
 SIM_SPEC = DeviceSpec(
     nc_count=driver_sim.NC_PER_DEVICE,
     dram_channels=driver_sim.DRAM_CHANNELS,
@@ -166,6 +185,7 @@ def _nc_program(program: Stage) -> driver_sim.NcProgram:
         weights=dict(program.weights),
         inputs=list(program.inputs),
         outputs=list(program.outputs),
+        opset=program.opset,
     )
 
 
@@ -230,17 +250,30 @@ class SimDevice:
         self._device.inject(fault)
 
 
-def open_sim(root: Path, instance_type: str, *, address: str, version: str) -> list[SimDevice]:
+def open_sim(
+    root: Path, instance_type: str, *, address: str, version: str, engine: str | None = None
+) -> list[SimDevice]:
     """Own every device of the simulated machine at `root` (made if missing)."""
     machine = driver_sim.Machine.open(root, instance_type=instance_type)
-    return acquire_sim(machine, range(machine.device_count), address=address, version=version)
+    return acquire_sim(
+        machine, range(machine.device_count), address=address, version=version, engine=engine
+    )
 
 
 def acquire_sim(
-    machine: driver_sim.Machine, indices: Sequence[int], *, address: str, version: str
+    machine: driver_sim.Machine,
+    indices: Sequence[int],
+    *,
+    address: str,
+    version: str,
+    engine: str | None = None,
 ) -> list[SimDevice]:
-    """Own devices `indices` of a simulated machine (DriverError names an owner)."""
-    return [SimDevice(d) for d in machine.acquire(indices, address=address, version=version)]
+    """Own devices `indices` of a simulated machine (DriverError names an owner); their
+    NCs compute with `engine` (see `nc_engine`)."""
+    devices = machine.acquire(
+        indices, address=address, version=version, engine=nc_engine(engine), threads=nc_threads()
+    )
+    return [SimDevice(d) for d in devices]
 
 
 def host_program(what: str, program: Stage) -> HostFn:

@@ -25,21 +25,25 @@ from neuron_rtd.runtime.runtime import Runtime
 
 
 class LocalRuntime:
-    """A Runtime owning every device of a fresh simulated machine in a temp folder.
-    `wrap_device` puts a test's own device in front of each simulated one (the port)."""
+    """A Runtime owning every device of a fresh simulated machine in a temp folder. Its
+    NCs compute with `engine` (reference or fast; default $NEURON_RTD_NC_ENGINE, else
+    fast); `wrap_device` puts a test's own device in front of each simulated one."""
 
     def __init__(
         self,
         instance_type: str = "inf1.6xlarge",
         *,
         root: Path | None = None,
+        engine: str | None = None,
         wrap_device: Callable[[DeviceApi], DeviceApi] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="nrt-local-")
             root = Path(self._tmp.name)
-        devices = open_sim(root / "sim", instance_type, address="in-process", version="local")
+        devices = open_sim(
+            root / "sim", instance_type, address="in-process", version="local", engine=engine
+        )
         self.devices = [wrap_device(d) for d in devices] if wrap_device else list(devices)
         self.runtime = Runtime(self.devices)
         self.runtime.init_devices()

@@ -69,7 +69,7 @@ from neuron_rtd import onnxrt
 from neuron_rtd.compiler.compile import compile_model
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import ALLOWED_DTYPES, read_neff
-from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.runtime import NC_ENGINES, LocalRuntime
 
 PASS_NC = "pass-nc"
 PASS_CPU = "pass-cpu"
@@ -672,6 +672,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also list failing cases of unclaimed ops and unsupported cases of claimed ops",
     )
     parser.add_argument("--no-ort", action="store_true", help="do not run onnxruntime")
+    parser.add_argument(
+        "--engine",
+        choices=NC_ENGINES,
+        help="how the NCs compute (default: $NEURON_RTD_NC_ENGINE, else fast)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per case")
     args = parser.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops else None
@@ -681,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     progress = _print_progress if args.verbose else None
     start = time.perf_counter()
-    with LocalRuntime() as runtime:
+    with LocalRuntime(engine=args.engine) as runtime:
         results = run_cases(cases, runtime, with_ort=not args.no_ort, progress=progress)
     seconds = time.perf_counter() - start
     print(format_report(results, failures=args.failures, seconds=seconds))

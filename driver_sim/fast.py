@@ -1,0 +1,222 @@
+"""The fast engine of a NeuronCore: a loaded program's arithmetic done by one onnxruntime
+session, built from the program itself (its instructions as ONNX nodes, its weights as
+initializers), which runs with the GIL released on the threads the engine is given.
+
+What the NC is does not change: the program was checked and resolved by `load_program`
+exactly as for the reference engine (the numpy kernels), and a run counts the same
+counters, which come from the program and the shapes it ran on, not from the execution.
+The first run of each set of input shapes also runs the reference kernels, only to
+measure those counters (its outputs are the fast engine's, as every run's); later runs of
+the same shapes take them from there.
+
+A program runs on the reference kernels when its shapes cannot be told from its input
+shapes (an op whose output shape depends on values computed from the inputs, such as
+NonZero or a Reshape to a shape read from an input), when it draws random numbers (the
+NC's own generator), or when onnxruntime does not take the graph it makes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from driver_sim.errors import KernelError
+from driver_sim.execute import DynamicBuffer
+from driver_sim.ops.registry import tensor_attr
+from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, RunCost, Shape
+
+ENGINES = ("reference", "fast")
+DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli"}
+)
+# Ops whose output shape depends on values however they are fed.
+DATA_SHAPED_OPS = frozenset({"NonZero"})
+# The Winograd weight transform's left inverse: W = L U L^T undoes U = G W G^T.
+_L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+
+
+def check_engine(name: str) -> str:
+    if name not in ENGINES:
+        raise ValueError(f"unknown NC engine {name!r}: use one of {', '.join(ENGINES)}")
+    return name
+
+
+class FastProgram:
+    """A loaded program's onnxruntime sessions, one per set of input dtypes, made at the
+    first run that needs them."""
+
+    def __init__(self, loaded: LoadedProgram, threads: int, opset: int) -> None:
+        self.loaded = loaded
+        self.threads = threads
+        self.opset = opset
+        self.costs: dict[tuple[Shape, ...], RunCost] = {}
+        self._output_names = [name for name, _, _ in loaded.output_slots]
+        self._sessions: dict[tuple[str, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, loaded: LoadedProgram, threads: int, opset: int | None) -> FastProgram | None:
+        """The fast form of `loaded`, or None when it runs on the reference kernels."""
+        if not _shapes_follow_input_shapes(loaded.program.instructions, loaded.program.weights):
+            return None
+        return cls(loaded, threads, opset or DEFAULT_OPSET)
+
+    def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+        """Run on onnxruntime into `outputs`; False (nothing written) when this program's
+        inputs of these dtypes have no session."""
+        feeds = {name: np.asarray(inputs[name]) for name, _ in self.loaded.input_slots}
+        session = self._session(tuple(a.dtype.str for a in feeds.values()), feeds)
+        if session is None:
+            return False
+        try:
+            values = session.run(self._output_names, feeds)
+        except Exception as exc:  # onnxruntime's own exception types
+            raise KernelError(f"fast engine: {exc}") from None
+        for (name, _, _), value in zip(self.loaded.output_slots, values, strict=True):
+            _store(name, value, outputs[name])
+        return True
+
+    def _session(self, key: tuple[str, ...], feeds: Mapping[str, np.ndarray]) -> Any:
+        with self._lock:
+            if key not in self._sessions:
+                self._sessions[key] = self._build(feeds)
+            return self._sessions[key]
+
+    def _build(self, feeds: Mapping[str, np.ndarray]) -> Any:
+        import onnxruntime as ort
+
+        try:
+            model = to_onnx(self.loaded, feeds, self.opset)
+        except (KeyError, TypeError, ValueError):
+            return None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        # No spinning after a run: other NCs and the request handlers need the cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 4
+        try:
+            session = ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception:  # onnxruntime refuses the graph: the reference kernels run it
+            return None
+        return session
+
+
+def _store(name: str, value: np.ndarray, target: Any) -> None:
+    if isinstance(target, DynamicBuffer):
+        target.accept(value)
+        return
+    if target.shape != value.shape:
+        raise KernelError(
+            f"output {name!r} has shape {value.shape}, the array given for it {target.shape}"
+        )
+    np.copyto(target, value)
+
+
+# --- which programs ---------------------------------------------------------------------
+# For each value-shaped op, the inputs whose values decide its output shape.
+_SHAPE_INPUTS: Mapping[str, slice] = {"Range": slice(0, None), "ConstantOfShape": slice(0, None)}
+
+
+def _shapes_follow_input_shapes(instructions: Sequence[Instr], weights: Mapping[str, Any]) -> bool:
+    """Whether every tensor's shape follows from the program's input shapes: each value
+    that shapes an output (a Reshape's shape, a Slice's bounds...) is a constant, or is
+    computed from constants and input shapes only."""
+    known = set(weights) | {""}  # tensors whose values follow from the input shapes
+    for raw in instructions:
+        instr = Instr(*raw)
+        if instr.op in RANDOM_OPS or instr.op in DATA_SHAPED_OPS:
+            return False
+        if instr.op in VALUE_SHAPED_OPS:
+            deciding = instr.inputs[_SHAPE_INPUTS.get(instr.op, slice(1, None))]
+            if not all(name in known for name in deciding):
+                return False
+        if instr.op == "Shape" or all(name in known for name in instr.inputs):
+            known.update(instr.outputs)
+    return True
+
+
+# --- the ONNX graph of a program ----------------------------------------------------------
+def to_onnx(loaded: LoadedProgram, feeds: Mapping[str, np.ndarray], opset: int) -> Any:
+    """The program as an ONNX model: instructions as nodes (the NC's own fused ones as
+    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks of
+    `feeds`."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    program = loaded.program
+    weights = {name: np.asarray(value) for name, value in program.weights.items()}
+    nodes: list[Any] = []
+    extra: dict[str, np.ndarray] = {}
+    for index, raw in enumerate(program.instructions):
+        instr = Instr(*raw)
+        ins, outs = list(instr.inputs), list(instr.outputs)
+        attrs = dict(instr.attrs or {})
+        if instr.op == "MatMulBias":
+            product = f"{outs[0]}/matmul{index}"
+            nodes.append(helper.make_node("MatMul", ins[:2], [product]))
+            nodes.append(helper.make_node("Add", [product, ins[2]], outs))
+        elif instr.op == "WinogradConv":
+            weight = f"{ins[1]}/conv{index}"
+            extra[weight] = _winograd_inverse(weights[ins[1]])
+            nodes.append(
+                helper.make_node(
+                    "Conv", [ins[0], weight, *ins[2:]], outs, kernel_shape=[3, 3], **attrs
+                )
+            )
+        elif instr.op == "Gelu":
+            nodes.append(helper.make_node("Gelu", ins, outs, domain="com.microsoft"))
+        else:
+            schema = onnx.defs.get_schema(instr.op, opset, "")
+            typed = {name: _attr(schema, name, value) for name, value in attrs.items()}
+            nodes.append(helper.make_node(instr.op, ins, outs, **typed))
+    used = {name for node in nodes for name in node.input}
+    initializers = [
+        numpy_helper.from_array(np.asarray(value, order="C"), name)
+        for name, value in {**weights, **extra}.items()
+        if name in used
+    ]
+    inputs = [
+        helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(array.dtype), [None] * array.ndim
+        )
+        for name, array in feeds.items()
+    ]
+    outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
+    graph = helper.make_graph(nodes, "nc_program", inputs, outputs, initializers)
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    return model
+
+
+def _attr(schema: Any, name: str, value: Any) -> Any:
+    """An instruction attribute as the type the op's schema gives it."""
+    from onnx import defs, numpy_helper
+
+    kind = schema.attributes[name].type
+    types = defs.OpSchema.AttrType
+    if kind == types.FLOAT:
+        return float(value)
+    if kind == types.INT:
+        return int(value)
+    if kind == types.FLOATS:
+        return [float(v) for v in value]
+    if kind == types.INTS:
+        return [int(v) for v in value]
+    if kind == types.TENSOR:
+        return numpy_helper.from_array(tensor_attr(value))
+    return value
+
+
+def _winograd_inverse(u: np.ndarray) -> np.ndarray:
+    """The Conv weight W (Cout, Cin, 3, 3) of WinogradConv weights U (16, Cout, Cin)."""
+    tiles = np.asarray(u, dtype=np.float64).reshape(4, 4, *u.shape[1:])
+    w = np.einsum("ia,aboc,jb->ocij", _L, tiles, _L)
+    return np.asarray(w, dtype=np.float32, order="C")
