@@ -170,8 +170,10 @@ def to_onnx(loaded: LoadedProgram, feeds: Mapping[str, np.ndarray], opset: int) 
                     "Conv", [ins[0], weight, *ins[2:]], outs, kernel_shape=[3, 3], **attrs
                 )
             )
-        elif instr.op == "Gelu":
-            nodes.append(helper.make_node("Gelu", ins, outs, domain="com.microsoft"))
+        elif instr.op == "Gelu" and opset < 20:  # the compiler's fused GELU: exact (erf)
+            tanh = attrs.get("approximate", "none") == "tanh"
+            op = "FastGelu" if tanh else "Gelu"
+            nodes.append(helper.make_node(op, ins, outs, domain="com.microsoft"))
         else:
             schema = onnx.defs.get_schema(instr.op, opset, "")
             typed = {name: _attr(schema, name, value) for name, value in attrs.items()}

@@ -47,7 +47,15 @@ def named(*names: str) -> list[Any]:
     return [by_name[name] for name in names]
 
 
-def test_claimed_ops_pass(runtime: LocalRuntime) -> None:
+@pytest.fixture(scope="module", params=["reference", "fast"])
+def engine_runtime(request: pytest.FixtureRequest) -> Iterator[LocalRuntime]:
+    with LocalRuntime(engine=request.param) as rt:
+        yield rt
+
+
+def test_claimed_ops_pass(engine_runtime: LocalRuntime) -> None:
+    """On either NC engine."""
+    runtime = engine_runtime
     cases = select_cases(all_cases(), CLAIMED)
     assert len(cases) > 30
     results = run_cases(cases, runtime)

@@ -1,0 +1,121 @@
+"""The NC's two engines: the reference numpy kernels and the fast one (onnxruntime per NC
+program) give the same outputs within fp32 rounding and the very same counters, on the
+three model families; the fast engine really runs them, and keeps to the reference
+kernels where it must."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import driver_sim
+from driver_sim.fast import FastProgram
+from neuron_rtd import models
+from neuron_rtd.compiler import compile_model
+from neuron_rtd.neff import Stage, read_neff
+from neuron_rtd.runtime import LocalRuntime, NcCounters
+
+COUNTED = [
+    "pe_num_executed_instr",
+    "pe_matmul_num_executed_instr",
+    "pool_num_executed_instr",
+    "act_num_executed_instr",
+    "sb_rmw_count",
+    "macs_count",
+]
+SHAPES: dict[str, dict[str, int]] = {"resnet": {"N": 2}, "bert": {"B": 1, "S": 16}, "ssd": {}}
+
+
+def compiled(family: str) -> tuple[bytes, dict[str, np.ndarray]]:
+    onnx_model = models.MODELS[family](**models.SMALL[family], seed=7)
+    dims = SHAPES[family]
+    shapes = {
+        i.name: [dims.get(d.dim_param, d.dim_value) for d in i.type.tensor_type.shape.dim]
+        for i in onnx_model.graph.input
+    }
+    neff = compile_model(onnx_model, input_shapes=shapes).neff
+    return neff, models.random_inputs(onnx_model, seed=8, **dims)
+
+
+def counted(counters: NcCounters) -> dict[str, int]:
+    """The counters a run adds from its program (busy time and idle cycles are the
+    host's)."""
+    return {name: getattr(counters, name) for name in COUNTED}
+
+
+def run(engine: str, neff: bytes, feeds: dict[str, np.ndarray]) -> tuple[Any, list[Any]]:
+    with LocalRuntime("inf1.xlarge", engine=engine) as rt:
+        model = rt.load(neff)
+        outputs = [rt.infer(model, feeds) for _ in range(3)]
+        counters = [counted(rt.runtime.nc_counters(vnc)) for vnc in range(4)]
+    for later in outputs[1:]:  # every run of an engine gives the same bits
+        for name, value in later.items():
+            np.testing.assert_array_equal(value, outputs[0][name])
+    return outputs[0], counters
+
+
+@pytest.mark.parametrize("family", ["resnet", "bert", "ssd"])
+def test_engines_agree_on_outputs_and_counters(family: str) -> None:
+    neff, feeds = compiled(family)
+    reference, ref_counters = run("reference", neff, feeds)
+    fast, fast_counters = run("fast", neff, feeds)
+    assert fast_counters == ref_counters
+    assert sum(c["macs_count"] for c in ref_counters) > 0
+    for name, want in reference.items():
+        got = fast[name]
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def stages(neff: bytes) -> Iterator[Stage]:
+    for node in read_neff(neff).nodes:
+        if node.kind == "neuron":
+            yield from node.stages
+
+
+def nc_program(stage: Stage) -> driver_sim.NcProgram:
+    return driver_sim.NcProgram(
+        [driver_sim.Instr(i.op, i.inputs, i.outputs, i.attrs) for i in stage.instructions],
+        dict(stage.weights),
+        list(stage.inputs),
+        list(stage.outputs),
+        opset=stage.opset,
+    )
+
+
+@pytest.mark.parametrize("family", ["resnet", "bert"])
+def test_the_fast_engine_takes_whole_programs(family: str) -> None:
+    """Every NC program of these families runs on onnxruntime (none is left to the
+    reference kernels), its fused instructions mapped to ONNX ops."""
+    neff, feeds = compiled(family)
+    tensors = read_neff(neff).tensors
+    (stage,) = stages(neff)  # one NC, fed by the model's inputs
+    loaded = driver_sim.load_program("test", nc_program(stage))
+    assert loaded.program.opset == 17
+    fast = FastProgram.of(loaded, threads=1, opset=loaded.program.opset)
+    assert fast is not None
+    outputs = {name: np.empty(tensors[name].shape, tensors[name].dtype) for name in stage.outputs}
+    assert fast.run({name: feeds[name] for name in stage.inputs}, outputs)
+    want = {name: np.empty_like(value) for name, value in outputs.items()}
+    driver_sim.execute_program(loaded, {name: feeds[name] for name in stage.inputs}, want)
+    for name, value in outputs.items():
+        np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_programs_whose_shapes_follow_computed_values_stay_on_the_reference_kernels() -> None:
+    def program(*instructions: driver_sim.Instr) -> Any:
+        return driver_sim.load_program(
+            "test", driver_sim.NcProgram(list(instructions), {}, ["x"], ["y"])
+        )
+
+    shaped_by_input = program(driver_sim.Instr("Reshape", ("x", "x"), ("y",)))
+    random = program(driver_sim.Instr("RandomUniformLike", ("x",), ("y",)))
+    shaped_by_shape = program(
+        driver_sim.Instr("Shape", ("x",), ("s",)), driver_sim.Instr("Reshape", ("x", "s"), ("y",))
+    )
+    assert FastProgram.of(shaped_by_input, 1, None) is None
+    assert FastProgram.of(random, 1, None) is None
+    assert FastProgram.of(shaped_by_shape, 1, None) is not None
