@@ -59,6 +59,12 @@ def run_ends() -> None:
             _set(max(1, _most // _active))
 
 
+def share(cores: int) -> int:
+    """`cores` divided among the NC runs in progress (at least 1): what one run may use."""
+    with _lock:
+        return max(1, cores // max(1, _active))
+
+
 def threads() -> int:
     """The BLAS thread count now (for tests and tools)."""
     return _current

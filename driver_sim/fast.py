@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from driver_sim import blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import DynamicBuffer
 from driver_sim.ops.registry import tensor_attr
@@ -55,7 +56,7 @@ class FastProgram:
         self.opset = opset
         self.costs: dict[tuple[Shape, ...], RunCost] = {}
         self._output_names = [name for name, _, _ in loaded.output_slots]
-        self._sessions: dict[tuple[str, ...], Any] = {}
+        self._sessions: dict[tuple[tuple[str, ...], int], Any] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -67,26 +68,36 @@ class FastProgram:
 
     def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
         """Run on onnxruntime into `outputs`; False (nothing written) when this program's
-        inputs of these dtypes have no session."""
+        inputs of these dtypes have no session. The engine's threads are shared by the
+        NC runs in progress (`blas.share`): a run alone uses them all, runs side by side
+        one part each (a session per thread count, made when first needed)."""
         feeds = {name: np.asarray(inputs[name]) for name, _ in self.loaded.input_slots}
-        session = self._session(tuple(a.dtype.str for a in feeds.values()), feeds)
-        if session is None:
-            return False
+        blas.run_starts()
         try:
-            values = session.run(self._output_names, feeds)
-        except Exception as exc:  # onnxruntime's own exception types
-            raise KernelError(f"fast engine: {exc}") from None
+            threads = blas.share(self.threads)
+            session = self._session(tuple(a.dtype.str for a in feeds.values()), threads, feeds)
+            if session is None:
+                return False
+            try:
+                values = session.run(self._output_names, feeds)
+            except Exception as exc:  # onnxruntime's own exception types
+                raise KernelError(f"fast engine: {exc}") from None
+        finally:
+            blas.run_ends()
         for (name, _, _), value in zip(self.loaded.output_slots, values, strict=True):
             _store(name, value, outputs[name])
         return True
 
-    def _session(self, key: tuple[str, ...], feeds: Mapping[str, np.ndarray]) -> Any:
+    def _session(
+        self, dtypes: tuple[str, ...], threads: int, feeds: Mapping[str, np.ndarray]
+    ) -> Any:
         with self._lock:
+            key = (dtypes, threads)
             if key not in self._sessions:
-                self._sessions[key] = self._build(feeds)
+                self._sessions[key] = self._build(feeds, threads)
             return self._sessions[key]
 
-    def _build(self, feeds: Mapping[str, np.ndarray]) -> Any:
+    def _build(self, feeds: Mapping[str, np.ndarray], threads: int) -> Any:
         import onnxruntime as ort
 
         try:
@@ -94,7 +105,7 @@ class FastProgram:
         except (KeyError, TypeError, ValueError):
             return None
         options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # No spinning after a run: other NCs and the request handlers need the cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
