@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from driver_sim import blas
+from driver_sim import autocast, blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import DynamicBuffer
 from driver_sim.ops.registry import tensor_attr
@@ -157,30 +157,92 @@ def _shapes_follow_input_shapes(instructions: Sequence[Instr], weights: Mapping[
 def to_onnx(loaded: LoadedProgram, feeds: Mapping[str, np.ndarray], opset: int) -> Any:
     """The program as an ONNX model: instructions as nodes (the NC's own fused ones as
     their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks of
-    `feeds`."""
-    import onnx
+    `feeds`. Under auto-cast, the fp32 inputs of the ops cast go through a round trip
+    to the 16-bit type (Cast, Cast back), as the reference kernels round them."""
     from onnx import helper, numpy_helper
 
     program = loaded.program
     weights = {name: np.asarray(value) for name, value in program.weights.items()}
+    inputs = [
+        helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(array.dtype), [None] * array.ndim
+        )
+        for name, array in feeds.items()
+    ]
+    outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+
+    def model(nodes: list[Any], extra: Mapping[str, np.ndarray]) -> Any:
+        used = {name for node in nodes for name in node.input}
+        initializers = [
+            numpy_helper.from_array(np.asarray(value, order="C"), name)
+            for name, value in {**weights, **extra}.items()
+            if name in used
+        ]
+        graph = helper.make_graph(nodes, "nc_program", inputs, outputs, initializers)
+        made = helper.make_model(graph, opset_imports=opsets)
+        made.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+        return made
+
+    nodes, extra = _nodes(program, weights, opset, None)
+    if program.auto_cast == "none":
+        return model(nodes, extra)
+    floats = _fp32_tensors(model(nodes, extra))
+    nodes, extra = _nodes(program, weights, opset, _Rounding(floats, program.auto_cast_type))
+    return model(nodes, extra)
+
+
+class _Rounding:
+    """The rounded twin of each fp32 tensor an auto-cast op reads, made once."""
+
+    def __init__(self, floats: set[str], type_name: str) -> None:
+        self.floats = floats
+        self.narrow = {"bf16": 16, "fp16": 10}[type_name]  # TensorProto BFLOAT16, FLOAT16
+        self.made: dict[str, str] = {}
+        self.nodes: list[Any] = []
+
+    def __call__(self, name: str) -> str:
+        from onnx import helper
+
+        if name not in self.floats:
+            return name
+        if name not in self.made:
+            narrow, back = f"{name}/narrow", f"{name}/rounded"
+            self.nodes.append(helper.make_node("Cast", [name], [narrow], to=self.narrow))
+            self.nodes.append(helper.make_node("Cast", [narrow], [back], to=1))  # FLOAT
+            self.made[name] = back
+        return self.made[name]
+
+
+def _nodes(
+    program: Any, weights: Mapping[str, np.ndarray], opset: int, rounding: _Rounding | None
+) -> tuple[list[Any], dict[str, np.ndarray]]:
+    import onnx
+    from onnx import helper
+
     nodes: list[Any] = []
     extra: dict[str, np.ndarray] = {}
     for index, raw in enumerate(program.instructions):
         instr = Instr(*raw)
         ins, outs = list(instr.inputs), list(instr.outputs)
+        if rounding is not None and autocast.casts(instr.op, program.auto_cast):
+            before = len(rounding.nodes)
+            ins = [rounding(name) for name in ins]
+            nodes.extend(rounding.nodes[before:])
         attrs = dict(instr.attrs or {})
         if instr.op == "MatMulBias":
             product = f"{outs[0]}/matmul{index}"
             nodes.append(helper.make_node("MatMul", ins[:2], [product]))
             nodes.append(helper.make_node("Add", [product, ins[2]], outs))
         elif instr.op == "WinogradConv":
-            weight = f"{ins[1]}/conv{index}"
-            extra[weight] = _winograd_inverse(weights[ins[1]])
-            nodes.append(
-                helper.make_node(
-                    "Conv", [ins[0], weight, *ins[2:]], outs, kernel_shape=[3, 3], **attrs
-                )
-            )
+            weight = f"{instr.inputs[1]}/conv{index}"
+            extra[weight] = _winograd_inverse(weights[instr.inputs[1]])
+            if rounding is not None and autocast.casts(instr.op, program.auto_cast):
+                before = len(rounding.nodes)
+                weight = rounding(weight)
+                nodes.extend(rounding.nodes[before:])
+            conv_ins = [ins[0], weight, *ins[2:]]
+            nodes.append(helper.make_node("Conv", conv_ins, outs, kernel_shape=[3, 3], **attrs))
         elif instr.op == "Gelu" and opset < 20:  # the compiler's fused GELU: exact (erf)
             tanh = attrs.get("approximate", "none") == "tanh"
             op = "FastGelu" if tanh else "Gelu"
@@ -189,24 +251,27 @@ def to_onnx(loaded: LoadedProgram, feeds: Mapping[str, np.ndarray], opset: int) 
             schema = onnx.defs.get_schema(instr.op, opset, "")
             typed = {name: _attr(schema, name, value) for name, value in attrs.items()}
             nodes.append(helper.make_node(instr.op, ins, outs, **typed))
-    used = {name for node in nodes for name in node.input}
-    initializers = [
-        numpy_helper.from_array(np.asarray(value, order="C"), name)
-        for name, value in {**weights, **extra}.items()
-        if name in used
-    ]
-    inputs = [
-        helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(array.dtype), [None] * array.ndim
-        )
-        for name, array in feeds.items()
-    ]
-    outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
-    graph = helper.make_graph(nodes, "nc_program", inputs, outputs, initializers)
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
-    return model
+    return nodes, extra
+
+
+def _fp32_tensors(model: Any) -> set[str]:
+    """The names of the model's fp32 tensors, by ONNX type inference (the contrib GELU
+    keeps its input's type)."""
+    import onnx
+
+    typing = onnx.ModelProto()
+    typing.CopyFrom(model)
+    for node in typing.graph.node:
+        if node.domain == "com.microsoft":
+            node.op_type, node.domain = "Identity", ""
+    inferred = onnx.shape_inference.infer_shapes(typing)
+    graph = inferred.graph
+    fp32 = onnx.TensorProto.FLOAT
+    floats = {t.name for t in graph.initializer if t.data_type == fp32}
+    for value in [*graph.input, *graph.value_info]:
+        if value.type.tensor_type.elem_type == fp32:
+            floats.add(value.name)
+    return floats
 
 
 def _attr(schema: Any, name: str, value: Any) -> Any:

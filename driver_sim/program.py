@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from driver_sim import autocast
 from driver_sim.cost import Engine, engine_cycles
 from driver_sim.errors import KernelError
 from driver_sim.ops import KERNELS, ComputeFn, Kernel, Shape
@@ -69,6 +70,8 @@ class NcProgram:
     inputs: Sequence[str]
     outputs: Sequence[str]
     opset: int | None = None  # the ONNX opset its ops' attributes follow (None: unknown)
+    auto_cast: str = "none"  # fp32 ops computed in `auto_cast_type`: none, matmult, all
+    auto_cast_type: str = "bf16"  # bf16 or fp16, accumulating in fp32
 
 
 class Step(NamedTuple):
@@ -214,6 +217,7 @@ def _check_instr(index: int, instr: Instr) -> tuple[Kernel, dict[str, Any]]:
 
 def load_program(owner: object, program: NcProgram) -> LoadedProgram:
     """Validate `program` and resolve it for `owner`; KernelError says what is wrong."""
+    autocast.check(program.auto_cast, program.auto_cast_type)
     resolver = _Resolver()
     template: list[Any] = [None]
     weights = {name: np.asarray(value) for name, value in program.weights.items()}
@@ -231,7 +235,10 @@ def load_program(owner: object, program: NcProgram) -> LoadedProgram:
         ins = tuple(resolver.use(name, index, instr.op) for name in instr.inputs)
         outs = tuple(_define_output(resolver, name, index, instr.op) for name in instr.outputs)
         template.extend([None] * len(outs))
-        steps.append(Step(kern.bind(values), ins, outs, kern.multi_output))
+        fn = kern.bind(values)
+        if autocast.casts(instr.op, program.auto_cast):
+            fn = autocast.rounding(fn, program.auto_cast_type)
+        steps.append(Step(fn, ins, outs, kern.multi_output))
         kernels.append(kern)
         attrs.append(values)
     output_slots = tuple(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from neuron_rtd.compiler.compile import bucket_ranges, compile_model
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import write_neff
+from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 
 def _shape(text: str) -> tuple[str, list[int]]:
@@ -85,6 +86,19 @@ def parser() -> argparse.ArgumentParser:
         metavar="SYMBOL=LOW:HIGH[:SCHEME]",
         help="buckets for a symbolic input dimension, e.g. S=1:128:16,32,64,128",
     )
+    cmd.add_argument(
+        "--auto-cast",
+        choices=AUTO_CAST_MODES,
+        default="none",
+        help="fp32 ops the NCs compute in --auto-cast-type, accumulating in fp32: none (fp32, "
+        "exact), matmult (matrix multiplies and convolutions), all (default none)",
+    )
+    cmd.add_argument(
+        "--auto-cast-type",
+        choices=AUTO_CAST_TYPES,
+        default="bf16",
+        help="the 16-bit type of --auto-cast (default bf16)",
+    )
     cmd.add_argument("--name", help="the model name in the NEFF (default: the ONNX graph name)")
     cmd.add_argument("--gzip", action="store_true", help="compress the NEFF archive")
     cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary")
@@ -104,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else bucket_ranges(*args.dynamic_batch),
             name=args.name,
             gzip=args.gzip,
+            auto_cast=args.auto_cast,
+            auto_cast_type=args.auto_cast_type,
         )
     except CompileError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)

@@ -40,6 +40,7 @@ from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder
 from neuron_rtd.neff.header import parse_header
+from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
 
@@ -101,12 +102,20 @@ def compile_model(
     dynamic_batch: Sequence[Range] | None = None,
     name: str | None = None,
     gzip: bool = False,
+    auto_cast: str = "none",
+    auto_cast_type: str = "bf16",
 ) -> CompileResult:
     """Compile an ONNX model to NEFF bytes. `dynamic` maps a symbolic input dimension
     (its dim_param) to its bucket ranges; `dynamic_batch` does so for axis 0 of every
     input. CompileError names what cannot be compiled."""
     if num_neuroncores < 1:
         raise CompileError(f"--num-neuroncores must be at least 1, got {num_neuroncores}")
+    if auto_cast not in AUTO_CAST_MODES or auto_cast_type not in AUTO_CAST_TYPES:
+        raise CompileError(
+            f"--auto-cast must be one of {', '.join(AUTO_CAST_MODES)} and --auto-cast-type one "
+            f"of {', '.join(AUTO_CAST_TYPES)}, got {auto_cast} and {auto_cast_type}"
+        )
+    cast = (auto_cast, auto_cast_type)
     model = load_model(source)
     check_model(model)
     axes = _input_axes(model, dict(input_shapes or {}), dynamic_batch is not None)
@@ -132,11 +141,11 @@ def compile_model(
     summary = Summary(model_name)
     try:
         if not symbols:
-            graph = _graph_for(model, axes, {})
+            graph = _graph_for(model, axes, {}, cast)
             emitted = _emit(graph, builder, num_neuroncores, "")
             summary.add(None, emitted)
         else:
-            _compile_buckets(model, axes, symbols, ranges, builder, summary, num_neuroncores)
+            _compile_buckets(model, axes, symbols, ranges, builder, summary, num_neuroncores, cast)
         neff = builder.build(gzip=gzip, shared_weights=True)
     except NrtError as exc:  # the NEFF the builder made does not read back
         raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
@@ -215,10 +224,15 @@ def _input_axes(
 
 
 def _graph_for(
-    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]], sizes: Mapping[str, int]
+    model: onnx.ModelProto,
+    axes: Mapping[str, tuple[Dim, ...]],
+    sizes: Mapping[str, int],
+    cast: tuple[str, str],
 ) -> Graph:
     shapes = {name: [_size(d, sizes) for d in dims] for name, dims in axes.items()}
-    return build_graph(with_input_shapes(model, shapes))
+    graph = build_graph(with_input_shapes(model, shapes))
+    graph.auto_cast = cast
+    return graph
 
 
 def _size(dim: Dim, sizes: Mapping[str, int]) -> int:
@@ -279,6 +293,7 @@ def _compile_buckets(
     builder: NeffBuilder,
     summary: Summary,
     num_nc: int,
+    cast: tuple[str, str],
 ) -> None:
     combos = list(itertools.product(*(ranges[s] for s in symbols)))
     if len(combos) > 64:
@@ -290,7 +305,7 @@ def _compile_buckets(
         label = ",".join(f"{s}={lo}..{hi}" for s, (lo, hi) in bounds.items())
         bucket = builder.add_bucket(label, bounds)
         sizes = {s: hi for s, (_, hi) in bounds.items()}
-        graph = _graph_for(model, axes, sizes)
+        graph = _graph_for(model, axes, sizes, cast)
         emitted = _emit(graph, bucket, num_nc, f"b{index}.")
         summary.add(label, emitted)
         results.append((sizes, emitted))

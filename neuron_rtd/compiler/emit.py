@@ -203,6 +203,8 @@ class Emitter:
             inputs=inputs,
             outputs=outputs,
             opset=self.graph.opset,
+            auto_cast=self.graph.auto_cast[0],
+            auto_cast_type=self.graph.auto_cast[1],
         )
 
     def _macs(self, node: onnx.NodeProto) -> int:

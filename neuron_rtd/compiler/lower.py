@@ -22,7 +22,8 @@ from neuron_rtd.compiler.onnx_graph import Graph
 
 def lower(node: onnx.NodeProto, graph: Graph) -> tuple[driver_sim.Instr, dict[str, np.ndarray]]:
     """The NC instruction for `node`, and any weights it needs that the graph lacks."""
-    if node.op_type == "Conv" and node.domain in ("", "ai.onnx"):
+    # Under auto-cast the Conv stays a Conv: its 16-bit inputs are its own weights.
+    if node.op_type == "Conv" and node.domain in ("", "ai.onnx") and graph.auto_cast[0] == "none":
         lowered = _winograd(node, graph)
         if lowered is not None:
             return lowered

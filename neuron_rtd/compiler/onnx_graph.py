@@ -50,6 +50,7 @@ class Graph:
     types: dict[str, TensorType]
     inputs: list[str]
     outputs: list[str]
+    auto_cast: tuple[str, str] = ("none", "bf16")  # mode and type (neff.program.AUTO_CAST_*)
 
     @property
     def opset(self) -> int:

@@ -56,6 +56,8 @@ class StageSpec:
     inputs: Sequence[str] | None = None
     outputs: Sequence[str] | None = None
     opset: int | None = None  # the ONNX opset of its ops' attributes, when known
+    auto_cast: str = "none"  # none, matmult or all (see neff.program.AUTO_CAST_MODES)
+    auto_cast_type: str = "bf16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +319,9 @@ def _stage_files(
     }
     if stage.opset is not None:
         program["opset"] = stage.opset
+    if stage.auto_cast != "none":
+        program["auto_cast"] = stage.auto_cast
+        program["auto_cast_type"] = stage.auto_cast_type
     return _dump(program, f"{where} program"), blob
 
 

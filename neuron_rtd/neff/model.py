@@ -96,6 +96,8 @@ class Stage:
     instructions: tuple[Instruction, ...]
     weights: Mapping[str, np.ndarray]
     opset: int | None = None  # the ONNX opset its ops' attributes follow (None: not said)
+    auto_cast: str = "none"  # which fp32 ops compute in `auto_cast_type`: none, matmult, all
+    auto_cast_type: str = "bf16"  # bf16 or fp16 (fp32 accumulation either way)
 
     @property
     def weight_bytes(self) -> int:
@@ -109,6 +111,7 @@ class Stage:
             and self.outputs == other.outputs
             and self.instructions == other.instructions
             and self.opset == other.opset
+            and (self.auto_cast, self.auto_cast_type) == (other.auto_cast, other.auto_cast_type)
             and _same_weights(self.weights, other.weights)
         )
 

@@ -17,6 +17,10 @@ from neuron_rtd.neff import jsonfields as jf
 from neuron_rtd.neff.model import Instruction, Stage
 
 WEIGHT_ALIGNMENT = 64
+# Auto-cast, as the field's compiler names it: which fp32 ops compute in a 16-bit type
+# (matrix multiplies only, or all), and the type.
+AUTO_CAST_MODES = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16")
 
 
 def parse_stage(doc: object, blob: memoryview, where: str) -> Stage:
@@ -29,9 +33,20 @@ def parse_stage(doc: object, blob: memoryview, where: str) -> Stage:
         instructions=_instructions(jf.get(obj, "instructions", where), where),
         weights=_weights(jf.get(obj, "weights", where), blob, where),
         opset=_opset(obj.get("opset"), where),
+        auto_cast=_choice(obj.get("auto_cast", "none"), AUTO_CAST_MODES, f"{where} auto_cast"),
+        auto_cast_type=_choice(
+            obj.get("auto_cast_type", "bf16"), AUTO_CAST_TYPES, f"{where} auto_cast_type"
+        ),
     )
     _check_dataflow(stage, where)
     return stage
+
+
+def _choice(value: object, allowed: tuple[str, ...], where: str) -> str:
+    text = jf.as_str(value, where)
+    if text not in allowed:
+        raise NeffInvalid(f"{where}: {text!r} is not one of {', '.join(allowed)}")
+    return text
 
 
 def _opset(value: object, where: str) -> int | None:

@@ -186,6 +186,8 @@ def _nc_program(program: Stage) -> driver_sim.NcProgram:
         inputs=list(program.inputs),
         outputs=list(program.outputs),
         opset=program.opset,
+        auto_cast=program.auto_cast,
+        auto_cast_type=program.auto_cast_type,
     )
 
 

@@ -36,7 +36,12 @@ from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
 from neuron_rtd.tools.validate.inputs import input_shapes, npz_inputs, random_inputs
-from neuron_rtd.tools.validate.metrics import DEFAULT_MIN_COSINE, Thresholds, compare
+from neuron_rtd.tools.validate.metrics import (
+    AUTO_CAST_MIN_COSINE,
+    DEFAULT_MIN_COSINE,
+    Thresholds,
+    compare,
+)
 from neuron_rtd.tools.validate.report import iter_input_lines, render_text
 
 PROG = "neuron-cli validate"
@@ -105,10 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-cosine",
         type=float,
-        default=DEFAULT_MIN_COSINE,
         metavar="C",
         help="least cosine similarity (exact-match fraction for integer/bool outputs) "
-        f"(default {DEFAULT_MIN_COSINE})",
+        f"(default {DEFAULT_MIN_COSINE}; {AUTO_CAST_MIN_COSINE} for a NEFF compiled with "
+        "--auto-cast)",
     )
     parser.add_argument(
         "--min-sqnr", type=float, metavar="DB", help="least SQNR in dB of float outputs"
@@ -127,6 +132,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- running -------------------------------------------------------------------------
+
+
+def auto_casts(neff: Neff) -> list[tuple[str, str]]:
+    """The auto-cast modes and types the NEFF's stages compute with (none: fp32)."""
+    found = {
+        (stage.auto_cast, stage.auto_cast_type)
+        for node in neff.nodes
+        for stage in node.stages
+        if stage.auto_cast != "none"
+    }
+    return sorted(found)
 
 
 def read_neff_or_fail(path: str) -> Neff:
@@ -254,11 +270,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    thresholds = Thresholds(
-        min_cosine=args.min_cosine, min_sqnr_db=args.min_sqnr, max_abs_error=args.max_abs_error
-    )
     address = args.address or default_address()
     neff = read_neff_or_fail(args.neff)
+    casts = auto_casts(neff)
+    default_cosine = AUTO_CAST_MIN_COSINE if casts else DEFAULT_MIN_COSINE
+    thresholds = Thresholds(
+        min_cosine=default_cosine if args.min_cosine is None else args.min_cosine,
+        min_sqnr_db=args.min_sqnr,
+        max_abs_error=args.max_abs_error,
+    )
     session = onnx_session(args.onnx)
 
     onnx_inputs = [arg.name for arg in session.get_inputs()]
@@ -306,6 +326,7 @@ def _run(args: argparse.Namespace) -> int:
                 },
             },
             "thresholds": dataclasses.asdict(thresholds),
+            "auto_cast": [{"mode": mode, "type": kind} for mode, kind in casts],
             "error": result.error,
             "outputs": [r.to_json() for r in reports],
             "passed": passed,
@@ -313,6 +334,11 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(f"validate {args.onnx} (onnxruntime) against {args.neff} (daemon at {address})")
+        for mode, kind in casts:
+            print(
+                f"auto-cast: the NEFF computes {'every op' if mode == 'all' else 'matmults'} "
+                f"with {kind} inputs (fp32 accumulation): below, its accuracy against fp32"
+            )
         lines = list(iter_input_lines(inputs, source))
         print(render_text(reports, thresholds, lines, result.error))
     return 0 if passed else 1
