@@ -87,7 +87,8 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
     print(f"model id {model.id}; NCGs now: {client.list_ncgs()}")
 
     section("Inference on 1 and on 3 images, checked against onnxruntime")
-    session = onnxrt.session(onnx_model)
+    # no spinning between calls: its idle threads would take the cores from the daemon
+    session = onnxrt.session(onnx_model, spinning=False)
     images = random_inputs(onnx_model, seed=1, N=3)["input"]
     want = session.run(["probs"], {"input": images})[0]
     good = True
