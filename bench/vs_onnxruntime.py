@@ -2,6 +2,7 @@
 on the same machine with the same thread count, side by side in one run.
 
     python bench/vs_onnxruntime.py [--cases resnet-b1,bert-b1,...] [--rounds 5] [--quick]
+                                   [--engine fast|reference]
 
 Per case the ONNX model is compiled to a NEFF (the summary's last line says how many ops
 run on the NC and how many on the CPU) and run three ways:
@@ -22,8 +23,9 @@ Prints per case the p50 latencies, the ratios daemon/onnxruntime and in-process/
 and the aim (ratio <= 1.3x for the MLP and the encoder, <= 2x for the CNN).
 
 The header states the threads: onnxruntime's; the runtime's CPU nodes run on onnxruntime
-with NEURON_RTD_HOST_THREADS (set to `--threads` here and for the daemon); the NC kernels
-run on numpy, whose BLAS keeps its default thread count unless `--blas-threads` is given.
+with NEURON_RTD_HOST_THREADS (set to `--threads` here and for the daemon); the NCs compute
+with `--engine` (fast: an onnxruntime session per NC program; reference: numpy, whose BLAS
+keeps its default thread count unless `--blas-threads` is given).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.neff import read_neff
-from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.runtime import NC_ENGINES, LocalRuntime
 
 Outputs = Mapping[str, np.ndarray]
 SIDES = ("onnxruntime", "in-process", "daemon")
@@ -369,6 +371,12 @@ def main() -> int:
         help="numpy's BLAS threads in the runtime, in-process and daemon (default: leave "
         "OpenBLAS's default)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=NC_ENGINES,
+        default="fast",
+        help="how the runtime's NCs compute, in-process and daemon (default fast)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter rounds")
     args = parser.parse_args()
     if args.rounds is None:
@@ -397,8 +405,8 @@ def main() -> int:
     )
     print(
         f"runtime (in-process and daemon): CPU nodes on onnxruntime with "
-        f"NEURON_RTD_HOST_THREADS={args.threads}; NC kernels on numpy, BLAS threads "
-        f"{blas_threads(args.blas_threads)}; {os.cpu_count()} CPUs"
+        f"NEURON_RTD_HOST_THREADS={args.threads}; NC engine {args.engine} (reference: numpy, "
+        f"BLAS threads {blas_threads(args.blas_threads)}); {os.cpu_count()} CPUs"
     )
     print(f"{args.rounds} rounds per case, ~{args.budget:g} s per side per round", flush=True)
 
@@ -424,12 +432,12 @@ def main() -> int:
         config = work / "neuron-rtd.json"  # the instance type, for the daemon's tree
         config.write_text(json.dumps({"sim": {"instance_type": instance}}))
         daemon_args = ["-c", str(config), "-l", "warning"]
-        env = {"NEURON_RTD_HOST_THREADS": str(args.threads)}
+        env = {"NEURON_RTD_HOST_THREADS": str(args.threads), "NEURON_RTD_NC_ENGINE": args.engine}
         if args.blas_threads is not None:  # read by OpenBLAS as the daemon starts
             env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(args.blas_threads)
         with (
             DaemonProcess(sim_root=work / "sim", args=daemon_args, env=env) as daemon,
-            LocalRuntime(instance, root=work / "local") as rt,
+            LocalRuntime(instance, root=work / "local", engine=args.engine) as rt,
             Client(daemon.address) as client,
         ):
             while prepared:
