@@ -47,8 +47,8 @@ def check_engine(name: str) -> str:
 
 
 class FastProgram:
-    """A loaded program's onnxruntime sessions, one per set of input dtypes, made at the
-    first run that needs them."""
+    """A loaded program's onnxruntime sessions, one per set of input dtypes and thread
+    count, each made at the first run that needs it (None: onnxruntime refused it)."""
 
     def __init__(self, loaded: LoadedProgram, threads: int, opset: int) -> None:
         self.loaded = loaded
