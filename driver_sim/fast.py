@@ -46,9 +46,15 @@ def check_engine(name: str) -> str:
     return name
 
 
+InputTypes = tuple[tuple[str, int], ...]  # per program input: dtype string and rank
+
+
 class FastProgram:
-    """A loaded program's onnxruntime sessions, one per set of input dtypes and thread
-    count, each made at the first run that needs it (None: onnxruntime refused it)."""
+    """A loaded program's onnxruntime sessions: one per input types and thread count.
+    The session of all the engine's threads is made when the program loads (when its
+    input types are declared) or at its first run; a session of fewer threads, for NC
+    runs side by side, is made in the background when first wanted, the full one serving
+    meanwhile, so that no run waits for a session to be built but the very first."""
 
     def __init__(self, loaded: LoadedProgram, threads: int, opset: int) -> None:
         self.loaded = loaded
@@ -56,26 +62,32 @@ class FastProgram:
         self.opset = opset
         self.costs: dict[tuple[Shape, ...], RunCost] = {}
         self._output_names = [name for name, _, _ in loaded.output_slots]
-        self._sessions: dict[tuple[tuple[str, ...], int], Any] = {}
+        self._sessions: dict[tuple[InputTypes, int], Any] = {}  # None: refused
+        self._building: set[tuple[InputTypes, int]] = set()
         self._lock = threading.Lock()
 
     @classmethod
     def of(cls, loaded: LoadedProgram, threads: int, opset: int | None) -> FastProgram | None:
-        """The fast form of `loaded`, or None when it runs on the reference kernels."""
+        """The fast form of `loaded`, or None when it runs on the reference kernels. With
+        its input types declared (`NcProgram.input_types`) its session is made now."""
         if not _shapes_follow_input_shapes(loaded.program.instructions, loaded.program.weights):
             return None
-        return cls(loaded, threads, opset or DEFAULT_OPSET)
+        fast = cls(loaded, threads, opset or DEFAULT_OPSET)
+        declared = loaded.program.input_types
+        if declared is not None:
+            types = tuple((np.dtype(dtype).str, rank) for dtype, rank in declared)
+            fast._sessions[types, threads] = fast._build(types, threads)
+        return fast
 
     def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-        """Run on onnxruntime into `outputs`; False (nothing written) when this program's
-        inputs of these dtypes have no session. The engine's threads are shared by the
-        NC runs in progress (`blas.share`): a run alone uses them all, runs side by side
-        one part each (a session per thread count, made when first needed)."""
+        """Run on onnxruntime into `outputs`; False (nothing written) when onnxruntime
+        refused this program for inputs of these types. The engine's threads are shared
+        by the NC runs in progress (`blas.share`)."""
         feeds = {name: np.asarray(inputs[name]) for name, _ in self.loaded.input_slots}
+        types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
         blas.run_starts()
         try:
-            threads = blas.share(self.threads)
-            session = self._session(tuple(a.dtype.str for a in feeds.values()), threads, feeds)
+            session = self._session(types, blas.share(self.threads))
             if session is None:
                 return False
             try:
@@ -88,20 +100,29 @@ class FastProgram:
             _store(name, value, outputs[name])
         return True
 
-    def _session(
-        self, dtypes: tuple[str, ...], threads: int, feeds: Mapping[str, np.ndarray]
-    ) -> Any:
+    def _session(self, types: InputTypes, threads: int) -> Any:
         with self._lock:
-            key = (dtypes, threads)
-            if key not in self._sessions:
-                self._sessions[key] = self._build(feeds, threads)
-            return self._sessions[key]
+            if (types, threads) in self._sessions:
+                return self._sessions[types, threads]
+            if (types, self.threads) not in self._sessions:  # the first run: made now
+                self._sessions[types, self.threads] = self._build(types, self.threads)
+            if (types, threads) not in self._building:
+                self._building.add((types, threads))
+                threading.Thread(
+                    target=self._build_later, args=(types, threads), daemon=True
+                ).start()
+            return self._sessions[types, self.threads]
 
-    def _build(self, feeds: Mapping[str, np.ndarray], threads: int) -> Any:
+    def _build_later(self, types: InputTypes, threads: int) -> None:
+        session = self._build(types, threads)
+        with self._lock:
+            self._sessions[types, threads] = session
+
+    def _build(self, types: InputTypes, threads: int) -> Any:
         import onnxruntime as ort
 
         try:
-            model = to_onnx(self.loaded, feeds, self.opset)
+            model = to_onnx(self.loaded, types, self.opset)
         except (KeyError, TypeError, ValueError):
             return None
         options = ort.SessionOptions()
@@ -111,12 +132,11 @@ class FastProgram:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 4
         try:
-            session = ort.InferenceSession(
+            return ort.InferenceSession(
                 model.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
         except Exception:  # onnxruntime refuses the graph: the reference kernels run it
             return None
-        return session
 
 
 def _store(name: str, value: np.ndarray, target: Any) -> None:
@@ -154,20 +174,21 @@ def _shapes_follow_input_shapes(instructions: Sequence[Instr], weights: Mapping[
 
 
 # --- the ONNX graph of a program ----------------------------------------------------------
-def to_onnx(loaded: LoadedProgram, feeds: Mapping[str, np.ndarray], opset: int) -> Any:
+def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
     """The program as an ONNX model: instructions as nodes (the NC's own fused ones as
-    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks of
-    `feeds`. Under auto-cast, the fp32 inputs of the ops cast go through a round trip
-    to the 16-bit type (Cast, Cast back), as the reference kernels round them."""
+    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks
+    `types` gives (in the program's input order). Under auto-cast, the fp32 inputs of the
+    ops cast go through a round trip to the 16-bit type (Cast, Cast back), as the
+    reference kernels round them."""
     from onnx import helper, numpy_helper
 
     program = loaded.program
     weights = {name: np.asarray(value) for name, value in program.weights.items()}
     inputs = [
         helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(array.dtype), [None] * array.ndim
+            name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [None] * rank
         )
-        for name, array in feeds.items()
+        for (name, _), (dtype, rank) in zip(loaded.input_slots, types, strict=True)
     ]
     outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
     opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]

@@ -3,10 +3,10 @@ a simulated device and changes what its NCs' run functions do, never the driver 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from neuron_rtd.neff import Stage
+from neuron_rtd.neff import Stage, TensorSpec
 from neuron_rtd.runtime import (
     DeviceApi,
     DeviceSpec,
@@ -24,8 +24,8 @@ class WrappedCore:
     def __init__(self, device: WrappedDevice, core: NeuronCoreApi, index: int) -> None:
         self._device, self._core, self.index = device, core, index
 
-    def load(self, program: Stage) -> RunFn:
-        return self._device.wrap_run(self.index, self._core.load(program))
+    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
+        return self._device.wrap_run(self.index, self._core.load(program, inputs))
 
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)

@@ -23,7 +23,7 @@ import numpy as np
 
 import driver_sim
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
-from neuron_rtd.neff import Stage
+from neuron_rtd.neff import Stage, TensorSpec
 
 # A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.
 RunFn = Callable[[Mapping[str, Any], Mapping[str, Any]], int]
@@ -100,9 +100,9 @@ class EccCounters(Protocol):
 
 
 class NeuronCoreApi(Protocol):
-    def load(self, program: Stage) -> RunFn:
-        """Check `program` (its weights already in this device's DRAM) and prepare it;
-        what runs it on this NC."""
+    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
+        """Check `program` (its weights already in this device's DRAM, `inputs` the specs
+        of its input tensors) and prepare it; what runs it on this NC."""
         ...
 
     def seed(self, seed: int, stream: int) -> None: ...
@@ -176,7 +176,7 @@ SIM_SPEC = DeviceSpec(
 )
 
 
-def _nc_program(program: Stage) -> driver_sim.NcProgram:
+def _nc_program(program: Stage, inputs: Sequence[TensorSpec] | None = None) -> driver_sim.NcProgram:
     return driver_sim.NcProgram(
         instructions=[
             driver_sim.Instr(i.op, tuple(i.inputs), tuple(i.outputs), i.attrs)
@@ -188,6 +188,7 @@ def _nc_program(program: Stage) -> driver_sim.NcProgram:
         opset=program.opset,
         auto_cast=program.auto_cast,
         auto_cast_type=program.auto_cast_type,
+        input_types=None if inputs is None else [(t.dtype, len(t.shape)) for t in inputs],
     )
 
 
@@ -197,8 +198,8 @@ class SimCore:
     def __init__(self, core: driver_sim.NeuronCore) -> None:
         self._core = core
 
-    def load(self, program: Stage) -> RunFn:
-        loaded = self._core.load(_nc_program(program))
+    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
+        loaded = self._core.load(_nc_program(program, inputs))
         return functools.partial(self._core.run, loaded)
 
     def seed(self, seed: int, stream: int) -> None:

@@ -187,7 +187,8 @@ def _load_steps(
             loc = ncgs.locate(vnc)
             core = devices[loc.device_slot].nc(loc.nc)
             with driver_errors(f"loading '{neff_name}' {tag} on NC {vnc}"):
-                run = core.load(dataclasses.replace(stage, weights=weights))
+                specs = [variant.tensors[name] for name in stage.inputs]
+                run = core.load(dataclasses.replace(stage, weights=weights), specs)
             steps.append(
                 StageRun(
                     vnc=vnc,
