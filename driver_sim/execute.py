@@ -119,18 +119,24 @@ def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, A
             target = outputs[name]
         except KeyError:
             raise KernelError(f"no array given for output {name!r}") from None
-        value = env[slot]
-        if isinstance(target, DynamicBuffer):
-            target.accept(value)
-            continue
-        if target.shape != np.shape(value):
-            raise KernelError(
-                f"output {name!r} has shape {np.shape(value)}, "
-                f"the array given for it {target.shape}",
-                op=op,
-                index=producer,
-            )
-        try:
-            np.copyto(target, value)
-        except TypeError as exc:
-            raise KernelError(f"output {name!r}: {exc}", op=op, index=producer) from exc
+        store_output(name, env[slot], target, op, producer)
+
+
+def store_output(
+    name: str, value: Any, target: Any, op: str | None = None, index: int | None = None
+) -> None:
+    """Copy program output `name` into its array (or hand it to its DynamicBuffer);
+    KernelError, naming the producing op at `index`, when it does not fit."""
+    if isinstance(target, DynamicBuffer):
+        target.accept(value)
+        return
+    if target.shape != np.shape(value):
+        raise KernelError(
+            f"output {name!r} has shape {np.shape(value)}, the array given for it {target.shape}",
+            op=op,
+            index=index,
+        )
+    try:
+        np.copyto(target, value)
+    except TypeError as exc:
+        raise KernelError(f"output {name!r}: {exc}", op=op, index=index) from exc

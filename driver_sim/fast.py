@@ -25,7 +25,7 @@ import numpy as np
 
 from driver_sim import autocast, blas
 from driver_sim.errors import KernelError
-from driver_sim.execute import DynamicBuffer
+from driver_sim.execute import store_output
 from driver_sim.ops.registry import tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, RunCost, Shape
 
@@ -97,7 +97,7 @@ class FastProgram:
         finally:
             blas.run_ends()
         for (name, _, _), value in zip(self.loaded.output_slots, values, strict=True):
-            _store(name, value, outputs[name])
+            store_output(name, value, outputs[name])
         return True
 
     def _session(self, types: InputTypes, threads: int) -> Any:
@@ -137,17 +137,6 @@ class FastProgram:
             )
         except Exception:  # onnxruntime refuses the graph: the reference kernels run it
             return None
-
-
-def _store(name: str, value: np.ndarray, target: Any) -> None:
-    if isinstance(target, DynamicBuffer):
-        target.accept(value)
-        return
-    if target.shape != value.shape:
-        raise KernelError(
-            f"output {name!r} has shape {value.shape}, the array given for it {target.shape}"
-        )
-    np.copyto(target, value)
 
 
 # --- which programs ---------------------------------------------------------------------
