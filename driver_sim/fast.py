@@ -26,14 +26,12 @@ import numpy as np
 from driver_sim import autocast, blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import store_output
+from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, RunCost, Shape
 
 ENGINES = ("reference", "fast")
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
-RANDOM_OPS = frozenset(
-    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli"}
-)
 # Ops whose output shape depends on values however they are fed.
 DATA_SHAPED_OPS = frozenset({"NonZero"})
 # The Winograd weight transform's left inverse: W = L U L^T undoes U = G W G^T.

@@ -115,6 +115,11 @@ def _register(op: str, attrs: Mapping[str, Attr], draw: Any, what: str) -> None:
 _register("RandomUniform", _UNIFORM, _uniform, "drawn uniformly from [low, high)")
 _register("RandomNormal", _NORMAL, _normal, "drawn from the normal distribution N(mean, scale^2)")
 
+# The ops that draw from the NC's own generator (`use_rng`).
+RANDOM_OPS = frozenset(
+    {"RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli"}
+)
+
 
 @kernel(
     "Bernoulli",
