@@ -15,7 +15,7 @@ import grpc
 
 from neuron_rtd.client._session import Session
 from neuron_rtd.client._shm import ShmBuffer
-from neuron_rtd.client.errors import NrtClientError, check
+from neuron_rtd.client.errors import NrtClientError, check, code_of, retry_unavailable
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
@@ -54,22 +54,12 @@ class Connection:
     def unary(self, method: str, request: Any) -> Any:
         """Call `method`; retried once when the daemon is UNAVAILABLE."""
         call: Callable[..., Any] = getattr(self.stub, method)
-        try:
-            return call(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
-                raise
-        return call(request, timeout=self.timeout_s)
+        return retry_unavailable(lambda: call(request, timeout=self.timeout_s))
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
         stream loads nothing)."""
-        try:
-            return self.stub.load(stream(), timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
-                raise
-        return self.stub.load(stream(), timeout=self.timeout_s)
+        return retry_unavailable(lambda: self.stub.load(stream(), timeout=self.timeout_s))
 
     def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
         """`start`, `stop` or `unload` of one model, its status checked."""
@@ -160,7 +150,3 @@ class Connection:
     def close_channel(self) -> None:
         if self.owns_channel:
             self.channel.close()
-
-
-def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.Call) else None

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from neuron_rtd import __version__
+from neuron_rtd.client.errors import code_of, retry_unavailable
 from neuron_rtd.proto import pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
@@ -51,12 +52,7 @@ class Session:
             fal_version=_version(__version__),
         )
         stub = pb_grpc.nmgr_session_managerStub(channel)
-        try:
-            self.id = self._open(stub, request, timeout_s or OPEN_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            if _code(exc) != grpc.StatusCode.UNAVAILABLE:
-                raise
-            self.id = self._open(stub, request, timeout_s or OPEN_TIMEOUT_S)  # retried once
+        self.id = retry_unavailable(lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S))
 
     def _open(self, stub: Any, request: Any, timeout_s: float) -> int:
         closing = self._closing = threading.Event()
@@ -80,7 +76,7 @@ class Session:
         except (grpc.RpcError, StopIteration) as exc:
             closing.set()
             call.cancel()
-            if isinstance(exc, StopIteration) or _code(exc) == grpc.StatusCode.UNIMPLEMENTED:
+            if isinstance(exc, StopIteration) or code_of(exc) == grpc.StatusCode.UNIMPLEMENTED:
                 log.info("the daemon tracks no sessions: session id 0")
                 return 0
             if expired.is_set():
@@ -111,7 +107,3 @@ class Session:
         if not released:
             self._call.cancel()
         return released
-
-
-def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.Call) else None

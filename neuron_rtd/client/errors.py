@@ -5,7 +5,10 @@ Transport failures (no daemon, a deadline passed) stay `grpc.RpcError`s.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
 
 from neuron_rtd.errors import Nerr
 
@@ -37,3 +40,22 @@ def check(method: str, status: Any) -> None:
     """Raise NrtClientError unless `status` (a wire `status`) is a success."""
     if status.code not in SUCCESS:
         raise NrtClientError(status.code, status.details.decode(errors="replace"), method)
+
+
+def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    """The gRPC status code of a failed call (None when the error carries none)."""
+    return exc.code() if isinstance(exc, grpc.Call) else None
+
+
+T = TypeVar("T")
+
+
+def retry_unavailable(call: Callable[[], T]) -> T:
+    """`call()`, made once more when the daemon is UNAVAILABLE (restarting, or its
+    socket not yet there): the clients' one retry."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
+            raise
+    return call()
