@@ -42,13 +42,15 @@ def _set(threads: int) -> None:
         _current = threads
 
 
-def run_starts() -> None:
-    """An NC run begins: the BLAS threads are shared by the runs in progress. Pair each
-    call with `run_ends()`."""
+def run_starts(cores: int = 1) -> int:
+    """An NC run begins: the BLAS threads are shared by the runs in progress; `cores`
+    divided among them (at least 1) is what this run may use. Pair each call with
+    `run_ends()`."""
     global _active
     with _lock:
         _active += 1
         _set(max(1, _most // _active))
+        return max(1, cores // _active)
 
 
 def run_ends() -> None:
@@ -57,12 +59,6 @@ def run_ends() -> None:
         _active -= 1
         if _active:
             _set(max(1, _most // _active))
-
-
-def share(cores: int) -> int:
-    """`cores` divided among the NC runs in progress (at least 1): what one run may use."""
-    with _lock:
-        return max(1, cores // max(1, _active))
 
 
 def threads() -> int:

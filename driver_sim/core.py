@@ -16,7 +16,7 @@ import numpy as np
 
 from driver_sim import blas
 from driver_sim.errors import DriverError
-from driver_sim.execute import bind_inputs, copy_outputs, input_key, run_steps
+from driver_sim.execute import bind_inputs, copy_outputs, run_steps
 from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
@@ -79,15 +79,15 @@ class NeuronCore:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)
             fast = program.fast
-            if fast is not None and fast.run(inputs, outputs):
-                key = input_key(program, inputs)
-                cost = fast.costs.get(key)
-                if cost is None:  # measured by the reference kernels once per shape set
-                    cost = self._run_reference(program, inputs, None)
-                    if len(fast.costs) < MAX_CACHED_COSTS:
-                        fast.costs[key] = cost
-                return self._count(cost, start)
-            return self._count(self._run_reference(program, inputs, outputs), start)
+            key = None if fast is None else fast.run(inputs, outputs)
+            if fast is None or key is None:
+                return self._count(self._run_reference(program, inputs, outputs), start)
+            cost = fast.costs.get(key)
+            if cost is None:  # measured by the reference kernels once per shape set
+                cost = self._run_reference(program, inputs, None)
+                if len(fast.costs) < MAX_CACHED_COSTS:
+                    fast.costs[key] = cost
+            return self._count(cost, start)
 
     def _run_reference(
         self,
@@ -118,7 +118,7 @@ class NeuronCore:
         counters += cost.nc_totals
         counters[_BUSY_NS] += time.perf_counter_ns() - start_ns
         cycles += cost.engine_cycles
-        return int(cost.engine_cycles.max())
+        return cost.cycles
 
     def seed(self, seed: int, stream: int = 0) -> None:
         """Restart this core's random generator from `seed` (`stream` tells apart the

@@ -61,14 +61,6 @@ def execute_program(
     copy_outputs(program, env, outputs)
 
 
-def input_key(program: LoadedProgram, inputs: Mapping[str, Any]) -> tuple[Shape, ...]:
-    """The shapes of the program's inputs, in order: what keys its run cost."""
-    try:
-        return tuple(np.shape(inputs[name]) for name, _ in program.input_slots)
-    except KeyError as exc:
-        raise KernelError(f"missing input {exc.args[0]!r}") from None
-
-
 def bind_inputs(
     program: LoadedProgram, inputs: Mapping[str, np.ndarray], env: list[Any]
 ) -> tuple[Shape, ...]:

@@ -18,7 +18,8 @@ NC's own generator), or when onnxruntime does not take the graph it makes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,26 @@ def check_engine(name: str) -> str:
 
 
 InputTypes = tuple[tuple[str, int], ...]  # per program input: dtype string and rank
+Key = tuple[Shape, ...]  # the input shapes of a run
+_UNBUILT = object()  # no session (yet) for these types and threads
+
+
+MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
+
+
+@dataclass(frozen=True)
+class _Bound:
+    session: Any
+    binding: Any  # onnxruntime's IOBinding of `arrays`
+    arrays: list[np.ndarray]
+    key: Key
+
+
+def _run(call: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as exc:  # onnxruntime's own exception types
+        raise KernelError(f"fast engine: {exc}") from None
 
 
 class FastProgram:
@@ -59,9 +80,12 @@ class FastProgram:
         self.threads = threads
         self.opset = opset
         self.costs: dict[tuple[Shape, ...], RunCost] = {}
+        self._input_names = [name for name, _ in loaded.input_slots]
         self._output_names = [name for name, _, _ in loaded.output_slots]
         self._sessions: dict[tuple[InputTypes, int], Any] = {}  # None: refused
         self._building: set[tuple[InputTypes, int]] = set()
+        # Bindings by thread count and the ids of the arrays they bind (kept alive there).
+        self._bound: dict[tuple[int, ...], _Bound] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -77,28 +101,66 @@ class FastProgram:
             fast._sessions[types, threads] = fast._build(types, threads)
         return fast
 
-    def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-        """Run on onnxruntime into `outputs`; False (nothing written) when onnxruntime
-        refused this program for inputs of these types. The engine's threads are shared
-        by the NC runs in progress (`blas.share`)."""
-        feeds = {name: np.asarray(inputs[name]) for name, _ in self.loaded.input_slots}
-        types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
-        blas.run_starts()
+    def run(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> Key | None:
+        """Run on onnxruntime into `outputs`; the input shapes (which key the run's
+        cost), or None (nothing written) when onnxruntime refused this program for
+        inputs of these types. The engine's threads are shared by the NC runs in
+        progress (`blas.run_starts`).
+
+        Arrays seen again (a model's slots are the same arrays every run) run on their
+        binding: onnxruntime reads the inputs and writes the outputs in place."""
+        ins = [inputs[name] for name in self._input_names]
+        outs = [outputs[name] for name in self._output_names]
+        threads = blas.run_starts(self.threads)
         try:
-            session = self._session(types, blas.share(self.threads))
+            bound = self._bound.get((threads, *map(id, ins), *map(id, outs)))
+            if bound is not None:
+                _run(bound.session.run_with_iobinding, bound.binding)
+                return bound.key
+            feeds = {name: np.asarray(a) for name, a in zip(self._input_names, ins, strict=True)}
+            types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
+            session = self._sessions.get((types, threads), _UNBUILT)
+            if session is _UNBUILT:
+                session = self._session(types, threads)
             if session is None:
-                return False
-            try:
-                values = session.run(self._output_names, feeds)
-            except Exception as exc:  # onnxruntime's own exception types
-                raise KernelError(f"fast engine: {exc}") from None
+                return None
+            values = _run(session.run, self._output_names, feeds)
+            if self._sessions.get((types, threads)) is session:
+                self._bind(session, threads, ins, outs, values)
         finally:
             blas.run_ends()
-        for (name, _, _), value in zip(self.loaded.output_slots, values, strict=True):
+        for name, value in zip(self._output_names, values, strict=True):
             store_output(name, value, outputs[name])
-        return True
+        return tuple(a.shape for a in feeds.values())
+
+    def _bind(
+        self, session: Any, threads: int, ins: list[Any], outs: list[Any], values: list[Any]
+    ) -> None:
+        """Bind these arrays for their next runs, when they can be used in place: plain
+        C-contiguous arrays, outputs of the very dtype and shape onnxruntime gave."""
+        arrays = ins + outs
+        if len(self._bound) >= MAX_BINDINGS or not all(
+            isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays
+        ):
+            return
+        if not all(
+            isinstance(v, np.ndarray) and v.dtype == a.dtype and v.shape == a.shape
+            for v, a in zip(values, outs, strict=True)
+        ):
+            return
+        binding = session.io_binding()
+        for name, array in zip(self._input_names, ins, strict=True):
+            binding.bind_cpu_input(name, array)
+        for name, array in zip(self._output_names, outs, strict=True):
+            binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        key = tuple(a.shape for a in ins)
+        self._bound[(threads, *map(id, ins), *map(id, outs))] = _Bound(
+            session, binding, arrays, key
+        )
 
     def _session(self, types: InputTypes, threads: int) -> Any:
+        """The session for these types and threads once built; meanwhile the one of all
+        the engine's threads (built now, at the very first run)."""
         with self._lock:
             if (types, threads) in self._sessions:
                 return self._sessions[types, threads]

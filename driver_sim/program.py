@@ -94,6 +94,11 @@ class RunCost:
     nc_totals: np.ndarray
     engine_cycles: np.ndarray
 
+    cycles: int = field(init=False)  # the run's cycles: its busiest engine's
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cycles", int(self.engine_cycles.max(initial=0)))
+
 
 @dataclass(eq=False)
 class LoadedProgram:

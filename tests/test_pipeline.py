@@ -150,9 +150,9 @@ def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
     from driver_sim import blas
 
     most = blas.threads()
-    blas.run_starts()
-    assert blas.threads() == most  # one run alone has them all
-    blas.run_starts()
+    assert blas.run_starts(4) == 4  # one run alone has them all
+    assert blas.threads() == most
+    assert blas.run_starts(4) == 2  # two share them
     assert blas.threads() == max(1, most // 2)
     blas.run_ends()
     assert blas.threads() == most
