@@ -224,5 +224,10 @@ def test_all_finite_finds_any_nan_or_inf(dtype: str) -> None:
             spoiled = values.copy()
             spoiled[at] = bad
             assert not all_finite(spoiled) and not all_finite(spoiled.reshape(50, 100))
-    # squares that overflow (a non-finite dot product) are still all finite
+    # squares (or, for a handful, a sum) that overflow are still all finite
     assert all_finite(np.full(5000, np.finfo(dtype).max / 2, dtype))
+    assert all_finite(np.full(4, np.finfo(dtype).max, dtype))
+    few = values[:8].copy()
+    for bad in ((np.inf, -np.inf), (np.nan, 1.0), (np.inf, np.inf)):
+        few[2:4] = bad
+        assert not all_finite(few)

@@ -46,11 +46,14 @@ def answer(model: Model, job: Job, shm: ShmTable, outputs: ShmOutputs) -> InferR
     """The result of an ended job: its outputs inline, or written from its slot straight
     to the client's shared memory when the call names any there (then only those)."""
     inline: dict[str, bytes] = {}
-    with model.answer(job) as values:
+    values = model.outputs(job)
+    try:
         for name, value in values.items():
             if name in outputs:
                 data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
                 shm.write(outputs[name], data, f"shm_ofmap '{name}'")
             elif not outputs:
                 inline[name] = value.tobytes()
+    finally:
+        model.answered(job)
     return InferResult(outputs=inline, code=job.code)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,21 +132,30 @@ class DeviceApi(Protocol):
     def release(self) -> None: ...
 
 
-@contextmanager
-def driver_errors(context: str) -> Iterator[None]:
-    """Translate driver exceptions raised inside the block, prefixing `context`."""
-    try:
-        yield
-    except NrtError:
-        raise
-    except driver_sim.DramExhausted as exc:
-        raise ResourceError(f"{context}: {exc}") from exc
-    except driver_sim.KernelError as exc:
-        raise InvalidError(f"{context}: {exc}") from exc
-    except (driver_sim.HwFault, driver_sim.InitFailed) as exc:
-        raise HwError(f"{context}: {exc}") from exc
-    except driver_sim.DriverError as exc:
-        raise NrtError(f"{context}: {exc}") from exc
+class driver_errors:  # a class used as a function: `with driver_errors(context):`
+    """Translate driver exceptions raised inside the block, prefixing `context`. Holds
+    no state of a block, so one can be made once and entered by many threads."""
+
+    def __init__(self, context: str) -> None:
+        self.context = context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or isinstance(exc, NrtError):
+            return
+        context = self.context
+        if isinstance(exc, driver_sim.DramExhausted):
+            raise ResourceError(f"{context}: {exc}") from exc
+        if isinstance(exc, driver_sim.KernelError):
+            raise InvalidError(f"{context}: {exc}") from exc
+        if isinstance(exc, driver_sim.HwFault | driver_sim.InitFailed):
+            raise HwError(f"{context}: {exc}") from exc
+        if isinstance(exc, driver_sim.DriverError):
+            raise NrtError(f"{context}: {exc}") from exc
 
 
 # --- the simulated driver ---------------------------------------------------------------

@@ -22,13 +22,13 @@ pads the inputs with zeros up to the bucket's sizes and cuts the outputs back do
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -107,8 +107,17 @@ class Variant:
     slots: list[dict[str, Any]]  # per slot: tensor name -> array or DynamicBuffer
 
     def __post_init__(self) -> None:
-        # Per slot, each step with its input and output arrays, bound once here.
+        # Per slot, each step with its input and output arrays, bound once here; and
+        # its plain arrays' bytes, which inputs of their full shape are copied into.
         self.bound = [[_bind(step, slot) for step in self.steps] for slot in self.slots]
+        self.bytes = [
+            {
+                name: array.reshape(-1).view(np.uint8).data
+                for name, array in slot.items()
+                if isinstance(array, np.ndarray) and array.flags.c_contiguous
+            }
+            for slot in self.slots
+        ]
 
     def holds(self, sizes: Mapping[str, int]) -> bool:
         return all(lo <= sizes[sym] <= hi for sym, (lo, hi) in self.bucket.symbols.items())
@@ -219,8 +228,15 @@ class Model:
         self._free = list(range(self.params.ninfer))
         self._inputs = self.input_specs = {t.name: t for t in self.neff.inputs}
         self._float_outputs = tuple(
-            t.name for t in self.neff.outputs if np.issubdtype(t.dtype, np.floating)
+            t for t in self.neff.outputs if np.issubdtype(t.dtype, np.floating)
         )
+        # What every inference needs, worked out once: the one symbolic axis of each
+        # input (if any), the variant when there is only one of fixed shapes, and how
+        # driver errors are named.
+        self._symbol_axis = {t.name: _symbol_axis(t) for t in self.neff.inputs}
+        fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
+        self._only = self.variants[0] if fixed else None
+        self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
 
     @property
     def dram_bytes(self) -> int:
@@ -316,34 +332,32 @@ class Model:
     def _execute(self, job: Job) -> None:
         with self._cond:  # stop/unload read the state under it
             job.state = JobState.RUNNING
-        job.started = time.monotonic()
-        deadline = job.started + self.params.timeout_s
-        steps = job.variant.steps
-        with driver_errors(f"model {self.id} ({self.name})"):
-            for step, (run, ins, outs) in zip(steps, job.variant.bound[job.slot], strict=True):
-                self._may_go_on(job, deadline)
-                if isinstance(step, StageRun):
+        started = job.started = time.monotonic()
+        timeout_s = self.params.timeout_s
+        deadline = started + timeout_s
+        with self._driver_errors:
+            bound = job.variant.bound[job.slot]
+            for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
+                if job.cancel is not None:
+                    raise job.cancel
+                if time.monotonic() > deadline:
+                    raise InferTimeout(
+                        f"inference on model {self.id} ran past its timeout of {timeout_s:g} s"
+                    )
+                if type(step) is StageRun:
                     begin = time.perf_counter_ns()
                     job.cycles += run(ins, outs) or 0
                     job.nc_ns += time.perf_counter_ns() - begin
                 else:
                     with self.host_pool:  # CPU nodes: at most the host pool's width at once
                         run(ins, outs)
-        elapsed = time.monotonic() - job.started
-        if elapsed > self.params.timeout_s:
+        elapsed = time.monotonic() - started
+        if elapsed > timeout_s:
             raise InferTimeout(
                 f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
-                f"of {self.params.timeout_s:g} s"
+                f"of {timeout_s:g} s"
             )
         job.code = self._numerical_code(job)
-
-    def _may_go_on(self, job: Job, deadline: float) -> None:
-        if job.cancel is not None:
-            raise job.cancel
-        if time.monotonic() > deadline:
-            raise InferTimeout(
-                f"inference on model {self.id} ran past its timeout of {self.params.timeout_s:g} s"
-            )
 
     def _fail(self, error: NrtError) -> None:
         """An unrecoverable error: the model stops until it is started again."""
@@ -354,10 +368,10 @@ class Model:
             self.failure = str(error)
         log.error("Model %d stopped after an unrecoverable error", self.id, extra={"fn": "infer"})
 
-    @contextlib.contextmanager
-    def answer(self, job: Job) -> Iterator[dict[str, np.ndarray]]:
-        """The outputs of an ended job, as views of its slot, for the caller to send; the
-        slot is given back afterwards. Raises the job's error instead, if it has one."""
+    def outputs(self, job: Job) -> dict[str, np.ndarray]:
+        """Begin answering an ended job: its outputs, as views of its slot, for the
+        caller to send and then call `answered(job)`. Raises the job's error instead (its
+        slot given back)."""
         with self._cond:
             if job.released:
                 raise job.error or InferCancelled(f"model {self.id}: the inference was dropped")
@@ -366,12 +380,17 @@ class Model:
             if job.error is not None:
                 raise job.error
             slot = job.variant.slots[job.slot]
-            yield {t.name: _cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
-        finally:
-            with self._cond:
-                job.answering = False
-                self._release_locked(job)
-                self._wake()
+            return {t.name: _cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
+        except BaseException:
+            self.answered(job)
+            raise
+
+    def answered(self, job: Job) -> None:
+        """The job's outputs are sent: its slot is given back."""
+        with self._cond:
+            job.answering = False
+            self._release_locked(job)
+            self._wake()
 
     def release(self, job: Job) -> None:
         """Give the job's slot back now (it must not be running)."""
@@ -440,8 +459,12 @@ class Model:
     # --- inputs and outputs ----------------------------------------------------------
     def _copy_in(self, job: Job, inputs: Mapping[str, Any], shapes: Mapping[str, Shape]) -> None:
         slot = job.variant.slots[job.slot]
+        slot_bytes = job.variant.bytes[job.slot]
         for name, data in inputs.items():
             target, shape = slot[name], shapes[name]
+            if type(data) is bytes and name in slot_bytes and target.shape == shape:
+                slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
+                continue
             spec = self._inputs[name]
             if not isinstance(data, bytes | bytearray | memoryview | np.ndarray):
                 if target.shape == shape and target.flags.c_contiguous:
@@ -453,6 +476,8 @@ class Model:
             _copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
 
     def _variant_for(self, sizes: Mapping[str, int]) -> Variant:
+        if self._only is not None:
+            return self._only
         for variant in self.variants:
             if variant.holds(sizes):
                 return variant
@@ -466,8 +491,8 @@ class Model:
 
     def _numerical_code(self, job: Job) -> Nerr:
         slot = job.variant.slots[job.slot]
-        for name in self._float_outputs:
-            value = _cut(np.asarray(slot[name]), self.neff.tensors[name], job.sizes)
+        for spec in self._float_outputs:
+            value = _cut(np.asarray(slot[spec.name]), spec, job.sizes)
             if not all_finite(value):
                 return Nerr.INFER_COMPLETED_WITH_NUM_ERR
         return Nerr.OK
@@ -495,7 +520,7 @@ class Model:
                     f"model {self.id} ({self.name}) has no input named '{name}'; "
                     f"its inputs are: {', '.join(self._inputs)}"
                 )
-            size = data.nbytes if hasattr(data, "read_into") else memoryview(data).nbytes
+            size = len(data) if type(data) is bytes else _nbytes(data)
             shapes[name] = self._input_shape(spec, size, sizes)
         missing = [name for name in self._inputs if name not in shapes]
         if missing:
@@ -511,15 +536,14 @@ class Model:
     def _input_shape(self, spec: TensorSpec, size: int, sizes: dict[str, int]) -> tuple[int, ...]:
         """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
         axis worked out from the byte count (and checked against the other inputs)."""
-        axes = [a for a, sym in enumerate(spec.symbols) if sym is not None]
-        if not axes:
+        axis = self._symbol_axis[spec.name]
+        if axis is None:
             if size != spec.nbytes:
                 raise BadInput(
                     f"input '{spec.name}' of model {self.id}: expected {spec.nbytes} bytes "
                     f"({describe(spec)}), received {size}"
                 )
             return spec.shape
-        (axis,) = axes
         symbol = spec.symbols[axis]
         assert symbol is not None
         row = spec.nbytes // spec.shape[axis]
@@ -535,6 +559,16 @@ class Model:
                 f"input has {symbol}={sizes[symbol]}"
             )
         return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
+
+
+def _symbol_axis(spec: TensorSpec) -> int | None:
+    """The one axis of an input whose size varies by inference, if it has one."""
+    axes = [a for a, sym in enumerate(spec.symbols) if sym is not None]
+    return axes[0] if axes else None
+
+
+def _nbytes(data: Any) -> int:
+    return int(data.nbytes) if hasattr(data, "read_into") else memoryview(data).nbytes
 
 
 BoundStep = tuple[
@@ -555,6 +589,13 @@ def all_finite(value: np.ndarray) -> bool:
     only if every element is (a NaN or Inf makes it NaN or Inf), and BLAS reads the array
     faster than `isfinite` can; a non-finite dot product (also from squares that overflow)
     is settled elementwise."""
+    if value.size <= 64:  # a handful: summed exactly in Python (inf or nan stays so)
+        try:
+            return math.isfinite(math.fsum(value.reshape(-1).tolist()))
+        except OverflowError:  # finite values whose sum overflows
+            return True
+        except ValueError:  # inf - inf
+            return False
     if value.dtype in _BLAS_FLOATS and value.size > 1024:
         flat = value.reshape(-1)
         with np.errstate(all="ignore"):

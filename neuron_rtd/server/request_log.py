@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from neuron_rtd.log_format import TaggedFormatter
 
@@ -32,11 +30,13 @@ class RequestLogHandler(logging.Handler):
             lines.append(self.format(record))
 
 
-@contextmanager
-def capture() -> Iterator[list[str]]:
-    lines: list[str] = []
-    token = _lines.set(lines)
-    try:
-        yield lines
-    finally:
-        _lines.reset(token)
+class capture:  # a class used as a function: `with capture() as lines:`
+    """The log lines of the block's request, in the list it gives."""
+
+    def __enter__(self) -> list[str]:
+        lines: list[str] = []
+        self._token = _lines.set(lines)
+        return lines
+
+    def __exit__(self, *exc: object) -> None:
+        _lines.reset(self._token)

@@ -63,9 +63,10 @@ def shm_ofmaps(ios: Iterable[pb.infer_io]) -> dict[str, str]:
 
 def infer_response(result: InferResult) -> pb.infer_response:
     response = pb.infer_response()
+    ofmap = response.ofmap
     for name, data in result.outputs.items():
-        response.ofmap.append(pb.infer_io(name=name, buf=data))
-    response.status.code = int(result.code)
+        ofmap.add(name=name, buf=data)
+    response.status.code = result.code
     return response
 
 
