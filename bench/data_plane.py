@@ -25,8 +25,10 @@ With no bench named, all four run:
 (d) --concurrency: 1..32 concurrent clients, each a separate process with its own
     channel, doing synchronous infer in a loop on ONE shared model loaded with
     ninfer 32 (a model server loads a model once and its request workers share it;
-    ninfer bounds the in-flight requests, so it is at least the client count).
-    The clients run on the same cores as the daemon.
+    ninfer bounds the in-flight requests, so it is at least the client count), and
+    the same clients sending the same request bytes to the bare gRPC echo: how far a
+    Python gRPC server scales on this machine at all. The clients run on the same cores
+    as the server.
 
 The variants of a bench alternate in rounds (this machine is noisy), and every variant's
 outputs are checked against a numpy reference before it is timed. The daemon and the echo
@@ -741,20 +743,37 @@ def roundtrip_case(
 
 
 # --- (d) concurrent clients --------------------------------------------------------------
-def client_worker(conn: Connection, address: str, model_id: int, x: bytes, expected: bytes) -> None:
-    """One client process: its own channel; on each command, sync infer in a loop from
+def client_worker(
+    conn: Connection, address: str, echo_address: str, model_id: int, x: bytes, expected: bytes
+) -> None:
+    """One client process: its own channels; on each command, sync calls in a loop from
     `start_at` for `seconds` (monotonic clock), answering the latencies of the calls that
-    finished in that window and the count of failed calls."""
+    finished in that window and the count of failed calls. The calls are the daemon's
+    infer, or the same request's bytes to the bare gRPC echo."""
     channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    echo_channel = grpc.insecure_channel(echo_address, options=CHANNEL_OPTIONS)
     stub: Any = pb_grpc.nmgr_v1Stub(channel)
     request = pb.infer_request(h_nn=pb.h_nn(id=model_id), ifmap=[pb.infer_io(name="x", buf=x)])
+    payload = request.SerializeToString()
+    echo = echo_channel.unary_unary(
+        ECHO_METHOD, request_serializer=None, response_deserializer=None
+    )
+
+    def infer() -> bool:
+        response = stub.infer(request)
+        return bool(response.status.code == OK)
+
+    def echoed() -> bool:
+        return bool(echo(payload) == payload)
+
     first = stub.infer(request)
-    conn.send(first.status.code == OK and first.ofmap[0].buf == expected)
+    conn.send(first.status.code == OK and first.ofmap[0].buf == expected and echoed())
     while True:
         command = conn.recv()
         if command is None:
             break
-        start_at, seconds = command
+        start_at, seconds, target = command
+        call = echoed if target == "echo" else infer
         end = start_at + seconds
         time.sleep(max(0.0, start_at - time.monotonic()))
         latencies: list[float] = []
@@ -763,17 +782,18 @@ def client_worker(conn: Connection, address: str, model_id: int, x: bytes, expec
             t0 = time.monotonic()
             if t0 >= end:
                 break
-            response = stub.infer(request)
+            ok = call()
             t1 = time.monotonic()
-            if response.status.code != OK:
+            if not ok:
                 failed += 1
             elif t1 <= end:
                 latencies.append(t1 - t0)
         conn.send((latencies, failed))
     channel.close()
+    echo_channel.close()
 
 
-def bench_concurrency(work: Path, cfg: Config) -> dict[str, Any]:
+def bench_concurrency(work: Path, cfg: Config, echo: EchoServer) -> dict[str, Any]:
     levels = (1, 2, 4, 8, 16, 32)
     sample = build_mlp((784, 128, 10), batch=1, seed=4)
     x = sample.random_inputs(seed=1)["x"]
@@ -794,7 +814,8 @@ def bench_concurrency(work: Path, cfg: Config) -> dict[str, Any]:
         for _ in range(max(levels)):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=client_worker, args=(child, daemon.address, model, x.tobytes(), expected)
+                target=client_worker,
+                args=(child, daemon.address, echo.address, model, x.tobytes(), expected),
             )
             proc.start()
             child.close()
@@ -802,24 +823,25 @@ def bench_concurrency(work: Path, cfg: Config) -> dict[str, Any]:
         if not all(conn.recv() for _, conn in workers):
             raise AssertionError("a client's first answer differs from the checked one")
         spawn_s = time.perf_counter() - t_spawn
-        latencies: dict[int, list[float]] = {n: [] for n in levels}
-        seconds: dict[int, float] = dict.fromkeys(levels, 0.0)
-        failed = dict.fromkeys(levels, 0)
-        daemon_cpu = dict.fromkeys(levels, 0.0)
-        daemon_proc = psutil.Process(daemon.proc.pid)
+        runs = [(target, n) for n in levels for target in ("daemon", "echo")]
+        latencies: dict[tuple[str, int], list[float]] = {run: [] for run in runs}
+        seconds: dict[tuple[str, int], float] = dict.fromkeys(runs, 0.0)
+        failed = dict.fromkeys(runs, 0)
+        server_cpu = dict.fromkeys(runs, 0.0)
+        procs = {"daemon": psutil.Process(daemon.proc.pid), "echo": psutil.Process(echo.proc.pid)}
         for r in range(cfg.rounds):
-            for n in rotated(levels, r):
+            for target, n in rotated(runs, r):
                 start_at = time.monotonic() + 0.05
                 for _, conn in workers[:n]:
-                    conn.send((start_at, cfg.concurrency_seconds))
-                cpu0 = daemon_proc.cpu_times()
+                    conn.send((start_at, cfg.concurrency_seconds, target))
+                cpu0 = procs[target].cpu_times()
                 for _, conn in workers[:n]:
                     lat, bad = conn.recv()
-                    latencies[n] += lat
-                    failed[n] += bad
-                cpu1 = daemon_proc.cpu_times()
-                daemon_cpu[n] += cpu1.user + cpu1.system - cpu0.user - cpu0.system
-                seconds[n] += cfg.concurrency_seconds
+                    latencies[target, n] += lat
+                    failed[target, n] += bad
+                cpu1 = procs[target].cpu_times()
+                server_cpu[target, n] += cpu1.user + cpu1.system - cpu0.user - cpu0.system
+                seconds[target, n] += cfg.concurrency_seconds
         check(daemon.stub.infer(request), "infer after")
         daemon.unload(model)
     finally:
@@ -835,35 +857,45 @@ def bench_concurrency(work: Path, cfg: Config) -> dict[str, Any]:
     }
     rows = []
     for n in levels:
-        lat = latencies[n]
-        rate = len(lat) / seconds[n]
-        entry = {
-            "infer_per_s": rate,
-            "p50_ms": p50(lat) * 1e3 if lat else float("nan"),
-            "p99_ms": percentile(lat, 0.99) * 1e3 if lat else float("nan"),
-            "calls": len(lat),
-            "failed": failed[n],
-            "daemon_cores": daemon_cpu[n] / seconds[n],
-            "daemon_cpu_us_per_infer": daemon_cpu[n] / max(1, len(lat)) * 1e6,
-        }
+        entry: dict[str, Any] = {}
+        for target in ("daemon", "echo"):
+            lat = latencies[target, n]
+            entry[target] = {
+                "calls_per_s": len(lat) / seconds[target, n],
+                "p50_ms": p50(lat) * 1e3 if lat else float("nan"),
+                "p99_ms": percentile(lat, 0.99) * 1e3 if lat else float("nan"),
+                "calls": len(lat),
+                "failed": failed[target, n],
+                "server_cores": server_cpu[target, n] / seconds[target, n],
+                "server_cpu_us_per_call": server_cpu[target, n] / max(1, len(lat)) * 1e6,
+            }
         results[str(n)] = entry
+    for n in levels:
+        d, e = results[str(n)]["daemon"], results[str(n)]["echo"]
+        d["over_1_client"] = d["calls_per_s"] / results["1"]["daemon"]["calls_per_s"]
+        e["over_1_client"] = e["calls_per_s"] / results["1"]["echo"]["calls_per_s"]
         rows.append(
             [
                 f"{n} client{'s' if n > 1 else ''}",
-                f"{rate:.0f}",
-                entry["p50_ms"],
-                entry["p99_ms"],
-                failed[n],
-                f"{entry['daemon_cores']:.2f}",
-                f"{entry['daemon_cpu_us_per_infer']:.0f}",
+                f"{d['calls_per_s']:.0f}",
+                f"{d['over_1_client']:.2f}x",
+                d["p50_ms"],
+                d["failed"],
+                f"{d['server_cores']:.2f}",
+                f"{d['server_cpu_us_per_call']:.0f}",
+                f"{e['calls_per_s']:.0f}",
+                f"{e['over_1_client']:.2f}x",
+                f"{e['server_cores']:.2f}",
+                f"{e['server_cpu_us_per_call']:.0f}",
             ]
         )
-    print(f"\n(d) concurrent clients (separate processes, sync infer): {results['model']}")
-    headers = ["", "infer/s", "p50 ms", "p99 ms", "failed", "daemon cores", "daemon us/infer"]
+    print(f"\n(d) concurrent clients (separate processes, sync calls): {results['model']}")
+    headers = ["", "infer/s", "/1", "p50 ms", "failed", "cores", "us/call"]
+    headers += ["echo/s", "/1", "cores", "us/call"]
     print(table(headers, rows))
     print(
-        f"the clients share the machine's {os.cpu_count()} cores with the daemon; "
-        "daemon cores = its CPU seconds / wall seconds"
+        f"the clients share the machine's {os.cpu_count()} cores with the server; cores = the "
+        "server's CPU seconds / wall seconds; echo = the same request bytes to the bare gRPC echo"
     )
     return results
 
@@ -944,7 +976,7 @@ def main() -> int:
     results: dict[str, Any] = {"config": {**cfg.__dict__, "cpus": os.cpu_count()}}
     started = time.perf_counter()
     with bench_folder() as work:
-        echo = EchoServer(work) if {"transport", "roundtrip"} & set(chosen) else None
+        echo = EchoServer(work) if {"transport", "roundtrip", "concurrency"} & set(chosen) else None
         try:
             for name in chosen:
                 # What the rest of the machine uses just before (no bench process is busy).
@@ -961,7 +993,8 @@ def main() -> int:
                     assert echo is not None
                     results[name] = bench_roundtrip(work, cfg, echo)
                 else:
-                    results[name] = bench_concurrency(work, cfg)
+                    assert echo is not None
+                    results[name] = bench_concurrency(work, cfg, echo)
                 took = results[name]["bench_seconds"] = time.perf_counter() - t0
                 load = results[name]["loadavg_1min"] = (load0, os.getloadavg()[0])
                 print(

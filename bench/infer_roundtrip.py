@@ -7,12 +7,14 @@ Both servers are separate processes on unix sockets; the echo server answers wit
 request's own bytes (the serialized infer request, so both carry the same payload).
 Calls alternate in rounds so machine noise hits both alike. Prints p50/p99 and the ratio,
 plus the daemon's cheapest call (get_version), which separates the daemon's fixed cost per
-call from the inference's own.
+call from the inference's own, and each server's CPU time per call (user + system, from
+/proc), which is what bounds a server's throughput.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +28,12 @@ from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,13 +75,18 @@ def main() -> int:
             ECHO_METHOD, request_serializer=None, response_deserializer=None
         )
 
-        def time_calls(call: object, n: int) -> list[float]:
+        cpu: dict[str, float] = {"infer": 0.0, "echo": 0.0, "version": 0.0}
+
+        def time_calls(call: object, n: int, name: str = "", pid: int = 0) -> list[float]:
             out = []
+            before = cpu_seconds(pid) if pid else 0.0
             for _ in range(n):
                 t0 = time.perf_counter()
                 response = call()  # type: ignore[operator]
                 out.append(time.perf_counter() - t0)
             del response
+            if pid:
+                cpu[name] += cpu_seconds(pid) - before
             return out
 
         def infer() -> object:
@@ -89,9 +102,9 @@ def main() -> int:
         t_echo: list[float] = []
         t_version: list[float] = []
         for _ in range(args.rounds):
-            t_echo += time_calls(lambda: echo_call(payload), per_round)
-            t_infer += time_calls(infer, per_round)
-            t_version += time_calls(lambda: stub.get_version(version), per_round)
+            t_echo += time_calls(lambda: echo_call(payload), per_round, "echo", echo.pid)
+            t_infer += time_calls(infer, per_round, "infer", d.pid)
+            t_version += time_calls(lambda: stub.get_version(version), per_round, "version", d.pid)
         daemon_ch.close()
         echo_ch.close()
     echo.terminate()
@@ -99,12 +112,14 @@ def main() -> int:
 
     p50_i, p50_e = statistics.median(t_infer), statistics.median(t_echo)
     print(f"tiny MLP 16-16-4 b1, request {len(payload)} bytes, {len(t_infer)} calls per side")
-    print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}")
-    print(f"{'daemon infer':24}{p50_i * 1e3:10.3f}{percentile(t_infer, 0.99) * 1e3:10.3f}")
-    print(f"{'bare gRPC echo':24}{p50_e * 1e3:10.3f}{percentile(t_echo, 0.99) * 1e3:10.3f}")
-    p50_v = statistics.median(t_version)
-    print(f"{'daemon get_version':24}{p50_v * 1e3:10.3f}{percentile(t_version, 0.99) * 1e3:10.3f}")
+    print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}{'server CPU us/call':>20}")
+    rows = [("daemon infer", t_infer, "infer"), ("bare gRPC echo", t_echo, "echo")]
+    rows.append(("daemon get_version", t_version, "version"))
+    for label, times, name in rows:
+        p50, p99 = statistics.median(times) * 1e3, percentile(times, 0.99) * 1e3
+        print(f"{label:24}{p50:10.3f}{p99:10.3f}{cpu[name] / len(times) * 1e6:20.0f}")
     print(f"ratio infer/echo (p50): {p50_i / p50_e:.2f}x")
+    print(f"ratio infer/echo (server CPU per call): {cpu['infer'] / cpu['echo']:.2f}x")
     return 0
 
 
