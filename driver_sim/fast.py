@@ -9,6 +9,10 @@ The first run of each set of input shapes also runs the reference kernels, only 
 measure those counters (its outputs are the fast engine's, as every run's); later runs of
 the same shapes take them from there.
 
+A model's slots are the same arrays at every run, so from its second run on a slot's
+arrays are bound to the session (onnxruntime's IOBinding): it reads the inputs and writes
+the outputs in place, with no feed dictionary and no output copy.
+
 A program runs on the reference kernels when its shapes cannot be told from its input
 shapes (an op whose output shape depends on values computed from the inputs, such as
 NonZero or a Reshape to a shape read from an input), when it draws random numbers (the
