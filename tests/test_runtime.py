@@ -228,6 +228,6 @@ def test_all_finite_finds_any_nan_or_inf(dtype: str) -> None:
     assert all_finite(np.full(5000, np.finfo(dtype).max / 2, dtype))
     assert all_finite(np.full(4, np.finfo(dtype).max, dtype))
     few = values[:8].copy()
-    for bad in ([np.inf, -np.inf], [np.nan, 1.0], [np.inf, np.inf]):
-        few[2:4] = np.array(bad, dtype)
+    for pair in ([np.inf, -np.inf], [np.nan, 1.0], [np.inf, np.inf]):
+        few[2:4] = np.array(pair, dtype)
         assert not all_finite(few)
