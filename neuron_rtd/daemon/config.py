@@ -43,6 +43,7 @@ class DaemonConfig:
     socket_group: str | None = None
     socket_mode: int = 0o660
     server_threads: int = 16
+    neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -63,6 +64,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "socket_group": (str, type(None)),
     "socket_mode": str,
     "server_threads": int,
+    "neff_file_dirs": list,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -102,8 +104,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfig:
     values = {k: v for k, v in data.items() if not k.startswith("_") and k != "sim"}
-    if "devices" in values:
-        values["devices"] = tuple(values["devices"])
+    for key in ("devices", "neff_file_dirs"):
+        if key in values:
+            values[key] = tuple(values[key])
     if "socket_mode" in values:
         try:
             values["socket_mode"] = int(values["socket_mode"], 8)
@@ -136,6 +139,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         )
     if not all(isinstance(d, str) for d in config.devices):
         raise ConfigError(f"{where}: devices must be a list of PCI BDF strings")
+    if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):
+        raise ConfigError(f"{where}: neff_file_dirs must be a list of absolute folder paths")
     return config
 
 

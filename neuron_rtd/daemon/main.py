@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -163,6 +164,7 @@ class Daemon:
                 default_ninfer=config.default_ninfer,
                 models_per_ncg=config.model_cache_count,
                 shmem_enabled=config.shmem_enabled,
+                neff_file_dirs=tuple(os.path.realpath(d) for d in config.neff_file_dirs),
             ),
         )
         sd.notify("STATUS=Initializing devices")

@@ -2,7 +2,14 @@
 
 Reading never copies member data: each member comes back as a memoryview slice of the
 archive buffer (tarfile tells where each member's data starts), so weights can be numpy
-views straight into the NEFF buffer or its mmap.
+views straight into the NEFF buffer or its mmap. Nothing is ever written out.
+
+A NEFF is untrusted input. Its archive may hold regular files (and folders, which are
+skipped) under relative names only: a link, device, FIFO or any other member type, a name
+that is absolute or climbs with `..`, more than `MAX_MEMBERS` members, or a member whose
+data would lie past the archive's end is refused; gzip data is decompressed in bounded
+steps and refused once it passes the caller's limit (a decompression bomb allocates no
+more than that).
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+_FOLDER = (tarfile.DIRTYPE,)
 GZIP_LEVEL = 6
+MAX_MEMBERS = 65536  # a NEFF holds a graph and a few files per node
+_GUNZIP_STEP = 16 << 20
 
 
 class _BufferFile(io.RawIOBase):
@@ -54,29 +64,72 @@ class _BufferFile(io.RawIOBase):
         return len(chunk)
 
 
-def gunzip(data: memoryview) -> bytes:
-    """The decompressed data; NeffInvalid if it is not a valid gzip stream."""
+def gunzip(data: memoryview, limit: int) -> bytes:
+    """The decompressed data; NeffInvalid if it is not one valid gzip stream or would
+    take more than `limit` bytes (decompressed in steps, so never more is allocated)."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
+    out = bytearray()
+    pending = data
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:
+        while True:
+            step = inflater.decompress(pending, _GUNZIP_STEP)
+            out += step
+            if len(out) > limit:
+                raise NeffInvalid(
+                    f"NEFF data decompresses to more than {limit} bytes, the most this "
+                    "host takes now"
+                )
+            pending = memoryview(inflater.unconsumed_tail)
+            if inflater.eof or (not pending and len(step) < _GUNZIP_STEP):
+                break
+    except zlib.error as exc:
         raise NeffInvalid(f"NEFF data is flagged gzip but does not decompress: {exc}") from None
+    if not inflater.eof:
+        raise NeffInvalid("NEFF data is flagged gzip but its stream is truncated")
+    if inflater.unused_data:
+        raise NeffInvalid("NEFF data is flagged gzip but has bytes after its gzip stream")
+    return bytes(out)
 
 
 def unpack_members(archive: memoryview) -> dict[str, memoryview]:
     """Every regular file of the tar `archive`, by name, as a slice of `archive`."""
+    infos: list[tarfile.TarInfo] = []
     try:
         with tarfile.open(fileobj=_BufferFile(archive), mode="r:") as tar:
-            infos = tar.getmembers()
+            for info in tar:  # one at a time: a bad member stops the walk at once
+                _check_member(info)
+                infos.append(info)
+                if len(infos) > MAX_MEMBERS:
+                    raise NeffInvalid(f"NEFF archive holds more than {MAX_MEMBERS} members")
     except (tarfile.TarError, EOFError, ValueError) as exc:
         raise NeffInvalid(f"NEFF data is not a valid tar archive: {exc}") from None
     members: dict[str, memoryview] = {}
     for info in infos:
-        if info.type not in _REGULAR:
+        if info.type in _FOLDER:
             continue
         if info.name in members:
             raise NeffInvalid(f"NEFF archive holds {info.name!r} more than once")
         members[info.name] = _member_data(archive, info)
     return members
+
+
+def _check_member(info: tarfile.TarInfo) -> None:
+    name = info.name
+    if info.type not in _REGULAR + _FOLDER:
+        kind = _KINDS.get(info.type, f"type {info.type!r}")
+        raise NeffInvalid(f"NEFF archive member {name!r} is a {kind}: only files are allowed")
+    if name.startswith("/") or ".." in name.split("/"):
+        raise NeffInvalid(f"NEFF archive member {name!r} is not a plain relative name")
+
+
+_KINDS = {
+    tarfile.SYMTYPE: "symbolic link",
+    tarfile.LNKTYPE: "hard link",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO",
+    tarfile.CONTTYPE: "contiguous file",
+}
 
 
 def _member_data(archive: memoryview, info: tarfile.TarInfo) -> memoryview:

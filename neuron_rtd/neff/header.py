@@ -128,7 +128,7 @@ def parse_header(data: bytes | memoryview) -> NeffHeader:
     fields = struct.unpack_from(HEADER_FORMAT, data)
     (magic, package_version, header_size, data_size, major, minor) = fields[:6]
     if magic != MAGIC:
-        raise NeffInvalid(f"not a NEFF: magic is {magic!r}, expected {MAGIC!r}")
+        raise NeffInvalid(f"not a NEFF: the data does not begin with the NEFF magic {MAGIC!r}")
     if header_size != HEADER_SIZE:
         raise NeffInvalid(f"NEFF header size is {header_size}, expected {HEADER_SIZE}")
     if package_version != PACKAGE_VERSION:

@@ -7,6 +7,10 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
+from collections.abc import Callable
+
+import psutil
 
 from neuron_rtd.errors import NeffInvalid
 from neuron_rtd.neff.archive import gunzip, unpack_members
@@ -17,14 +21,19 @@ from neuron_rtd.neff.model import Bucket, Neff
 from neuron_rtd.neff.nodes import build_nodes, member
 
 
-def read_neff(data: bytes | bytearray | memoryview) -> Neff:
+def read_neff(data: bytes | bytearray | memoryview, *, max_unpacked: int | None = None) -> Neff:
     """Parse and validate a NEFF held in memory. Weights are read-only views into `data`
-    (into its decompressed copy when the archive is gzip-compressed)."""
+    (into its decompressed copy when the archive is gzip-compressed, which may take at
+    most `max_unpacked` bytes: by default half the host's available memory)."""
     view = memoryview(data).cast("B")
     header = parse_header(view)
     payload = _payload(view, header)
     _check_hash(header, payload)
-    archive = memoryview(gunzip(payload)) if header.gzip else payload
+    if header.gzip:
+        limit = psutil.virtual_memory().available // 2 if max_unpacked is None else max_unpacked
+        archive = memoryview(gunzip(payload, limit))
+    else:
+        archive = payload
     members = unpack_members(archive)
     graph = parse_graph(load_json(member(members, GRAPH_FILE, "the graph"), GRAPH_FILE))
     nodes = build_nodes(graph, members)
@@ -53,14 +62,45 @@ def read_neff(data: bytes | bytearray | memoryview) -> Neff:
     return neff
 
 
-def read_neff_file(path: str | os.PathLike[str]) -> Neff:
-    """Read a NEFF file through a read-only mmap, which the returned Neff keeps alive."""
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
+def read_neff_file(
+    path: str | os.PathLike[str],
+    *,
+    into: Callable[[int], bytearray] | None = None,
+    max_unpacked: int | None = None,
+) -> Neff:
+    """Read a NEFF file through a read-only mmap, which the returned Neff keeps alive; or,
+    with `into` (which gives a buffer of the file's size, or raises), read into that
+    buffer: then nothing done to the file later (shrinking it, say) reaches the Neff.
+
+    Only a regular file is read: a device, FIFO or folder is refused without being read
+    (nor, for a device, opened). What a file that is not a NEFF holds is never told."""
+    name = os.fspath(path)
+    if not stat.S_ISREG(os.stat(name).st_mode):
+        raise NeffInvalid(f"'{name}' is not a regular file")
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the check above
+            raise NeffInvalid(f"'{name}' is not a regular file")
         if size < HEADER_SIZE:
-            return read_neff(file.read())  # raises: too short to hold a header
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    return read_neff(memoryview(mapped))
+            raise NeffInvalid(f"'{name}' is not a NEFF: it is shorter than a NEFF header")
+        if into is None:
+            data: memoryview | bytearray = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+        else:
+            data = into(size)
+            _read_exactly(fd, memoryview(data), name)
+    finally:
+        os.close(fd)
+    return read_neff(data, max_unpacked=max_unpacked)
+
+
+def _read_exactly(fd: int, target: memoryview, name: str) -> None:
+    done = 0
+    while done < len(target):
+        got = os.readv(fd, [target[done:]])
+        if got == 0:
+            raise NeffInvalid(f"'{name}' shrank while it was being read")
+        done += got
 
 
 def _payload(view: memoryview, header: NeffHeader) -> memoryview:

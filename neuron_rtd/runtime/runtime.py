@@ -57,6 +57,8 @@ class RuntimeOptions:
     host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
     cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
     shmem_enabled: bool = True  # clients may map shared memory for tensors
+    # The folders `neff_file` loads may read from (symbolic links resolved first).
+    neff_file_dirs: tuple[str, ...] = ("/",)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -273,6 +275,27 @@ class Runtime:
             )
         return bytearray(size)
 
+    def _read_neff(self, neff: NeffSource) -> Neff:
+        if isinstance(neff, Neff):
+            return neff
+        if not isinstance(neff, NeffFile):
+            return read_neff(neff)
+        path = neff.path
+        if not os.path.isabs(path):
+            raise InvalidError(f"neff_file '{path}' must be an absolute path")
+        folders = self.options.neff_file_dirs
+        real = os.path.realpath(path)
+        if not any(_within(real, folder) for folder in folders):
+            raise InvalidError(
+                f"neff_file '{path}' is outside the folders this daemon loads NEFF files "
+                f"from ({', '.join(folders) or 'none'}): stream the NEFF instead, or add "
+                "its folder to neff_file_dirs in the daemon's config"
+            )
+        try:
+            return read_neff_file(real, into=self.neff_buffer)
+        except OSError as exc:
+            raise InvalidError(f"cannot read neff_file '{path}': {exc.strerror}") from exc
+
     def load(
         self,
         neff: NeffSource,
@@ -285,7 +308,7 @@ class Runtime:
         """Load `neff` (parsed, its bytes, or an absolute file path): on NCG `ncg_id`
         (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None."""
         self.ensure_ready()
-        parsed = _read_neff_source(neff)
+        parsed = self._read_neff(neff)
         params = self.params(timeout_s=timeout_s, ninfer=ninfer)
         began = time.monotonic()
         with self._lock:
@@ -546,14 +569,5 @@ class Runtime:
         logging.getLogger("nrtd").removeHandler(self._stats.logs)
 
 
-def _read_neff_source(neff: NeffSource) -> Neff:
-    if isinstance(neff, Neff):
-        return neff
-    if not isinstance(neff, NeffFile):
-        return read_neff(neff)
-    if not os.path.isabs(neff.path):
-        raise InvalidError(f"neff_file '{neff.path}' must be an absolute path")
-    try:
-        return read_neff_file(neff.path)
-    except OSError as exc:
-        raise InvalidError(f"cannot read neff_file '{neff.path}': {exc.strerror}") from exc
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
