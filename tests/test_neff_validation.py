@@ -340,7 +340,8 @@ def test_a_file_read_into_memory_is_no_mapping(tmp_path: Path, neff: bytes) -> N
         return bytearray(size)
 
     parsed = read_neff_file(path, into=buffer)
-    assert sizes == [len(neff)] and isinstance(parsed.buffer.obj, bytearray)
+    assert sizes == [len(neff)]
+    assert parsed.buffer is not None and isinstance(parsed.buffer.obj, bytearray)
     path.write_bytes(b"")  # shrinking the file afterwards cannot reach the Neff
     assert parsed.nc_count == 2
 
