@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench proto
+.PHONY: setup demo test lint bench proto fuzz
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -17,6 +17,19 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VENV)/bin/lint-imports \
 		&& $(PY) -m neuron_rtd.protogen --check
+
+# Each fuzz harness for FUZZ_SECONDS (default 60), growing its working corpus in
+# fuzz/.work/NAME from the seeds in fuzz/corpus/NAME; what it finds goes to fuzz/.work.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	@for h in neff_reader wire_requests; do \
+		mkdir -p fuzz/.work/$$h && echo "fuzz: $$h for $(FUZZ_SECONDS) s"; \
+		$(PY) fuzz/$$h.py fuzz/.work/$$h fuzz/corpus/$$h -max_total_time=$(FUZZ_SECONDS) \
+			-timeout=30 -rss_limit_mb=3072 -artifact_prefix=fuzz/.work/$$h- \
+			-print_final_stats=1 > fuzz/.work/$$h.log 2>&1; rc=$$?; \
+		grep -E "^(Done|stat::(number|average|peak))" fuzz/.work/$$h.log; \
+		[ $$rc -eq 0 ] || { tail -40 fuzz/.work/$$h.log; exit 1; }; \
+	done
 
 bench: setup
 	$(PY) bench/infer_roundtrip.py

@@ -335,9 +335,9 @@ def test_a_file_read_into_memory_is_no_mapping(tmp_path: Path, neff: bytes) -> N
     path.write_bytes(neff)
     sizes: list[int] = []
 
-    def buffer(size: int) -> bytearray:
+    def buffer(size: int) -> memoryview:
         sizes.append(size)
-        return bytearray(size)
+        return memoryview(bytearray(size))
 
     parsed = read_neff_file(path, into=buffer)
     assert sizes == [len(neff)]

@@ -65,7 +65,7 @@ def read_neff(data: bytes | bytearray | memoryview, *, max_unpacked: int | None 
 def read_neff_file(
     path: str | os.PathLike[str],
     *,
-    into: Callable[[int], bytearray] | None = None,
+    into: Callable[[int], memoryview] | None = None,
     max_unpacked: int | None = None,
 ) -> Neff:
     """Read a NEFF file through a read-only mmap, which the returned Neff keeps alive; or,
@@ -85,10 +85,10 @@ def read_neff_file(
         if size < HEADER_SIZE:
             raise NeffInvalid(f"'{name}' is not a NEFF: it is shorter than a NEFF header")
         if into is None:
-            data: memoryview | bytearray = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+            data = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
         else:
             data = into(size)
-            _read_exactly(fd, memoryview(data), name)
+            _read_exactly(fd, data, name)
     finally:
         os.close(fd)
     return read_neff(data, max_unpacked=max_unpacked)

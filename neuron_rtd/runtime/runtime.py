@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -263,9 +264,10 @@ class Runtime:
             )
         return ModelParams(timeout_s=float(timeout), ninfer=depth)
 
-    def neff_buffer(self, size: int) -> bytearray:
-        """A buffer for a NEFF of `size` bytes a client streams in: admitted only while
-        the host has twice that memory available."""
+    def neff_buffer(self, size: int) -> memoryview:
+        """A buffer for a NEFF of `size` bytes a client sends: admitted only while the
+        host has twice that memory available. Its memory is taken as it is written (an
+        anonymous mapping), so a size claimed and never sent costs nothing."""
         self.ensure_ready()
         available = psutil.virtual_memory().available
         if size > available // 2:
@@ -273,7 +275,7 @@ class Runtime:
                 f"neff_size {size} bytes is more than the host can hold now "
                 f"({available} bytes available)"
             )
-        return bytearray(size)
+        return memoryview(mmap.mmap(-1, size) if size else bytearray())
 
     def _read_neff(self, neff: NeffSource) -> Neff:
         if isinstance(neff, Neff):

@@ -13,7 +13,7 @@ from neuron_rtd.runtime import NeffFile
 
 @dataclass(frozen=True)
 class LoadRequest:
-    neff: bytearray | NeffFile
+    neff: memoryview | NeffFile
     ncg_id: int | None
     session_id: int
     timeout_s: float | None
@@ -21,7 +21,7 @@ class LoadRequest:
 
 
 def read_load_stream(
-    requests: Iterator[pb.load_request], buffer_for: Callable[[int], bytearray]
+    requests: Iterator[pb.load_request], buffer_for: Callable[[int], memoryview]
 ) -> LoadRequest:
     """Collect one load stream; `buffer_for(size)` gives the buffer the chunks fill."""
     ncg_id: int | None = None
@@ -29,7 +29,7 @@ def read_load_stream(
     timeout_s: float | None = None
     ninfer: int | None = None
     size: int | None = None
-    buffer: bytearray | None = None
+    buffer: memoryview | None = None
     filled = 0
     path: str | None = None
     for msg in requests:
@@ -60,7 +60,7 @@ def read_load_stream(
             filled += len(chunk)
         elif kind == "neff_file":
             path = msg.neff_file
-    neff: bytearray | NeffFile
+    neff: memoryview | NeffFile
     if path is not None:
         if size is not None:
             raise InvalidError("load stream gives both neff_file and neff_size/chunks")
