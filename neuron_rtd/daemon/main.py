@@ -7,6 +7,7 @@ and on SIGTERM drains, unloads, releases the devices and removes its socket.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(config)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
+    # `kill -USR1`: every thread's stack to stderr (the journal), for a daemon that hangs
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     return daemon.run()
 
 
