@@ -1,6 +1,7 @@
 """What a hostile client sends gets a clean refusal: `neff_file` loads of files that are
-no NEFF, devices, FIFOs and paths outside the daemon's `neff_file_dirs`, all through the
-real daemon. (The NEFF reader's own refusals are in test_neff_validation.py.)"""
+no NEFF, devices, FIFOs and paths outside the daemon's `neff_file_dirs`, and one model
+past a session quota, all through the real daemon. (The NEFF reader's own refusals are in
+test_neff_validation.py, the quotas in full in test_runtime.py.)"""
 
 from __future__ import annotations
 
@@ -64,13 +65,14 @@ def test_devices_fifos_and_folders_are_refused_at_once(
 
 @pytest.fixture(scope="module")
 def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
-    """A daemon that loads NEFF files only from `allowed`; and a folder beside it."""
+    """A daemon that loads NEFF files only from `allowed` (and one model per session);
+    and a folder beside it."""
     work = tmp_path_factory.mktemp("fenced")
     allowed, outside = work / "allowed", work / "outside"
     allowed.mkdir()
     outside.mkdir()
     config = work / "neuron-rtd.json"
-    config.write_text(json.dumps({"neff_file_dirs": [str(allowed)]}))
+    config.write_text(json.dumps({"neff_file_dirs": [str(allowed)], "session_max_models": 1}))
     with (
         DaemonProcess(sim_root=work / "sim", args=["-c", str(config)]) as daemon,
         grpc.insecure_channel(daemon.address, options=CHANNEL_OPTIONS) as channel,
@@ -98,9 +100,24 @@ def test_neff_files_load_only_from_the_configured_folders(
     assert stub.unload_all(pb.empty()).code == 0
 
 
+def test_a_session_quota_refuses_one_model_more(fenced: tuple[Any, Path, Path]) -> None:
+    stub = fenced[0]
+    neff = build_relu((1, 8))
+    stream = [pb.load_request(neff_size=len(neff)), chunk(neff)]
+    assert stub.load(iter(stream)).status.code == 0
+    second = stub.load(iter(stream))
+    assert second.status.code == Nerr.RESOURCE, second.status
+    assert "session_max_models 1" in second.status.details.decode()
+    assert stub.unload_all(pb.empty()).code == 0
+    assert stub.load(iter(stream)).status.code == 0  # its model unloaded, one fits again
+    assert stub.unload_all(pb.empty()).code == 0
+
+
 def test_neff_file_dirs_must_be_absolute(tmp_path: Path) -> None:
     from neuron_rtd.daemon.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError, match="neff_file_dirs must be a list of absolute"):
         config_from_dict({"neff_file_dirs": ["models"]})
     assert config_from_dict({"neff_file_dirs": []}).neff_file_dirs == ()
+    with pytest.raises(ConfigError, match="session_max_models must not be negative"):
+        config_from_dict({"session_max_models": -1})

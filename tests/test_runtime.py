@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,6 +211,45 @@ def test_models_per_ncg_limit(machine: driver_sim.Machine) -> None:
             rt.load(neff, ncg_id=ncg.id)
         rt.unload(first.id)
         rt.load(neff, ncg_id=ncg.id)
+    finally:
+        rt.close()
+        devices[0].release()
+
+
+def test_session_quotas(machine: driver_sim.Machine, tmp_path: Path) -> None:
+    """What one session (or the clients with no session, together) may hold: NCs, models,
+    shm maps; another session is not limited by it."""
+    devices = acquire_sim(machine, [0], address="in-process", version="test")
+    options = RuntimeOptions(session_max_ncs=2, session_max_models=2, session_max_shm_maps=1)
+    rt = Runtime(devices, options=options)
+    rt._shm.root = tmp_path  # the shm objects of this test
+    try:
+        rt.init_devices()
+        neff = read_neff(build_mlp((8, 8, 4)).neff)
+        mine, other = rt.open_session(), rt.open_session()
+        ncg = rt.create_ncg(2, session_id=mine)
+        with pytest.raises(ResourceError, match=f"session {mine} would hold 3 NeuronCores"):
+            rt.create_ncg(1, session_id=mine)
+        with pytest.raises(ResourceError, match="session_max_ncs 2"):
+            rt.load(neff, session_id=mine)  # an implicit NCG counts too
+        with pytest.raises(ResourceError, match="would hold"):
+            rt.create_ncg(0, session_id=mine)  # the largest free run: 2 more
+        rt.load(neff, ncg_id=ncg.id, session_id=mine)
+        rt.load(neff, ncg_id=ncg.id, session_id=mine)
+        with pytest.raises(ResourceError, match=r"has 2 models loaded.*session_max_models 2"):
+            rt.load(neff, ncg_id=ncg.id, session_id=mine)
+        (tmp_path / "a").write_bytes(bytes(64))
+        (tmp_path / "b").write_bytes(bytes(64))
+        rt.shm_map("/a", 3, session_id=mine)
+        rt.shm_map("/a", 3, session_id=mine)  # the same object again: no more held
+        with pytest.raises(ResourceError, match="session_max_shm_maps 1"):
+            rt.shm_map("/b", 3, session_id=mine)
+        rt.shm_map("/b", 3, session_id=other)  # another session has its own quota
+        assert rt.load(neff, session_id=other).id  # and its own NCs
+        rt.end_session(mine)
+        rt.create_ncg(2)  # what the ended session held is free again
+        with pytest.raises(ResourceError, match="the clients with no session would hold 3"):
+            rt.create_ncg(1)
     finally:
         rt.close()
         devices[0].release()

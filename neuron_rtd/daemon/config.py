@@ -44,6 +44,9 @@ class DaemonConfig:
     socket_mode: int = 0o660
     server_threads: int = 16
     neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
+    session_max_ncs: int = 0  # what one session may hold at once (0: any)
+    session_max_models: int = 64
+    session_max_shm_maps: int = 256
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -65,6 +68,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "socket_mode": str,
     "server_threads": int,
     "neff_file_dirs": list,
+    "session_max_ncs": int,
+    "session_max_models": int,
+    "session_max_shm_maps": int,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -139,6 +145,9 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         )
     if not all(isinstance(d, str) for d in config.devices):
         raise ConfigError(f"{where}: devices must be a list of PCI BDF strings")
+    for quota in ("session_max_ncs", "session_max_models", "session_max_shm_maps"):
+        if getattr(config, quota) < 0:
+            raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")
     if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):
         raise ConfigError(f"{where}: neff_file_dirs must be a list of absolute folder paths")
     return config

@@ -166,6 +166,9 @@ class Daemon:
                 models_per_ncg=config.model_cache_count,
                 shmem_enabled=config.shmem_enabled,
                 neff_file_dirs=tuple(os.path.realpath(d) for d in config.neff_file_dirs),
+                session_max_ncs=config.session_max_ncs,
+                session_max_models=config.session_max_models,
+                session_max_shm_maps=config.session_max_shm_maps,
             ),
         )
         sd.notify("STATUS=Initializing devices")

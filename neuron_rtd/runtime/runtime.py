@@ -39,7 +39,7 @@ from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
-from neuron_rtd.runtime.shm import ShmTable
+from neuron_rtd.runtime.shm import ShmTable, session_name
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
@@ -60,6 +60,10 @@ class RuntimeOptions:
     shmem_enabled: bool = True  # clients may map shared memory for tensors
     # The folders `neff_file` loads may read from (symbolic links resolved first).
     neff_file_dirs: tuple[str, ...] = ("/",)
+    # What one session may hold at once (clients with no session share one quota); 0: any.
+    session_max_ncs: int = 0
+    session_max_models: int = 64
+    session_max_shm_maps: int = 256
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -188,11 +192,38 @@ class Runtime:
                 "it was opened with another daemon); use 0 for no session"
             )
 
+    def _check_ncs_quota(self, session_id: int, more: int) -> None:
+        """ResourceError if the session's NCGs would hold more NCs than its quota
+        (called under the runtime's lock)."""
+        limit = self.options.session_max_ncs
+        held = sum(g.nc_count for g in self._ncgs.list() if g.session_id == session_id)
+        if limit and held + more > limit:
+            raise ResourceError(
+                f"{session_name(session_id)} would hold {held + more} NeuronCores, past the "
+                f"most one may hold (session_max_ncs {limit}): destroy an NCG or unload a "
+                "model first"
+            )
+
+    def _check_models_quota(self, session_id: int) -> None:
+        limit = self.options.session_max_models
+        held = sum(m.session_id == session_id for m in self._models.values())
+        if limit and held >= limit:
+            raise ResourceError(
+                f"{session_name(session_id)} has {held} models loaded, the most one may "
+                f"(session_max_models {limit}): unload one first"
+            )
+
     # --- NCGs ----------------------------------------------------------------------
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> NcgInfo:
         self.ensure_ready()
-        self._check_session(session_id)
-        ncg = self._ncgs.create(nc_count, session_id=session_id)
+        with self._lock:
+            self._check_session(session_id)
+            ncg = self._ncgs.create(nc_count, session_id=session_id)
+            try:  # checked with the NCG made: nc_count 0 takes the largest free run
+                self._check_ncs_quota(session_id, 0)
+            except ResourceError:
+                self._ncgs.destroy(ncg.id)
+                raise
         log.info(
             "Created NCG %d: %d NC(s) from vnc %d",
             ncg.id,
@@ -315,8 +346,10 @@ class Runtime:
         began = time.monotonic()
         with self._lock:
             self._check_session(session_id)
+            self._check_models_quota(session_id)
             implicit = ncg_id is None
             if ncg_id is None:
+                self._check_ncs_quota(session_id, max(parsed.nc_count, 1))
                 ncg = self._ncgs.create(
                     max(parsed.nc_count, 1), session_id=session_id, implicit=True
                 )
@@ -482,7 +515,7 @@ class Runtime:
         if path is None:
             raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
         self._check_session(session_id)
-        self._shm.map(path, prot, session_id)
+        self._shm.map(path, prot, session_id, limit=self.options.session_max_shm_maps)
 
     def shm_unmap(self, path: str) -> None:
         self.ensure_ready()

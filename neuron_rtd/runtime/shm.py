@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_rtd.errors import BadInput, InvalidError
+from neuron_rtd.errors import BadInput, InvalidError, ResourceError
 
 SHM_ROOT = Path("/dev/shm")
 PROT_READ = 0x1
@@ -38,6 +38,11 @@ class _Mapping:
     unmapped: bool = False
 
 
+def session_name(session_id: int) -> str:
+    """Who holds what a session holds, in messages (no session: one quota for all)."""
+    return f"session {session_id}" if session_id else "the clients with no session"
+
+
 class ShmTable:
     """The shm objects mapped by clients, by the path they gave."""
 
@@ -52,8 +57,9 @@ class ShmTable:
             return len(self._maps)
 
     # --- map / unmap ----------------------------------------------------------------
-    def map(self, path: str, prot: int, session_id: int = 0) -> None:
-        """Open the object `path` names (read-write when `prot` has PROT_WRITE)."""
+    def map(self, path: str, prot: int, session_id: int = 0, *, limit: int = 0) -> None:
+        """Open the object `path` names (read-write when `prot` has PROT_WRITE); with a
+        `limit`, ResourceError if the session has that many objects mapped already."""
         if not self.enabled:
             raise InvalidError(
                 "shared memory is disabled in this daemon's config (shmem_enabled false): "
@@ -73,6 +79,13 @@ class ShmTable:
             raise InvalidError(f"shm_map: '{path}' is not a shared memory object")
         mapping = _Mapping(path, fd, writable, session_id)
         with self._lock:
+            held = sum(m.session_id == session_id for m in self._maps.values())
+            if limit and path not in self._maps and held >= limit:
+                os.close(fd)
+                raise ResourceError(
+                    f"shm_map: {session_name(session_id)} has {held} shared memory objects mapped, "
+                    f"the most one may (session_max_shm_maps {limit}): unmap one first"
+                )
             old = self._maps.pop(path, None)
             self._maps[path] = mapping
         if old is not None:  # mapped again (the client made a new object of that name)
