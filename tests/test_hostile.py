@@ -48,6 +48,12 @@ def chunk(data: bytes) -> Any:
     return pb.load_request(neff_chunk=pb.file_chunk(chunk=data))
 
 
+def test_odd_paths_are_refused(stub: Any) -> None:
+    refused(load_file(stub, "/tmp/model\0.neff"), "holds a NUL byte")  # found by fuzzing
+    refused(load_file(stub, "models/relu.neff"), "must be an absolute path")
+    refused(load_file(stub, "/nonexistent/relu.neff"), "cannot read neff_file")
+
+
 def test_devices_fifos_and_folders_are_refused_at_once(
     daemon: DaemonProcess, stub: Any, tmp_path: Path
 ) -> None:

@@ -314,6 +314,8 @@ class Runtime:
         if not isinstance(neff, NeffFile):
             return read_neff(neff)
         path = neff.path
+        if "\0" in path:
+            raise InvalidError(f"neff_file {path!r} holds a NUL byte: give a file's path")
         if not os.path.isabs(path):
             raise InvalidError(f"neff_file '{path}' must be an absolute path")
         folders = self.options.neff_file_dirs
