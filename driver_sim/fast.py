@@ -22,6 +22,7 @@ NC's own generator), or when onnxruntime does not take the graph it makes.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,10 @@ class FastProgram:
     meanwhile, so that no run waits for a session to be built but the very first."""
 
     def __init__(self, loaded: LoadedProgram, threads: int, opset: int) -> None:
-        self.loaded = loaded
+        # Weakly: the loaded program holds this (`LoadedProgram.fast`), and a cycle would
+        # keep the sessions (their memory and threads) until a full garbage collection,
+        # not free them as the program is unloaded.
+        self._loaded = weakref.ref(loaded)
         self.threads = threads
         self.opset = opset
         self.costs: dict[tuple[Shape, ...], RunCost] = {}
@@ -185,8 +189,11 @@ class FastProgram:
     def _build(self, types: InputTypes, threads: int) -> Any:
         import onnxruntime as ort
 
+        loaded = self._loaded()
+        if loaded is None:  # unloaded while a session was being built for it
+            return None
         try:
-            model = to_onnx(self.loaded, types, self.opset)
+            model = to_onnx(loaded, types, self.opset)
         except (KeyError, TypeError, ValueError):
             return None
         options = ort.SessionOptions()

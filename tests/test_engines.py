@@ -16,6 +16,7 @@ from driver_sim.fast import FastProgram
 from neuron_rtd import models
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.neff import Stage, read_neff
+from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.runtime import LocalRuntime, NcCounters
 
 COUNTED = [
@@ -144,3 +145,31 @@ def test_arrays_seen_again_run_in_place_with_their_new_values() -> None:
     other = np.empty_like(y)  # another output array: its own run, no stale binding
     assert fast.run({"x": x}, {"y": other})
     np.testing.assert_array_equal(other, y)
+
+
+def test_an_unloaded_models_sessions_and_threads_go_with_it() -> None:
+    """Nothing holds a fast program's sessions in a cycle: they (and their onnxruntime
+    threads) are freed as the model unloads, not at some later garbage collection."""
+    import gc
+    import os
+
+    sample = build_mlp((16, 32, 4), batch=1, seed=0)
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    with LocalRuntime("inf1.xlarge", engine="fast") as rt:
+        model = rt.load(sample.neff)  # the first load starts what stays (a pool or two)
+        rt.infer(model, sample.random_inputs())
+        rt.unload(model)
+        gc.collect()
+        before = threads()
+        gc.disable()
+        try:
+            for _ in range(5):
+                model = rt.load(sample.neff)
+                rt.infer(model, sample.random_inputs())
+                rt.unload(model)
+            assert threads() <= before
+        finally:
+            gc.enable()

@@ -13,6 +13,7 @@ import driver_sim
 from neuron_rtd.errors import (
     BadInput,
     HwError,
+    InferCancelled,
     InvalidError,
     InvalidHandle,
     ModelNotRunning,
@@ -271,3 +272,27 @@ def test_all_finite_finds_any_nan_or_inf(dtype: str) -> None:
     for pair in ([np.inf, -np.inf], [np.nan, 1.0], [np.inf, np.inf]):
         few[2:4] = np.array(pair, dtype)
         assert not all_finite(few)
+
+
+def test_an_unloaded_models_cookies_keep_only_their_answer(runtime: Runtime) -> None:
+    """Cookies nobody collected do not keep an unloaded model alive (its memory and
+    threads) for the cookies' time to live; each still answers once, cancelled."""
+    import gc
+    import weakref
+
+    model = runtime.load(read_neff(build_mlp((8, 8, 4)).neff))
+    x = np.zeros((1, 8), np.float32).tobytes()
+    cookies = [runtime.post(model.id, {"x": x}) for _ in range(3)]
+    held = weakref.ref(runtime._models[model.id])
+    gc.disable()  # freed as it unloads, not by a later collection
+    try:
+        runtime.unload(model.id)
+        assert held() is None
+    finally:
+        gc.enable()
+    assert runtime.completed(cookies) == cookies
+    for cookie in cookies:
+        with pytest.raises(InferCancelled, match="unloaded"):
+            runtime.wait(cookie)
+        with pytest.raises(InvalidHandle):
+            runtime.wait(cookie)  # answered once

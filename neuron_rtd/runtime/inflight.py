@@ -5,7 +5,9 @@ The post checks the inputs, takes the model's slot and copies the inputs in befo
 answers, so a bad input or a full queue (NERR_QUEUE_FULL) is the post's own answer, and the
 client may reuse its input buffers as soon as it has the cookie. The slot stays taken until
 the cookie is answered. A cookie nobody collects within `ttl_s` of its end (its client went
-away) is dropped, and its slot given back.
+away) is dropped, and its slot given back. When a model is unloaded its cookies keep only
+their answer (the error that ended them), not the model: an unloaded model's memory and
+threads are not held up to `ttl_s` by cookies nobody will collect.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_rtd.errors import InferCancelled, InferTimeout, InvalidHandle
+from neuron_rtd.errors import InferCancelled, InferTimeout, InvalidHandle, NrtError
 from neuron_rtd.runtime.model import Job, Model
 
 log = logging.getLogger("nrtd.NMGR")
@@ -42,6 +44,7 @@ class Inflight:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._cookies = itertools.count(1)
         self._posted: dict[int, Posted] = {}
+        self._gone: dict[int, tuple[float, NrtError]] = {}  # an unloaded model's: its answer
         self._lock = threading.Lock()
         self.ttl_s = ttl_s
         self._closed = threading.Event()
@@ -65,6 +68,9 @@ class Inflight:
     def peek(self, cookie: int) -> Posted:
         with self._lock:
             posted = self._posted.get(cookie)
+            gone = self._gone.get(cookie)
+        if gone is not None:
+            raise gone[1]
         if posted is None:
             raise InvalidHandle(f"cookie {cookie} is unknown or was answered already")
         return posted
@@ -73,9 +79,25 @@ class Inflight:
         """The posted inference, which this cookie no longer names afterwards."""
         with self._lock:
             posted = self._posted.pop(cookie, None)
+            gone = self._gone.pop(cookie, None)
+        if gone is not None:
+            raise gone[1]
         if posted is None:
             raise InvalidHandle(f"cookie {cookie} is unknown or was answered already")
         return posted
+
+    def forget(self, model: Model) -> None:
+        """`model` is unloaded (its jobs ended and released): its cookies keep only the
+        error that ended each, to answer once."""
+        now = time.monotonic()
+        with self._lock:
+            mine = [p for p in self._posted.values() if p.model is model]
+            for posted in mine:
+                del self._posted[posted.cookie]
+                error = posted.job.error or InferCancelled(
+                    f"model {model.id}: inference cancelled: the model was unloaded"
+                )
+                self._gone[posted.cookie] = (now, error)
 
     def wait(self, cookie: int) -> Posted:
         """Take the cookie once its inference has ended. Waits at most as long as every
@@ -94,7 +116,11 @@ class Inflight:
 
     def completed(self, cookies: Iterable[int]) -> list[int]:
         with self._lock:
-            return [c for c in cookies if c in self._posted and self._posted[c].done]
+            return [
+                c
+                for c in cookies
+                if c in self._gone or (c in self._posted and self._posted[c].done)
+            ]
 
     def sweep(self, now: float | None = None) -> list[int]:
         """Drop cookies that ended more than `ttl_s` ago and were never collected."""
@@ -107,6 +133,8 @@ class Inflight:
             ]
             for posted in stale:
                 del self._posted[posted.cookie]
+            for cookie in [c for c, (t, _) in self._gone.items() if now - t > self.ttl_s]:
+                del self._gone[cookie]
         for posted in stale:
             posted.model.abandon(posted.job)
             log.warning(

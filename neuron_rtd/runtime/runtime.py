@@ -447,6 +447,7 @@ class Runtime:
             log.warning(
                 "Model %d still busy at unload; freeing it anyway", model_id, extra={"fn": "unload"}
             )
+        self._inflight.forget(model)
         for device, buf in reversed(model.dram):
             device.dram_free(buf)
         with self._lock:

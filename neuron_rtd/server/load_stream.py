@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import grpc
+
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.proto import pb
 from neuron_rtd.runtime import NeffFile
@@ -20,6 +22,16 @@ class LoadRequest:
     ninfer: int | None
 
 
+def _until_broken(requests: Iterator[pb.load_request]) -> Iterator[pb.load_request]:
+    """The stream's messages; InvalidError if it breaks off (the client went away)."""
+    try:
+        yield from requests
+    except grpc.RpcError:
+        raise InvalidError(
+            "the load stream broke off before its end (the client went away)"
+        ) from None
+
+
 def read_load_stream(
     requests: Iterator[pb.load_request], buffer_for: Callable[[int], memoryview]
 ) -> LoadRequest:
@@ -32,7 +44,7 @@ def read_load_stream(
     buffer: memoryview | None = None
     filled = 0
     path: str | None = None
-    for msg in requests:
+    for msg in _until_broken(requests):
         kind = msg.WhichOneof("content")
         if kind == "h_eg":
             ncg_id = msg.h_eg.id

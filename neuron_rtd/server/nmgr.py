@@ -321,5 +321,8 @@ class StreamServicer(pb_grpc.nmgr_streamServicer):
     def infer_stream(
         self, request_iterator: Iterator[pb.infer_request], context: grpc.ServicerContext
     ) -> Iterator[pb.infer_response]:
-        for request in request_iterator:
-            yield self.nmgr.infer(request, context)
+        try:
+            for request in request_iterator:
+                yield self.nmgr.infer(request, context)
+        except grpc.RpcError:  # the client went away: nobody to answer
+            return
