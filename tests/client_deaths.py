@@ -143,7 +143,9 @@ class Result:
             and not self.maps_left
             and (a.ncgs, a.dram) == (b.ncgs, b.dram)
             and a.fds <= b.fds + 1  # gRPC may keep one more for good
-            and a.threads <= b.threads
+            # gRPC's worker pool may grow by a thread or two past the first wave's; a
+            # thread left per client would show as dozens
+            and a.threads <= b.threads + 2
         )
 
 
