@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from test_wire import load_stream
 
@@ -125,6 +126,64 @@ def test_dead_daemon_leaves_no_claim(work: Path) -> None:
         owner = driver_sim.Machine.open(sim).device_info(0).owner
         assert owner is not None and owner.pid == d2.pid
     first.close()
+
+
+def test_a_daemon_killed_under_load_restarts_on_its_socket(work: Path) -> None:
+    """SIGKILL while clients infer; a new daemon on the same socket and sim root takes the
+    stale socket, lock and device over, and a client made before the kill recovers with
+    its one retry (as the unit's Restart=on-failure does it unattended)."""
+    import threading
+
+    sim = work / "sim"
+    sample = build_mlp((16, 32, 4), batch=1, seed=5)
+    first = DaemonProcess(sim_root=sim, args=["-t", BDFS[0]])
+    first.start()
+    lock = Path(first.socket_path + ".lock")
+    client = Client(first.address)
+    model = client.load(sample.neff)
+    inputs = sample.random_inputs()
+    answered = [0, 0]  # before the kill, after the restart
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def load_(slot: list[int]) -> None:
+        while not stop.is_set():
+            try:
+                model.infer(inputs)
+                slot[0] += 1
+            except grpc.RpcError as exc:  # the kill: a transport failure (see client.errors)
+                errors.append(str(exc.code()) if isinstance(exc, grpc.Call) else "?")
+                return
+
+    counts = [[0] for _ in range(4)]
+    threads = [threading.Thread(target=load_, args=(c,)) for c in counts]
+    for thread in threads:
+        thread.start()
+    while sum(c[0] for c in counts) < 20:
+        time.sleep(0.01)
+    assert first.proc is not None
+    first.proc.kill()
+    first.proc.wait()
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    answered[0] = sum(c[0] for c in counts)
+    assert Path(first.socket_path).exists() and lock.exists()  # left by the dead daemon
+    assert len(errors) == 4 and set(errors) <= {"StatusCode.UNAVAILABLE"}, errors
+    with DaemonProcess(
+        sim_root=sim, socket_path=first.socket_path, args=["-t", BDFS[0]]
+    ) as second:
+        owner = driver_sim.Machine.open(sim).device_info(0).owner
+        assert owner is not None and owner.pid == second.pid
+        assert client.version()  # the same client: its channel reconnects, one retry
+        again = client.load(sample.neff)  # the old model died with the old daemon
+        np.testing.assert_allclose(
+            again.infer(inputs)["probs"], sample.reference(inputs)["probs"], rtol=1e-5
+        )
+        answered[1] = 1
+    client.close()
+    first.close()
+    assert answered[0] >= 20 and answered[1] == 1
 
 
 def test_notify_protocol_and_watchdog(work: Path) -> None:

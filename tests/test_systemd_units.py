@@ -50,3 +50,28 @@ def test_instance_unit_reads_instance_config() -> None:
     assert "ExecStart=/usr/bin/neuron-rtd -i %i" in text
     for name in ("group0", "group1"):
         assert (ROOT / "config" / "instances" / f"{name}.json").exists()
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_a_killed_daemon_is_restarted_unattended(unit: str) -> None:
+    """What systemd does when the daemon dies (SIGKILL, a crash): it starts it again
+    after RestartSec, which the next start takes over from (the stale socket, lock and
+    device claims: test_daemon_process.py), within the clients' one retry of 5 s; and a
+    crash loop is not restarted forever."""
+    import configparser
+
+    from neuron_rtd.client.errors import RECONNECT_S
+
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((ROOT / "systemd" / unit).read_text())
+    service, unit_section = parser["Service"], parser["Unit"]
+    assert service["Restart"] in ("on-failure", "always")  # a signal death is a failure
+    restart_s = float(service["RestartSec"].removesuffix("s"))
+    assert 0 < restart_s < RECONNECT_S
+    assert service["Type"] == "notify"  # restarted means ready only once it serves
+    # at most StartLimitBurst starts in StartLimitIntervalSec, then systemd gives up: a
+    # loop of restarts RestartSec apart must reach the burst within the interval
+    burst = int(unit_section["StartLimitBurst"])
+    interval = float(unit_section["StartLimitIntervalSec"].removesuffix("s"))
+    assert burst >= 3 and burst * restart_s < interval

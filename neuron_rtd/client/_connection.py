@@ -15,7 +15,14 @@ import grpc
 
 from neuron_rtd.client._session import Session
 from neuron_rtd.client._shm import ShmBuffer
-from neuron_rtd.client.errors import NrtClientError, check, code_of, retry_unavailable
+from neuron_rtd.client.errors import (
+    RECONNECT_OPTIONS,
+    NrtClientError,
+    check,
+    code_of,
+    retry_unavailable,
+    settle_before_close,
+)
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
@@ -42,7 +49,9 @@ class Connection:
         self.timeout_s = timeout_s
         self.async_workers = async_workers
         self.owns_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = channel or grpc.insecure_channel(
+            address, options=CHANNEL_OPTIONS + RECONNECT_OPTIONS
+        )
         self.stub = pb_grpc.nmgr_v1Stub(self.channel)
         self.session: Session | None = None
         self.closed = False
@@ -54,12 +63,14 @@ class Connection:
     def unary(self, method: str, request: Any) -> Any:
         """Call `method`; retried once when the daemon is UNAVAILABLE."""
         call: Callable[..., Any] = getattr(self.stub, method)
-        return retry_unavailable(lambda: call(request, timeout=self.timeout_s))
+        return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
         stream loads nothing)."""
-        return retry_unavailable(lambda: self.stub.load(stream(), timeout=self.timeout_s))
+        return retry_unavailable(
+            lambda: self.stub.load(stream(), timeout=self.timeout_s), self.channel
+        )
 
     def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
         """`start`, `stop` or `unload` of one model, its status checked."""
@@ -149,4 +160,5 @@ class Connection:
     # --- close ----------------------------------------------------------------------
     def close_channel(self) -> None:
         if self.owns_channel:
+            settle_before_close(self.channel)
             self.channel.close()

@@ -52,7 +52,9 @@ class Session:
             fal_version=_version(__version__),
         )
         stub = pb_grpc.nmgr_session_managerStub(channel)
-        self.id = retry_unavailable(lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S))
+        self.id = retry_unavailable(
+            lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S), channel
+        )
 
     def _open(self, stub: Any, request: Any, timeout_s: float) -> int:
         closing = self._closing = threading.Event()

@@ -1,10 +1,13 @@
-"""The client's exceptions: a daemon answer other than success, with its nerr code.
+"""The client's exceptions: a daemon answer other than success, with its nerr code; and
+the one retry of a call the daemon was UNAVAILABLE for.
 
 Transport failures (no daemon, a deadline passed) stay `grpc.RpcError`s.
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -50,12 +53,45 @@ def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
 T = TypeVar("T")
 
 
-def retry_unavailable(call: Callable[[], T]) -> T:
+RECONNECT_S = 5.0  # how long the one retry waits for the daemon to be back
+# Reconnect soon after a daemon restart (gRPC's default backoff grows to 2 minutes):
+# connecting to a local socket costs next to nothing.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+# When each channel last waited to be connected again: gRPC's connectivity poller keeps
+# running up to WATCH_LINGER_S after such a wait and fails loudly if the channel closes
+# meanwhile, so closing waits that long (`settle_before_close`).
+_last_wait: weakref.WeakKeyDictionary[grpc.Channel, float] = weakref.WeakKeyDictionary()
+WATCH_LINGER_S = 0.25
+
+
+def settle_before_close(channel: grpc.Channel) -> None:
+    """Let a connectivity watch of `channel` end before the channel is closed."""
+    waited = _last_wait.get(channel)
+    if waited is not None:
+        time.sleep(max(0.0, waited + WATCH_LINGER_S - time.monotonic()))
+
+
+def retry_unavailable(call: Callable[[], T], channel: grpc.Channel) -> T:
     """`call()`, made once more when the daemon is UNAVAILABLE (restarting, or its
-    socket not yet there): the clients' one retry."""
+    socket not yet there): the clients' one retry, once `channel` is connected again
+    (waiting up to RECONNECT_S for it)."""
     try:
         return call()
     except grpc.RpcError as exc:
         if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
             raise
+        ready = grpc.channel_ready_future(channel)
+        try:
+            ready.result(timeout=RECONNECT_S)
+        except grpc.FutureTimeoutError:
+            raise exc from None
+        finally:
+            ready.cancel()  # stop watching the channel
+            _last_wait[channel] = time.monotonic()
     return call()
