@@ -170,9 +170,7 @@ def test_a_daemon_killed_under_load_restarts_on_its_socket(work: Path) -> None:
     answered[0] = sum(c[0] for c in counts)
     assert Path(first.socket_path).exists() and lock.exists()  # left by the dead daemon
     assert len(errors) == 4 and set(errors) <= {"StatusCode.UNAVAILABLE"}, errors
-    with DaemonProcess(
-        sim_root=sim, socket_path=first.socket_path, args=["-t", BDFS[0]]
-    ) as second:
+    with DaemonProcess(sim_root=sim, socket_path=first.socket_path, args=["-t", BDFS[0]]) as second:
         owner = driver_sim.Machine.open(sim).device_info(0).owner
         assert owner is not None and owner.pid == second.pid
         assert client.version()  # the same client: its channel reconnects, one retry

@@ -71,14 +71,16 @@ def test_devices_fifos_and_folders_are_refused_at_once(
 
 @pytest.fixture(scope="module")
 def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
-    """A daemon that loads NEFF files only from `allowed` (and one model per session);
-    and a folder beside it."""
+    """A daemon that loads NEFF files only from `allowed` (one model per session, requests
+    of 2 MiB at most); and a folder beside it."""
     work = tmp_path_factory.mktemp("fenced")
     allowed, outside = work / "allowed", work / "outside"
     allowed.mkdir()
     outside.mkdir()
     config = work / "neuron-rtd.json"
-    config.write_text(json.dumps({"neff_file_dirs": [str(allowed)], "session_max_models": 1}))
+    config.write_text(
+        json.dumps({"neff_file_dirs": [str(allowed)], "session_max_models": 1, "max_message_mb": 2})
+    )
     with (
         DaemonProcess(sim_root=work / "sim", args=["-c", str(config)]) as daemon,
         grpc.insecure_channel(daemon.address, options=CHANNEL_OPTIONS) as channel,
@@ -119,6 +121,15 @@ def test_a_session_quota_refuses_one_model_more(fenced: tuple[Any, Path, Path]) 
     assert stub.unload_all(pb.empty()).code == 0
 
 
+def test_a_request_past_the_size_cap_is_refused_unread(fenced: tuple[Any, Path, Path]) -> None:
+    stub = fenced[0]
+    big = pb.infer_request(h_nn=pb.h_nn(id=1), ifmap=[pb.infer_io(name="x", buf=bytes(3 << 20))])
+    with pytest.raises(grpc.RpcError) as error:
+        stub.infer(big, timeout=20)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stub.list_egs(pb.empty()).status.code == 0  # and it goes on serving
+
+
 def test_neff_file_dirs_must_be_absolute(tmp_path: Path) -> None:
     from neuron_rtd.daemon.config import ConfigError, config_from_dict
 
@@ -127,3 +138,5 @@ def test_neff_file_dirs_must_be_absolute(tmp_path: Path) -> None:
     assert config_from_dict({"neff_file_dirs": []}).neff_file_dirs == ()
     with pytest.raises(ConfigError, match="session_max_models must not be negative"):
         config_from_dict({"session_max_models": -1})
+    with pytest.raises(ConfigError, match="max_message_mb must be between 1 and 2047"):
+        config_from_dict({"max_message_mb": 4096})

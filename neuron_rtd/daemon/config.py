@@ -44,6 +44,7 @@ class DaemonConfig:
     socket_mode: int = 0o660
     server_threads: int = 16
     neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
+    max_message_mb: int = 256  # the largest request the daemon reads (inline tensors)
     session_max_ncs: int = 0  # what one session may hold at once (0: any)
     session_max_models: int = 64
     session_max_shm_maps: int = 256
@@ -68,6 +69,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "socket_mode": str,
     "server_threads": int,
     "neff_file_dirs": list,
+    "max_message_mb": int,
     "session_max_ncs": int,
     "session_max_models": int,
     "session_max_shm_maps": int,
@@ -145,6 +147,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         )
     if not all(isinstance(d, str) for d in config.devices):
         raise ConfigError(f"{where}: devices must be a list of PCI BDF strings")
+    if not 1 <= config.max_message_mb <= 2047:  # gRPC's limit is a signed 32-bit size
+        raise ConfigError(f"{where}: max_message_mb must be between 1 and 2047")
     for quota in ("session_max_ncs", "session_max_models", "session_max_shm_maps"):
         if getattr(config, quota) < 0:
             raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")

@@ -175,7 +175,10 @@ class Daemon:
         runtime.init_devices()
         server = grpc.server(
             futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
-            options=CHANNEL_OPTIONS,
+            options=[
+                *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+                ("grpc.max_receive_message_length", config.max_message_mb << 20),
+            ],
         )
         sessions = add_servicers(
             server,
