@@ -20,7 +20,10 @@ from driver_sim.core import NeuronCore
 from driver_sim.dram import ChannelAllocator, DramBuffer
 from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
 from driver_sim.faults import (
+    DMA_TIMEOUT,
     ECC_FAULTS,
+    HANG_DETECT_S,
+    NC_HANG,
     FaultSpec,
     FaultState,
     env_faults_for,
@@ -256,17 +259,26 @@ class Device:
         self.check_owned()
         self._poll_inject_file()
         faults = self._faults
-        if faults.nc_errors:
+        if faults.any_pending():
             with self._lock:
-                failing = faults.take_nc_error(nc)
-            if failing:
-                raise HwFault(
-                    f"device {self.index} ({self.bdf}) NC {nc}: "
-                    "hardware error during execution (injected)"
-                )
+                fault = faults.take(nc)
+            if fault is not None:
+                raise self._run_fault(fault, nc)
         delay = faults.delays_s[nc]
         if delay:
             time.sleep(delay)
+
+    def _run_fault(self, fault: str, nc: int) -> HwFault:
+        where = f"device {self.index} ({self.bdf}) NC {nc}"
+        if fault == NC_HANG:  # the run never completes: the watchdog gives up on it
+            time.sleep(HANG_DETECT_S)
+            return HwFault(
+                f"{where}: the NC did not complete its run within {HANG_DETECT_S:g} s "
+                "(hung; injected)"
+            )
+        if fault == DMA_TIMEOUT:
+            return HwFault(f"{where}: DMA of the run's inputs timed out (injected)")
+        return HwFault(f"{where}: hardware error during execution (injected)")
 
 
 def _check_channel(channel: int) -> None:

@@ -4,6 +4,9 @@ A spec is `name[:nc][=value]`:
 
     init_fail           the next reset of the device raises InitFailed
     nc_error[:nc]       the next run on that NC (any NC if none named) raises HwFault; once
+    nc_hang[:nc]        the next run on that NC never completes: the driver's completion
+                        watchdog gives up on it after HANG_DETECT_S and raises HwFault; once
+    dma_timeout[:nc]    the next run's input DMA to that NC times out: HwFault; once
     nc_delay_ms[:nc]=ms every following run on that NC (all NCs if none named) first sleeps
                         `ms` milliseconds; 0 clears
     mem_ecc_corr=n, mem_ecc_uncorr=n, sram_ecc_corr=n, sram_ecc_uncorr=n
@@ -36,10 +39,14 @@ FAULTS_ENV = "NEURON_SIM_FAULTS"
 INIT_FAIL = "init_fail"
 NC_ERROR = "nc_error"
 NC_DELAY_MS = "nc_delay_ms"
+NC_HANG = "nc_hang"
+DMA_TIMEOUT = "dma_timeout"
 ECC_FAULTS = frozenset(ECC_FIELDS)
-FAULT_NAMES = frozenset({INIT_FAIL, NC_ERROR, NC_DELAY_MS}) | ECC_FAULTS
+ONE_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT)  # each spoils the next run on its NC
+FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, *ONE_RUN_FAULTS}) | ECC_FAULTS
+HANG_DETECT_S = 1.0  # how long the driver waits for a run to complete before it gives up
 
-_TAKES_NC = frozenset({NC_ERROR, NC_DELAY_MS})
+_TAKES_NC = frozenset({NC_DELAY_MS, *ONE_RUN_FAULTS})
 _TAKES_VALUE = frozenset({NC_DELAY_MS}) | ECC_FAULTS
 
 
@@ -144,15 +151,18 @@ class FaultState:
     """A device's pending execution and init faults (ECC faults go straight to stats)."""
 
     init_fail_once: bool = False
-    nc_errors: set[int | None] = field(default_factory=set)
+    # per one-run fault (ONE_RUN_FAULTS), the NCs it waits for (None: any NC)
+    pending: dict[str, set[int | None]] = field(
+        default_factory=lambda: {name: set() for name in ONE_RUN_FAULTS}
+    )
     delays_s: list[float] = field(default_factory=lambda: [0.0] * NC_PER_DEVICE)
 
     def apply(self, fault: FaultSpec) -> None:
         """Record a one-shot init fault or an NC fault."""
         if fault.name == INIT_FAIL:
             self.init_fail_once = True
-        elif fault.name == NC_ERROR:
-            self.nc_errors.add(fault.nc)
+        elif fault.name in self.pending:
+            self.pending[fault.name].add(fault.nc)
         elif fault.name == NC_DELAY_MS:
             targets = range(NC_PER_DEVICE) if fault.nc is None else (fault.nc,)
             for nc in targets:
@@ -164,10 +174,14 @@ class FaultState:
         self.init_fail_once = False
         return failing
 
-    def take_nc_error(self, nc: int) -> bool:
-        """Whether this run on `nc` must fail; the pending error is used up."""
-        for target in (nc, None):
-            if target in self.nc_errors:
-                self.nc_errors.discard(target)
-                return True
-        return False
+    def any_pending(self) -> bool:
+        return any(self.pending.values())
+
+    def take(self, nc: int) -> str | None:
+        """The one-run fault this run on `nc` meets (used up), if any."""
+        for name, targets in self.pending.items():
+            for target in (nc, None):
+                if target in targets:
+                    targets.discard(target)
+                    return name
+        return None

@@ -141,14 +141,24 @@ def test_timeout_ends_the_inference(stub: Any, two_stage: SampleModel, slow_ncs:
     assert status_counts(nmgr_counters(stub))[pb.IST_TIMEOUT] >= 1
 
 
+@pytest.mark.parametrize(
+    ("fault", "what"),
+    [
+        ("nc_error:1", "hardware error during execution"),
+        ("nc_hang:1", "did not complete its run within 1 s (hung"),
+        ("dma_timeout:1", "DMA of the run's inputs timed out"),
+    ],
+)
 def test_hardware_error_fails_the_model_until_started(
-    stub: Any, two_stage: SampleModel, daemon: DaemonProcess
+    stub: Any, two_stage: SampleModel, daemon: DaemonProcess, fault: str, what: str
 ) -> None:
-    model = load(stub, two_stage.neff).h_nn.id
+    model = load(stub, two_stage.neff).h_nn.id  # on NCs 0 and 1
     x = two_stage.random_inputs(seed=4)
-    (Path(daemon.sim_root) / "neuron0" / "inject").write_text("nc_error:1\n")
-    assert_nerr(infer(stub, model, x).status, Nerr.HW_ERROR, f"model {model}")
+    other = load(stub, two_stage.neff).h_nn.id  # on NCs 2 and 3
+    (Path(daemon.sim_root) / "neuron0" / "inject").write_text(fault + "\n")
+    assert_nerr(infer(stub, model, x).status, Nerr.HW_ERROR, f"model {model}", what)
     assert_nerr(infer(stub, model, x).status, Nerr.FAILED_STATE, "stopped after an error")
+    assert infer(stub, other, x).status.code == Nerr.OK  # the other NCG serves on
     assert stub.start(pb.start_request(h_nn=pb.h_nn(id=model))).status.code == Nerr.OK
     assert infer(stub, model, x).status.code == Nerr.OK
 

@@ -149,6 +149,26 @@ def test_nc_error_without_nc_hits_the_next_run_anywhere(device: Device) -> None:
     run_relu(device.nc(0), relu_on(device.nc(0)))
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nc_hang:1", r"NC 1: the NC did not complete its run within 1 s \(hung; injected\)"),
+        ("dma_timeout:1", r"NC 1: DMA of the run's inputs timed out \(injected\)"),
+        ("nc_error:1", r"NC 1: hardware error during execution \(injected\)"),
+    ],
+)
+def test_one_run_faults_spoil_the_next_run_on_their_nc(
+    device: Device, spec: str, message: str
+) -> None:
+    device.inject(spec)
+    run_relu(device.nc(0), relu_on(device.nc(0)))  # another NC runs as ever
+    core = device.nc(1)
+    program = relu_on(core)
+    with pytest.raises(HwFault, match=message):
+        run_relu(core, program)
+    run_relu(core, program)  # once: the next run is fine
+
+
 def test_nc_delay(device: Device) -> None:
     core = device.nc(2)
     program = relu_on(core)
