@@ -22,6 +22,7 @@ from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
 from driver_sim.faults import (
     DMA_TIMEOUT,
     ECC_FAULTS,
+    ECC_UNCORRECTABLE,
     HANG_DETECT_S,
     NC_HANG,
     FaultSpec,
@@ -240,6 +241,8 @@ class Device:
     def _apply_fault(self, fault: FaultSpec) -> None:
         if fault.name in ECC_FAULTS:
             self._owned_stats().add_ecc(fault.name, fault.value or 0)
+            if fault.name in ECC_UNCORRECTABLE and fault.value:
+                self._faults.apply(fault)  # and the next run meets it
         else:
             self._faults.apply(fault)
 
@@ -278,6 +281,9 @@ class Device:
             )
         if fault == DMA_TIMEOUT:
             return HwFault(f"{where}: DMA of the run's inputs timed out (injected)")
+        if fault in ECC_UNCORRECTABLE:
+            memory = "device memory" if fault.startswith("mem") else "SRAM"
+            return HwFault(f"{where}: uncorrectable ECC error in {memory} (injected)")
         return HwFault(f"{where}: hardware error during execution (injected)")
 
 

@@ -10,7 +10,8 @@ A spec is `name[:nc][=value]`:
     nc_delay_ms[:nc]=ms every following run on that NC (all NCs if none named) first sleeps
                         `ms` milliseconds; 0 clears
     mem_ecc_corr=n, mem_ecc_uncorr=n, sram_ecc_corr=n, sram_ecc_uncorr=n
-                        add n to that ECC counter
+                        add n to that ECC counter; an uncorrectable one (n > 0) also
+                        spoils the device's next run, on any NC
 
 Sources:
 1. env `NEURON_SIM_FAULTS`, read when a device is claimed: comma-separated
@@ -42,11 +43,13 @@ NC_DELAY_MS = "nc_delay_ms"
 NC_HANG = "nc_hang"
 DMA_TIMEOUT = "dma_timeout"
 ECC_FAULTS = frozenset(ECC_FIELDS)
-ONE_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT)  # each spoils the next run on its NC
-FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, *ONE_RUN_FAULTS}) | ECC_FAULTS
+ECC_UNCORRECTABLE = ("mem_ecc_uncorr", "sram_ecc_uncorr")
+# Each spoils the next run on its NC (an uncorrectable ECC error: on any NC).
+ONE_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT, *ECC_UNCORRECTABLE)
+FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, NC_ERROR, NC_HANG, DMA_TIMEOUT}) | ECC_FAULTS
 HANG_DETECT_S = 1.0  # how long the driver waits for a run to complete before it gives up
 
-_TAKES_NC = frozenset({NC_DELAY_MS, *ONE_RUN_FAULTS})
+_TAKES_NC = frozenset({NC_DELAY_MS, NC_ERROR, NC_HANG, DMA_TIMEOUT})
 _TAKES_VALUE = frozenset({NC_DELAY_MS}) | ECC_FAULTS
 
 

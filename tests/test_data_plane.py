@@ -147,6 +147,7 @@ def test_timeout_ends_the_inference(stub: Any, two_stage: SampleModel, slow_ncs:
         ("nc_error:1", "hardware error during execution"),
         ("nc_hang:1", "did not complete its run within 1 s (hung"),
         ("dma_timeout:1", "DMA of the run's inputs timed out"),
+        ("mem_ecc_uncorr=1", "uncorrectable ECC error in device memory"),
     ],
 )
 def test_hardware_error_fails_the_model_until_started(

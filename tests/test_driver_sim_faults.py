@@ -113,12 +113,26 @@ def test_inject_file_is_consumed_before_a_run(device: Device, machine: Machine) 
     program = relu_on(core)
     inject = machine.root / "neuron0" / "inject"
     inject.write_text("# comment\nnc_error:1\n\nsram_ecc_uncorr=2\n")
-    with pytest.raises(HwFault, match="NC 1"):
+    with pytest.raises(HwFault, match="NC 1: hardware error"):
         run_relu(core, program)
     assert inject.read_text() == ""
     assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2)
+    with pytest.raises(HwFault, match="uncorrectable ECC error in SRAM"):
+        run_relu(core, program)  # the uncorrectable error meets the next run
     run_relu(core, program)
     assert core.counters().runs == 1
+
+
+def test_corrected_ecc_is_only_counted_an_uncorrectable_one_spoils_a_run(
+    device: Device,
+) -> None:
+    device.inject("mem_ecc_corr=3")
+    run_relu(device.nc(2), relu_on(device.nc(2)))  # corrected: the run is fine
+    device.inject("mem_ecc_uncorr=1")
+    with pytest.raises(HwFault, match="NC 3: uncorrectable ECC error in device memory"):
+        run_relu(device.nc(3), relu_on(device.nc(3)))  # on any NC
+    run_relu(device.nc(3), relu_on(device.nc(3)))
+    assert device.hw_counters() == HwCounters(mem_ecc_corr=3, mem_ecc_uncorr=1)
 
 
 def test_inject_file_at_reset(device: Device, machine: Machine) -> None:
