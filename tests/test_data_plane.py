@@ -160,8 +160,11 @@ def test_hardware_error_fails_the_model_until_started(
     assert_nerr(infer(stub, model, x).status, Nerr.HW_ERROR, f"model {model}", what)
     assert_nerr(infer(stub, model, x).status, Nerr.FAILED_STATE, "stopped after an error")
     assert infer(stub, other, x).status.code == Nerr.OK  # the other NCG serves on
+    # start resets the device and loads its models again, each in the state it had
     assert stub.start(pb.start_request(h_nn=pb.h_nn(id=model))).status.code == Nerr.OK
     assert infer(stub, model, x).status.code == Nerr.OK
+    assert infer(stub, other, x).status.code == Nerr.OK
+    assert "Resetting device(s) 0000:00:1c.0 after a hardware error" in daemon.log()
 
 
 # --- counters and metrics -------------------------------------------------------------

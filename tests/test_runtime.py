@@ -27,6 +27,7 @@ from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.runtime import (
     FIRST_MODEL_ID,
     LoadMode,
+    ModelState,
     Runtime,
     RuntimeOptions,
     SimDevice,
@@ -296,3 +297,47 @@ def test_an_unloaded_models_cookies_keep_only_their_answer(runtime: Runtime) -> 
             runtime.wait(cookie)
         with pytest.raises(InvalidHandle):
             runtime.wait(cookie)  # answered once
+
+
+def test_a_hardware_error_is_recovered_by_resetting_the_device(tmp_path: Path) -> None:
+    """Start after a hardware error resets the failed model's device: every model there
+    is loaded again (each in its state), the device's DRAM is as before, and models on
+    other devices are not touched; a reset that fails leaves the model FAILED for another
+    start."""
+    from neuron_rtd.runtime import LocalRuntime
+
+    sample = build_mlp((8, 16, 4), batch=1, seed=2)
+    x = sample.random_inputs()
+    want = sample.reference(x)["probs"]
+    with LocalRuntime("inf1.6xlarge", root=tmp_path) as local:
+        rt = local.runtime
+        on_0, on_1 = rt.create_ncg(4), rt.create_ncg(4)  # devices 0 and 1
+        a = rt.load(read_neff(sample.neff), ncg_id=on_0.id)
+        standby = rt.load(read_neff(sample.neff), ncg_id=on_0.id)
+        b = rt.load(read_neff(sample.neff), ncg_id=on_1.id)
+        rt.start(a.id)
+        rt.start(b.id)
+        untouched = rt._models[b.id]
+        device = local.devices[0]
+        assert isinstance(device, SimDevice)
+        dram = device.dram_used()
+
+        def infer(model_id: int) -> np.ndarray:
+            result = rt.infer(model_id, {"x": x["x"].tobytes()})
+            return np.frombuffer(result.outputs["probs"], np.float32).reshape(want.shape)
+
+        device.inject("nc_error")
+        with pytest.raises(HwError, match="hardware error during execution"):
+            infer(a.id)
+        assert rt.model(a.id).state is ModelState.FAILED
+        np.testing.assert_allclose(infer(b.id), want, rtol=1e-5)  # device 1 serves on
+        device.inject("init_fail")
+        with pytest.raises(HwError, match="initialization failed"):
+            rt.start(a.id)  # the reset failed: still FAILED, for another start
+        assert rt.model(a.id).state is ModelState.FAILED
+        rt.start(a.id)
+        np.testing.assert_allclose(infer(a.id), want, rtol=1e-5)
+        assert rt.model(standby.id).state is ModelState.STANDBY  # reloaded as it was
+        assert device.dram_used() == dram
+        assert rt._models[b.id] is untouched
+        np.testing.assert_allclose(infer(b.id), want, rtol=1e-5)

@@ -48,6 +48,9 @@ FIRST_MODEL_ID = 10001
 INIT_RETRY_INTERVAL_S = 1.0
 
 
+RESET_WAIT_S = 5.0  # how long a reset waits for the device's models' runs to end
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
     default_timeout_s: float = 2.0
@@ -398,12 +401,18 @@ class Runtime:
             return ModelInfo.of(model)
 
     def start(self, model_id: int) -> None:
+        """Start a model (the others of its NCG go STANDBY). A model that failed on a
+        hardware error is started through its devices' reset (`_recover`)."""
         self.ensure_ready()
         began = time.monotonic()
         with self._lock:
             model = self._model(model_id)
             if model.state is ModelState.READY:
                 return
+            if model.state is ModelState.FAILED:
+                model = self._recover(model)
+                if model.state is ModelState.FAILED:
+                    raise HwError(f"model {model_id} cannot start: {model.failure}")
             for other_id in self._ncgs.get(model.ncg_id).models:
                 other = self._models[other_id]
                 if other is not model and other.state is ModelState.READY:
@@ -413,6 +422,67 @@ class Runtime:
             model.set_state(ModelState.READY)
         self._stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
         log.info("Started model %d", model_id, extra={"fn": "start"})
+
+    def _recover(self, failed: Model) -> Model:
+        """The reset path after a hardware error (under the runtime's lock): every model
+        with an NC on the failed model's devices is stopped (what it runs or holds ends
+        NERR_INFER_CANCELLED) and gives its DRAM back, those devices are reset, and each
+        such model is loaded again from its NEFF on its NCG, in the state it had (the
+        failed one and any other failed one: STANDBY, for `start`). A model that cannot
+        be loaded again stays FAILED. Models on other devices serve on throughout. The
+        failed model as it is now."""
+        slots = {self._ncgs.locate(vnc).device_slot for vnc in failed.vncs}
+        hit = [
+            m
+            for m in self._models.values()
+            if any(self._ncgs.locate(vnc).device_slot in slots for vnc in m.vncs)
+        ]
+        log.warning(
+            "Resetting device(s) %s after a hardware error on model %d: reloading model(s) %s",
+            ", ".join(self._devices[i].bdf for i in sorted(slots)),
+            failed.id,
+            ", ".join(str(m.id) for m in hit),
+            extra={"fn": "start"},
+        )
+        states = {m.id: m.state for m in hit}
+        for model in hit:
+            model.set_state(ModelState.STANDBY)
+            model.drop_all(
+                "its device was reset after a hardware error", model.params.timeout_s + 1
+            )
+            self._inflight.forget(model)
+            for device, buf in reversed(model.dram):
+                device.dram_free(buf)
+            model.dram = []  # given back: not again, whatever comes next
+        try:
+            with driver_errors("device reset"):
+                for i in sorted(slots):
+                    self._devices[i].reset()
+        except NrtError as exc:
+            for model in hit:
+                model.set_state(ModelState.FAILED, str(exc))
+            raise
+        for old in hit:
+            try:
+                model = build_model(
+                    model_id=old.id,
+                    neff=old.neff,
+                    ncg=self._ncgs.get(old.ncg_id),
+                    ncgs=self._ncgs,
+                    devices=self._devices,
+                    params=old.params,
+                    session_id=old.session_id,
+                )
+            except NrtError as exc:
+                old.set_state(ModelState.FAILED, f"not loaded again after a reset: {exc}")
+                log.error("Model %d: %s", old.id, old.failure, extra={"fn": "start"})
+                continue
+            model.host_pool = self._host_pool
+            model.observer = self._stats
+            if states[old.id] is ModelState.READY:
+                model.set_state(ModelState.READY)
+            self._models[old.id] = model
+        return self._models[failed.id]
 
     def stop(self, model_id: int) -> None:
         """Stop a model: inferences not yet ended end with NERR_INFER_CANCELLED."""
