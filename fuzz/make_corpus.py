@@ -101,14 +101,7 @@ def regressions() -> dict[str, bytes]:
         return fitted.pack() + data
 
     def with_member(extra: tarfile.TarInfo) -> bytes:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name, data in sorted(members.items()):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            tar.addfile(extra, io.BytesIO(b"x" * extra.size))
-        return neff(out.getvalue())
+        return neff(pack_members(members, extra=[extra]))
 
     link = tarfile.TarInfo("nodes/link.bin")
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"

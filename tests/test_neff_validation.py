@@ -234,14 +234,7 @@ def test_gzip_flag_on_plain_tar(neff: bytes) -> None:
 
 def tar_with(members: dict[str, bytes], extra: tarfile.TarInfo) -> bytes:
     """A tar of `members` (regular files) plus one more member `extra`."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in sorted(members.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        tar.addfile(extra, io.BytesIO(b"x" * extra.size) if extra.size else None)
-    return out.getvalue()
+    return pack_members(members, extra=[extra])
 
 
 def member(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, link: str = "") -> Any:

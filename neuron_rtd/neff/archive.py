@@ -18,7 +18,7 @@ import gzip
 import io
 import tarfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from neuron_rtd.errors import NeffInvalid
@@ -142,13 +142,17 @@ def _member_data(archive: memoryview, info: tarfile.TarInfo) -> memoryview:
     return archive[info.offset_data : end]
 
 
-def pack_members(members: Mapping[str, bytes]) -> bytes:
-    """A tar of `members`, sorted by name, with fixed times, owners and modes."""
+def pack_members(members: Mapping[str, bytes], *, extra: Sequence[tarfile.TarInfo] = ()) -> bytes:
+    """A tar of `members`, sorted by name, with fixed times, owners and modes; then the
+    `extra` members as they are (data of their size), which tests and fuzz seeds use to
+    build the archives a reader must refuse."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(members):
             data = members[name]
             tar.addfile(_fixed_info(name, len(data)), io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.size else None)
     return out.getvalue()
 
 
