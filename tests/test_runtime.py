@@ -222,7 +222,9 @@ def test_session_quotas(machine: driver_sim.Machine, tmp_path: Path) -> None:
     """What one session (or the clients with no session, together) may hold: NCs, models,
     shm maps; another session is not limited by it."""
     devices = acquire_sim(machine, [0], address="in-process", version="test")
-    options = RuntimeOptions(session_max_ncs=2, session_max_models=2, session_max_shm_maps=1)
+    options = RuntimeOptions(
+        session_max_ncs=2, session_max_models=2, session_max_shm_maps=1, session_max_inflight=2
+    )
     rt = Runtime(devices, options=options)
     rt._shm.root = tmp_path  # the shm objects of this test
     try:
@@ -236,10 +238,19 @@ def test_session_quotas(machine: driver_sim.Machine, tmp_path: Path) -> None:
             rt.load(neff, session_id=mine)  # an implicit NCG counts too
         with pytest.raises(ResourceError, match="would hold"):
             rt.create_ncg(0, session_id=mine)  # the largest free run: 2 more
-        rt.load(neff, ncg_id=ncg.id, session_id=mine)
+        first = rt.load(neff, ncg_id=ncg.id, session_id=mine)
         rt.load(neff, ncg_id=ncg.id, session_id=mine)
         with pytest.raises(ResourceError, match=r"has 2 models loaded.*session_max_models 2"):
             rt.load(neff, ncg_id=ncg.id, session_id=mine)
+        rt.start(first.id)
+        x = {"x": np.zeros((1, 8), np.float32).tobytes()}
+        cookies = [rt.post(first.id, x), rt.post(first.id, x)]
+        with pytest.raises(ResourceError, match=f"session {mine}: 2 inferences posted.*inflight 2"):
+            rt.post(first.id, x)
+        rt.wait(cookies.pop())
+        cookies.append(rt.post(first.id, x))  # one waited for: one more may be posted
+        for cookie in cookies:
+            rt.wait(cookie)
         (tmp_path / "a").write_bytes(bytes(64))
         (tmp_path / "b").write_bytes(bytes(64))
         rt.shm_map("/a", 3, session_id=mine)

@@ -48,6 +48,7 @@ class DaemonConfig:
     session_max_ncs: int = 0  # what one session may hold at once (0: any)
     session_max_models: int = 64
     session_max_shm_maps: int = 256
+    session_max_inflight: int = 1024
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -73,6 +74,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "session_max_ncs": int,
     "session_max_models": int,
     "session_max_shm_maps": int,
+    "session_max_inflight": int,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -149,7 +151,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: devices must be a list of PCI BDF strings")
     if not 1 <= config.max_message_mb <= 2047:  # gRPC's limit is a signed 32-bit size
         raise ConfigError(f"{where}: max_message_mb must be between 1 and 2047")
-    for quota in ("session_max_ncs", "session_max_models", "session_max_shm_maps"):
+    quotas = ("session_max_ncs", "session_max_models", "session_max_shm_maps")
+    for quota in (*quotas, "session_max_inflight"):
         if getattr(config, quota) < 0:
             raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")
     if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):

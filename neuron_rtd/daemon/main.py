@@ -169,6 +169,7 @@ class Daemon:
                 session_max_ncs=config.session_max_ncs,
                 session_max_models=config.session_max_models,
                 session_max_shm_maps=config.session_max_shm_maps,
+                session_max_inflight=config.session_max_inflight,
             ),
         )
         sd.notify("STATUS=Initializing devices")

@@ -16,11 +16,18 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_rtd.errors import InferCancelled, InferTimeout, InvalidHandle, NrtError
+from neuron_rtd.errors import (
+    InferCancelled,
+    InferTimeout,
+    InvalidHandle,
+    NrtError,
+    ResourceError,
+)
 from neuron_rtd.runtime.model import Job, Model
 
 log = logging.getLogger("nrtd.NMGR")
@@ -41,12 +48,14 @@ class Posted:
 
 
 class Inflight:
-    def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S, session_limit: int = 0) -> None:
         self._cookies = itertools.count(1)
         self._posted: dict[int, Posted] = {}
         self._gone: dict[int, tuple[float, NrtError]] = {}  # an unloaded model's: its answer
         self._lock = threading.Lock()
         self.ttl_s = ttl_s
+        self.session_limit = session_limit  # cookies held per session of the model (0: any)
+        self._held: Counter[int] = Counter()  # by the models' session ids
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
 
@@ -54,7 +63,22 @@ class Inflight:
         """Submit an inference and queue it; its cookie."""
         if self._closed.is_set():
             raise InferCancelled("the runtime is shutting down")
-        job = model.post(inputs)
+        session = model.session_id
+        with self._lock:
+            held = self._held[session]
+            if self.session_limit and held >= self.session_limit:
+                whose = f"session {session}" if session else "the models of no session"
+                raise ResourceError(
+                    f"{whose}: {held} inferences posted and not yet waited for, the most one "
+                    f"session may hold (session_max_inflight {self.session_limit}): wait "
+                    "for some first"
+                )
+            self._held[session] += 1  # taken now, so that posts at once cannot pass it
+        try:
+            job = model.post(inputs)
+        except BaseException:
+            self._drop_held(session)
+            raise
         with self._lock:
             cookie = next(self._cookies)
             self._posted[cookie] = Posted(cookie, model, job, extra)
@@ -75,11 +99,22 @@ class Inflight:
             raise InvalidHandle(f"cookie {cookie} is unknown or was answered already")
         return posted
 
+    def _drop_held(self, session: int) -> None:
+        with self._lock:
+            self._release_locked(session)
+
+    def _release_locked(self, session: int) -> None:
+        self._held[session] -= 1
+        if self._held[session] <= 0:
+            del self._held[session]
+
     def take(self, cookie: int) -> Posted:
         """The posted inference, which this cookie no longer names afterwards."""
         with self._lock:
             posted = self._posted.pop(cookie, None)
             gone = self._gone.pop(cookie, None)
+        if posted is not None:
+            self._drop_held(posted.model.session_id)
         if gone is not None:
             raise gone[1]
         if posted is None:
@@ -94,6 +129,7 @@ class Inflight:
             mine = [p for p in self._posted.values() if p.model is model]
             for posted in mine:
                 del self._posted[posted.cookie]
+                self._release_locked(model.session_id)
                 error = posted.job.error or InferCancelled(
                     f"model {model.id}: inference cancelled: the model was unloaded"
                 )
@@ -133,6 +169,7 @@ class Inflight:
             ]
             for posted in stale:
                 del self._posted[posted.cookie]
+                self._release_locked(posted.model.session_id)
             for cookie in [c for c, (t, _) in self._gone.items() if now - t > self.ttl_s]:
                 del self._gone[cookie]
         for posted in stale:

@@ -67,6 +67,7 @@ class RuntimeOptions:
     session_max_ncs: int = 0
     session_max_models: int = 64
     session_max_shm_maps: int = 256
+    session_max_inflight: int = 1024  # cookies posted and not waited for, by model session
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -105,7 +106,9 @@ class Runtime:
         self._init_error: str | None = None
         self._init_tried = 0.0
         self.started_ns = time.time_ns()
-        self._inflight = Inflight(ttl_s=self.options.cookie_ttl_s)
+        self._inflight = Inflight(
+            ttl_s=self.options.cookie_ttl_s, session_limit=self.options.session_max_inflight
+        )
         self._shm = ShmTable(enabled=self.options.shmem_enabled)
         self._stats = Stats()
         logging.getLogger("nrtd").addHandler(self._stats.logs)
