@@ -75,3 +75,19 @@ def test_windows_and_histogram() -> None:
 )
 def test_bucket_bounds(value: float, bound: float) -> None:
     assert bucket_bound(value) == pytest.approx(bound)
+
+
+def test_a_sample_ring_keeps_the_latest_samples_in_order_in_16_bytes_each() -> None:
+    from neuron_rtd.runtime.stats import SampleRing
+
+    ring = SampleRing(4)
+    assert ring.drain() == []
+    for i in range(6):  # two past its capacity: the oldest two are gone
+        ring.append((i, i / 2))
+    assert len(ring) == 4
+    assert ring.drain() == [(2, 1.0), (3, 1.5), (4, 2.0), (5, 2.5)]
+    assert len(ring) == 0 and ring.drain() == []
+    ring.append((9, 4.5))
+    assert ring.drain() == [(9, 4.5)]
+    big = SampleRing(100_000)
+    assert big._times.nbytes + big._values.nbytes == 16 * 100_000
