@@ -133,7 +133,9 @@ class Inflight:
                 error = posted.job.error or InferCancelled(
                     f"model {model.id}: inference cancelled: the model was unloaded"
                 )
-                self._gone[posted.cookie] = (now, error)
+                # only the answer: not the traceback, whose frames hold the model
+                error.__context__ = error.__cause__ = None
+                self._gone[posted.cookie] = (now, error.with_traceback(None))
 
     def wait(self, cookie: int) -> Posted:
         """Take the cookie once its inference has ended. Waits at most as long as every

@@ -298,11 +298,28 @@ class Model:
                 )
             workers = self._workers
         try:
-            workers.submit(self.run, job)
+            queued = workers.submit(self.run, job)
         except RuntimeError:  # shut down: the model was unloaded in the meantime
             self.release(job)
             raise InferCancelled(f"model {self.id} was unloaded") from None
+
+        def ended(future: futures.Future[None]) -> None:
+            if future.cancelled():
+                self._never_ran(job)
+
+        queued.add_done_callback(ended)
         return job
+
+    def _never_ran(self, job: Job) -> None:
+        """A queued job dropped by unload before a worker took it: it ends here, so that
+        a caller waiting for it is answered now."""
+        with self._cond:
+            job.error = job.error or InferCancelled(f"model {self.id} was unloaded")
+            job.state = JobState.DONE
+            job.ended = time.monotonic()
+            self._release_locked(job)
+            self._wake()
+        job._running.release()
 
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
@@ -453,7 +470,7 @@ class Model:
                 self._release_locked(job)
             workers, self._workers = self._workers, None
         if workers is not None:  # what is still queued there ends at once, cancelled
-            workers.shutdown(wait=False)
+            workers.shutdown(wait=False, cancel_futures=True)
         return idle
 
     # --- inputs and outputs ----------------------------------------------------------
