@@ -123,6 +123,17 @@ class Snapshot:
         )
 
 
+def settled(before: Snapshot, after: Snapshot) -> bool:
+    """Nothing left of the clients: the same NCGs and DRAM, no more fds (gRPC may keep one
+    more for good) and no more threads (gRPC's worker pool may grow by a thread or two
+    past the first wave's; a thread left per client would show as dozens)."""
+    return (
+        (after.ncgs, after.dram) == (before.ncgs, before.dram)
+        and after.fds <= before.fds + 1
+        and after.threads <= before.threads + 2
+    )
+
+
 @dataclass
 class Result:
     clients: int
@@ -137,16 +148,7 @@ class Result:
 
     @property
     def clean(self) -> bool:
-        b, a = self.before, self.after
-        return (
-            not self.observer_refused
-            and not self.maps_left
-            and (a.ncgs, a.dram) == (b.ncgs, b.dram)
-            and a.fds <= b.fds + 1  # gRPC may keep one more for good
-            # gRPC's worker pool may grow by a thread or two past the first wave's; a
-            # thread left per client would show as dozens
-            and a.threads <= b.threads + 2
-        )
+        return not self.observer_refused and not self.maps_left and settled(self.before, self.after)
 
 
 def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) -> Result:
@@ -192,15 +194,10 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
         seconds = time.monotonic() - started
         settle_began = time.monotonic()
         after = Snapshot.of(stub, ext, pid)
-        while time.monotonic() - settle_began < 10 and (after.ncgs, after.dram) != (
-            before.ncgs,
-            before.dram,
-        ):
-            time.sleep(0.05)
+        while time.monotonic() - settle_began < 10 and not settled(before, after):
+            time.sleep(0.05)  # the last sessions' ends, connections and threads
             after = Snapshot.of(stub, ext, pid)
         settle_s = time.monotonic() - settle_began
-        time.sleep(0.5)  # the last unloads' worker threads end
-        after = Snapshot.of(stub, ext, pid)
         maps_left = [
             p
             for p in paths
