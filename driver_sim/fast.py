@@ -121,7 +121,8 @@ class FastProgram:
         outs = [outputs[name] for name in self._output_names]
         threads = blas.run_starts(self.threads)
         try:
-            bound = self._bound.get((threads, *map(id, ins), *map(id, outs)))
+            key = (threads, *map(id, ins), *map(id, outs))
+            bound = self._bound.get(key)
             if bound is not None:
                 _run(bound.session.run_with_iobinding, bound.binding)
                 return bound.key
@@ -134,7 +135,7 @@ class FastProgram:
                 return None
             values = _run(session.run, self._output_names, feeds)
             if self._sessions.get((types, threads)) is session:
-                self._bind(session, threads, ins, outs, values)
+                self._bind(key, session, ins, outs, values)
         finally:
             blas.run_ends()
         for name, value in zip(self._output_names, values, strict=True):
@@ -142,7 +143,12 @@ class FastProgram:
         return tuple(a.shape for a in feeds.values())
 
     def _bind(
-        self, session: Any, threads: int, ins: list[Any], outs: list[Any], values: list[Any]
+        self,
+        key: tuple[int, ...],
+        session: Any,
+        ins: list[Any],
+        outs: list[Any],
+        values: list[Any],
     ) -> None:
         """Bind these arrays for their next runs, when they can be used in place: plain
         C-contiguous arrays, outputs of the very dtype and shape onnxruntime gave."""
@@ -161,10 +167,7 @@ class FastProgram:
             binding.bind_cpu_input(name, array)
         for name, array in zip(self._output_names, outs, strict=True):
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        key = tuple(a.shape for a in ins)
-        self._bound[(threads, *map(id, ins), *map(id, outs))] = _Bound(
-            session, binding, arrays, key
-        )
+        self._bound[key] = _Bound(session, binding, arrays, tuple(a.shape for a in ins))
 
     def _session(self, types: InputTypes, threads: int) -> Any:
         """The session for these types and threads once built; meanwhile the one of all

@@ -44,12 +44,13 @@ NC_HANG = "nc_hang"
 DMA_TIMEOUT = "dma_timeout"
 ECC_FAULTS = frozenset(ECC_FIELDS)
 ECC_UNCORRECTABLE = ("mem_ecc_uncorr", "sram_ecc_uncorr")
+_NC_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT)  # injected for an NC (or any)
 # Each spoils the next run on its NC (an uncorrectable ECC error: on any NC).
-ONE_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT, *ECC_UNCORRECTABLE)
-FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, NC_ERROR, NC_HANG, DMA_TIMEOUT}) | ECC_FAULTS
+ONE_RUN_FAULTS = (*_NC_RUN_FAULTS, *ECC_UNCORRECTABLE)
+FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, *_NC_RUN_FAULTS}) | ECC_FAULTS
 HANG_DETECT_S = 1.0  # how long the driver waits for a run to complete before it gives up
 
-_TAKES_NC = frozenset({NC_DELAY_MS, NC_ERROR, NC_HANG, DMA_TIMEOUT})
+_TAKES_NC = frozenset({NC_DELAY_MS, *_NC_RUN_FAULTS})
 _TAKES_VALUE = frozenset({NC_DELAY_MS}) | ECC_FAULTS
 
 

@@ -29,6 +29,7 @@ from neuron_rtd.errors import (
     ResourceError,
 )
 from neuron_rtd.runtime.model import Job, Model
+from neuron_rtd.runtime.shm import session_name
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -67,11 +68,10 @@ class Inflight:
         with self._lock:
             held = self._held[session]
             if self.session_limit and held >= self.session_limit:
-                whose = f"session {session}" if session else "the models of no session"
                 raise ResourceError(
-                    f"{whose}: {held} inferences posted and not yet waited for, the most one "
-                    f"session may hold (session_max_inflight {self.session_limit}): wait "
-                    "for some first"
+                    f"{session_name(session)}: {held} inferences posted and not yet waited "
+                    f"for, the most one session may hold (session_max_inflight "
+                    f"{self.session_limit}): wait for some first"
                 )
             self._held[session] += 1  # taken now, so that posts at once cannot pass it
         try:
@@ -113,8 +113,8 @@ class Inflight:
         with self._lock:
             posted = self._posted.pop(cookie, None)
             gone = self._gone.pop(cookie, None)
-        if posted is not None:
-            self._drop_held(posted.model.session_id)
+            if posted is not None:
+                self._release_locked(posted.model.session_id)
         if gone is not None:
             raise gone[1]
         if posted is None:

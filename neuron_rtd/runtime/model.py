@@ -313,13 +313,19 @@ class Model:
     def _never_ran(self, job: Job) -> None:
         """A queued job dropped by unload before a worker took it: it ends here, so that
         a caller waiting for it is answered now."""
+        job.error = job.error or InferCancelled(f"model {self.id} was unloaded")
+        self._end(job)
+        job._running.release()
+
+    def _end(self, job: Job) -> None:
+        """The job has ended (its outcome set): its slot goes back now if nobody will
+        answer it."""
         with self._cond:
-            job.error = job.error or InferCancelled(f"model {self.id} was unloaded")
             job.state = JobState.DONE
             job.ended = time.monotonic()
-            self._release_locked(job)
+            if job.abandoned:
+                self._release_locked(job)
             self._wake()
-        job._running.release()
 
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
@@ -336,12 +342,7 @@ class Model:
             job.error = InferError(f"model {self.id}: internal error: {exc}")
         if isinstance(job.error, HwError):
             self._fail(job.error)
-        with self._cond:
-            job.state = JobState.DONE
-            job.ended = time.monotonic()
-            if job.abandoned:
-                self._release_locked(job)
-            self._wake()
+        self._end(job)
         if self.observer is not None:
             self.observer.inference_done(job)
         job._running.release()

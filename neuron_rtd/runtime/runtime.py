@@ -48,9 +48,6 @@ FIRST_MODEL_ID = 10001
 INIT_RETRY_INTERVAL_S = 1.0
 
 
-RESET_WAIT_S = 5.0  # how long a reset waits for the device's models' runs to end
-
-
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
     default_timeout_s: float = 2.0
@@ -370,21 +367,11 @@ class Runtime:
                         f"may hold (model_cache_count {limit}): unload one first"
                     )
             try:
-                model = build_model(
-                    model_id=next(self._model_ids),
-                    neff=parsed,
-                    ncg=ncg,
-                    ncgs=self._ncgs,
-                    devices=self._devices,
-                    params=params,
-                    session_id=session_id,
-                )
+                model = self._build(next(self._model_ids), parsed, ncg, params, session_id)
             except BaseException:
                 if implicit:
                     self._ncgs.destroy(ncg.id)
                 raise
-            model.host_pool = self._host_pool
-            model.observer = self._stats
             ncg.models.append(model.id)
             self._models[model.id] = model
             self._stats.model_loaded(model, time.monotonic() - began)
@@ -426,6 +413,35 @@ class Runtime:
         self._stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
         log.info("Started model %d", model_id, extra={"fn": "start"})
 
+    def _build(
+        self, model_id: int, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int
+    ) -> Model:
+        """`neff` placed on `ncg` as model `model_id`, wired to the runtime's host pool
+        and counters (a load, or a reload after a reset)."""
+        model = build_model(
+            model_id=model_id,
+            neff=neff,
+            ncg=ncg,
+            ncgs=self._ncgs,
+            devices=self._devices,
+            params=params,
+            session_id=session_id,
+        )
+        model.host_pool = self._host_pool
+        model.observer = self._stats
+        return model
+
+    def _let_go(self, model: Model, why: str) -> bool:
+        """End what `model` runs or holds (NERR_INFER_CANCELLED, `why`), keep only the
+        answers of its cookies, and give its DRAM back (unload, or a device reset). False
+        if something was still busy when it gave up waiting."""
+        idle = model.drop_all(why, model.params.timeout_s + 1)
+        self._inflight.forget(model)
+        for device, buf in reversed(model.dram):
+            device.dram_free(buf)
+        model.dram = []  # given back: not again, whatever comes next
+        return idle
+
     def _recover(self, failed: Model) -> Model:
         """The reset path after a hardware error (under the runtime's lock): every model
         with an NC on the failed model's devices is stopped (what it runs or holds ends
@@ -450,13 +466,7 @@ class Runtime:
         states = {m.id: m.state for m in hit}
         for model in hit:
             model.set_state(ModelState.STANDBY)
-            model.drop_all(
-                "its device was reset after a hardware error", model.params.timeout_s + 1
-            )
-            self._inflight.forget(model)
-            for device, buf in reversed(model.dram):
-                device.dram_free(buf)
-            model.dram = []  # given back: not again, whatever comes next
+            self._let_go(model, "its device was reset after a hardware error")
         try:
             with driver_errors("device reset"):
                 for i in sorted(slots):
@@ -467,21 +477,12 @@ class Runtime:
             raise
         for old in hit:
             try:
-                model = build_model(
-                    model_id=old.id,
-                    neff=old.neff,
-                    ncg=self._ncgs.get(old.ncg_id),
-                    ncgs=self._ncgs,
-                    devices=self._devices,
-                    params=old.params,
-                    session_id=old.session_id,
-                )
+                ncg = self._ncgs.get(old.ncg_id)
+                model = self._build(old.id, old.neff, ncg, old.params, old.session_id)
             except NrtError as exc:
                 old.set_state(ModelState.FAILED, f"not loaded again after a reset: {exc}")
                 log.error("Model %d: %s", old.id, old.failure, extra={"fn": "start"})
                 continue
-            model.host_pool = self._host_pool
-            model.observer = self._stats
             if states[old.id] is ModelState.READY:
                 model.set_state(ModelState.READY)
             self._models[old.id] = model
@@ -516,13 +517,10 @@ class Runtime:
             model.set_state(ModelState.UNLOADING)
             ncg = self._ncgs.get(model.ncg_id)
             ncg.models.remove(model_id)
-        if not model.drop_all("the model was unloaded", model.params.timeout_s + 1):
+        if not self._let_go(model, "the model was unloaded"):
             log.warning(
                 "Model %d still busy at unload; freeing it anyway", model_id, extra={"fn": "unload"}
             )
-        self._inflight.forget(model)
-        for device, buf in reversed(model.dram):
-            device.dram_free(buf)
         with self._lock:
             if ncg.implicit and not ncg.models:
                 self._ncgs.destroy(ncg.id)
