@@ -25,6 +25,7 @@ from driver_sim.faults import (
     ECC_UNCORRECTABLE,
     HANG_DETECT_S,
     NC_HANG,
+    RUN_FAULT_COUNTERS,
     FaultSpec,
     FaultState,
     env_faults_for,
@@ -158,6 +159,8 @@ class Device:
             stats.start_epoch()
             self._poll_inject_file()
             failing = self._faults.take_init_fail() or env_init_fail(self.index)
+            if failing:
+                stats.add_fault("init_failures")
         if failing:
             log.error(
                 "Failed to initialize Inferentia: %s (injected init_fail)",
@@ -265,6 +268,8 @@ class Device:
         if faults.any_pending():
             with self._lock:
                 fault = faults.take(nc)
+                if fault in RUN_FAULT_COUNTERS:
+                    self._owned_stats().add_fault(RUN_FAULT_COUNTERS[fault])
             if fault is not None:
                 raise self._run_fault(fault, nc)
         delay = faults.delays_s[nc]

@@ -48,6 +48,9 @@ _NC_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT)  # injected for an NC (or any)
 # Each spoils the next run on its NC (an uncorrectable ECC error: on any NC).
 ONE_RUN_FAULTS = (*_NC_RUN_FAULTS, *ECC_UNCORRECTABLE)
 FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, *_NC_RUN_FAULTS}) | ECC_FAULTS
+# The fault counter (`stats.FAULT_FIELDS`) each run fault adds to; an uncorrectable ECC
+# error's spoiled run is counted by its ECC counter, once, when injected.
+RUN_FAULT_COUNTERS = {NC_ERROR: "nc_errors", NC_HANG: "nc_hangs", DMA_TIMEOUT: "dma_timeouts"}
 HANG_DETECT_S = 1.0  # how long the driver waits for a run to complete before it gives up
 
 _TAKES_NC = frozenset({NC_DELAY_MS, *_NC_RUN_FAULTS})

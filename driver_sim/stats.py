@@ -10,6 +10,8 @@ Layout: a flat array of little-endian uint64 slots, `STATS_BYTES` long.
     -- extension, after the block above --
     slot 38       reset_time_ns: wall clock (time.time_ns) of the device's last reset/claim
     slot 39..50   per NC n, at 39 + 3*n + e, busy cycles of engine e (PE, ACT, POOL)
+    slot 51..54   fault counters (`FAULT_FIELDS`): nc_errors, nc_hangs, dma_timeouts,
+                  init_failures; like the ECC counters, they survive resets
 
 The owner maps the file (`StatsMap`) and adds to the slots in place, so any process that
 reads the file (`read_stats`) sees live values without asking the owner.
@@ -42,12 +44,14 @@ NC_FIELDS = (
     "runs",
 )
 NC_FIELD = {name: k for k, name in enumerate(NC_FIELDS)}
+FAULT_FIELDS = ("nc_errors", "nc_hangs", "dma_timeouts", "init_failures")
 
 DRAM_USED_SLOT = len(ECC_FIELDS)
 NC_BASE_SLOT = DRAM_USED_SLOT + DRAM_CHANNELS
 RESET_TIME_SLOT = NC_BASE_SLOT + NC_PER_DEVICE * len(NC_FIELDS)
 CYCLES_BASE_SLOT = RESET_TIME_SLOT + 1
-STATS_SLOTS = CYCLES_BASE_SLOT + NC_PER_DEVICE * len(Engine)
+FAULT_BASE_SLOT = CYCLES_BASE_SLOT + NC_PER_DEVICE * len(Engine)
+STATS_SLOTS = FAULT_BASE_SLOT + len(FAULT_FIELDS)
 STATS_BYTES = STATS_SLOTS * SLOT_DTYPE.itemsize
 
 
@@ -65,12 +69,16 @@ def cycle_slots(nc: int) -> slice:
 
 @dataclass(frozen=True)
 class HwCounters:
-    """A device's health counters."""
+    """A device's health counters, counted since its stats file was made."""
 
     mem_ecc_corr: int = 0
     mem_ecc_uncorr: int = 0
     sram_ecc_corr: int = 0
     sram_ecc_uncorr: int = 0
+    nc_errors: int = 0  # runs that failed with an NC error
+    nc_hangs: int = 0  # runs the completion watchdog gave up on
+    dma_timeouts: int = 0  # runs whose input DMA timed out
+    init_failures: int = 0  # resets whose initialization failed
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,9 @@ class NcCounters:
 
 
 def hw_counters_from(slots: np.ndarray) -> HwCounters:
-    return HwCounters(*(int(v) for v in slots[: len(ECC_FIELDS)]))
+    ecc = (int(v) for v in slots[: len(ECC_FIELDS)])
+    faults = (int(v) for v in slots[FAULT_BASE_SLOT : FAULT_BASE_SLOT + len(FAULT_FIELDS)])
+    return HwCounters(*ecc, *faults)
 
 
 def dram_used_from(slots: np.ndarray) -> tuple[int, int]:
@@ -166,9 +176,10 @@ class StatsMap:
         self.slots: np.ndarray = np.frombuffer(self._map, dtype=SLOT_DTYPE, count=STATS_SLOTS)
 
     def start_epoch(self) -> None:
-        """Zero DRAM usage and NC counters and restart the idle clock (claim or reset)."""
+        """Zero DRAM usage and NC counters and restart the idle clock (claim or reset);
+        the health counters (ECC, faults) stay."""
         self.slots[DRAM_USED_SLOT:RESET_TIME_SLOT] = 0
-        self.slots[CYCLES_BASE_SLOT:] = 0
+        self.slots[CYCLES_BASE_SLOT:FAULT_BASE_SLOT] = 0
         self.slots[RESET_TIME_SLOT] = time.time_ns()
 
     def set_dram_used(self, channel: int, nbytes: int) -> None:
@@ -176,6 +187,9 @@ class StatsMap:
 
     def add_ecc(self, field: str, count: int) -> None:
         self.slots[ECC_FIELDS.index(field)] += count
+
+    def add_fault(self, field: str) -> None:
+        self.slots[FAULT_BASE_SLOT + FAULT_FIELDS.index(field)] += 1
 
     def close(self) -> None:
         """Unmap now, or, while some view of `slots` still lives (say, in a frame kept by

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import onnx
 import pytest
@@ -19,7 +20,7 @@ from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb
 
 pytestmark = pytest.mark.daemon
 
@@ -141,18 +142,31 @@ def test_timeout_ends_the_inference(stub: Any, two_stage: SampleModel, slow_ncs:
     assert status_counts(nmgr_counters(stub))[pb.IST_TIMEOUT] >= 1
 
 
+def device0_health(channel: grpc.Channel) -> ext_pb.ext_hw_counters:
+    described = ext_pb_grpc.nmgr_extStub(channel).describe(ext_pb.describe_request())
+    assert described.status_code == Nerr.OK
+    return next(d.hw_counters for d in described.devices if d.index == 0)
+
+
 @pytest.mark.parametrize(
-    ("fault", "what"),
+    ("fault", "what", "counter"),
     [
-        ("nc_error:1", "hardware error during execution"),
-        ("nc_hang:1", "did not complete its run within 1 s (hung"),
-        ("dma_timeout:1", "DMA of the run's inputs timed out"),
-        ("mem_ecc_uncorr=1", "uncorrectable ECC error in device memory"),
+        ("nc_error:1", "hardware error during execution", "nc_errors"),
+        ("nc_hang:1", "did not complete its run within 1 s (hung", "nc_hangs"),
+        ("dma_timeout:1", "DMA of the run's inputs timed out", "dma_timeouts"),
+        ("mem_ecc_uncorr=1", "uncorrectable ECC error in device memory", "mem_ecc_uncorr"),
     ],
 )
 def test_hardware_error_fails_the_model_until_started(
-    stub: Any, two_stage: SampleModel, daemon: DaemonProcess, fault: str, what: str
+    stub: Any,
+    channel: grpc.Channel,
+    two_stage: SampleModel,
+    daemon: DaemonProcess,
+    fault: str,
+    what: str,
+    counter: str,
 ) -> None:
+    counted = getattr(device0_health(channel), counter)
     model = load(stub, two_stage.neff).h_nn.id  # on NCs 0 and 1
     x = two_stage.random_inputs(seed=4)
     other = load(stub, two_stage.neff).h_nn.id  # on NCs 2 and 3
@@ -165,6 +179,8 @@ def test_hardware_error_fails_the_model_until_started(
     assert infer(stub, model, x).status.code == Nerr.OK
     assert infer(stub, other, x).status.code == Nerr.OK
     assert "Resetting device(s) 0000:00:1c.0 after a hardware error" in daemon.log()
+    # counted once in the device's health counters, which the reset kept
+    assert getattr(device0_health(channel), counter) == counted + 1
 
 
 # --- counters and metrics -------------------------------------------------------------

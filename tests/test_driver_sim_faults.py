@@ -116,11 +116,12 @@ def test_inject_file_is_consumed_before_a_run(device: Device, machine: Machine) 
     with pytest.raises(HwFault, match="NC 1: hardware error"):
         run_relu(core, program)
     assert inject.read_text() == ""
-    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2)
+    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2, nc_errors=1)
     with pytest.raises(HwFault, match="uncorrectable ECC error in SRAM"):
         run_relu(core, program)  # the uncorrectable error meets the next run
     run_relu(core, program)
     assert core.counters().runs == 1
+    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2, nc_errors=1)  # not twice
 
 
 def test_corrected_ecc_is_only_counted_an_uncorrectable_one_spoils_a_run(
@@ -164,23 +165,47 @@ def test_nc_error_without_nc_hits_the_next_run_anywhere(device: Device) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "message"),
+    ("spec", "message", "counted"),
     [
-        ("nc_hang:1", r"NC 1: the NC did not complete its run within 1 s \(hung; injected\)"),
-        ("dma_timeout:1", r"NC 1: DMA of the run's inputs timed out \(injected\)"),
-        ("nc_error:1", r"NC 1: hardware error during execution \(injected\)"),
+        (
+            "nc_hang:1",
+            r"NC 1: the NC did not complete its run within 1 s \(hung; injected\)",
+            HwCounters(nc_hangs=1),
+        ),
+        (
+            "dma_timeout:1",
+            r"NC 1: DMA of the run's inputs timed out \(injected\)",
+            HwCounters(dma_timeouts=1),
+        ),
+        (
+            "nc_error:1",
+            r"NC 1: hardware error during execution \(injected\)",
+            HwCounters(nc_errors=1),
+        ),
     ],
 )
-def test_one_run_faults_spoil_the_next_run_on_their_nc(
-    device: Device, spec: str, message: str
+def test_one_run_faults_spoil_the_next_run_on_their_nc_and_are_counted(
+    device: Device, machine: Machine, spec: str, message: str, counted: HwCounters
 ) -> None:
     device.inject(spec)
     run_relu(device.nc(0), relu_on(device.nc(0)))  # another NC runs as ever
+    assert device.hw_counters() == HwCounters()  # not counted before it happens
     core = device.nc(1)
     program = relu_on(core)
     with pytest.raises(HwFault, match=message):
         run_relu(core, program)
     run_relu(core, program)  # once: the next run is fine
+    assert device.hw_counters() == counted
+    device.reset()  # counted for good, and seen by anyone reading the tree
+    assert Machine.open(machine.root).device_info(0).hw == counted
+
+
+def test_init_failures_are_counted(device: Device) -> None:
+    device.inject("init_fail")
+    with pytest.raises(InitFailed):
+        device.reset()
+    device.reset()
+    assert device.hw_counters() == HwCounters(init_failures=1)
 
 
 def test_nc_delay(device: Device) -> None:

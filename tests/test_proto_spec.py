@@ -384,6 +384,17 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (3, "nc_count", "uint32", S, None),
         (4, "memory_bytes", "uint64", S, None),
         (5, "memory_used", "uint64", S, None),
+        (6, "hw_counters", "nrt.ext.ext_hw_counters", S, None),
+    ],
+    "ext_hw_counters": [
+        (1, "mem_ecc_corr", "uint64", S, None),
+        (2, "mem_ecc_uncorr", "uint64", S, None),
+        (3, "sram_ecc_corr", "uint64", S, None),
+        (4, "sram_ecc_uncorr", "uint64", S, None),
+        (5, "nc_errors", "uint64", S, None),
+        (6, "nc_hangs", "uint64", S, None),
+        (7, "dma_timeouts", "uint64", S, None),
+        (8, "init_failures", "uint64", S, None),
     ],
     "describe_response": [
         (1, "runtime_version", "string", S, None),

@@ -358,3 +358,6 @@ def test_a_hardware_error_is_recovered_by_resetting_the_device(tmp_path: Path) -
         assert device.dram_used() == dram
         assert rt._models[b.id] is untouched
         np.testing.assert_allclose(infer(b.id), want, rtol=1e-5)
+        health = rt.hw_counters(index=0)  # both faults counted, and kept by the reset
+        assert (health.nc_errors, health.init_failures) == (1, 1)
+        assert rt.hw_counters(index=1).nc_errors == 0

@@ -7,6 +7,7 @@ With `-a ADDRESS` (or `NEURON_RTD_ADDRESS`) it asks that daemon which machine it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -77,6 +78,7 @@ def render_json(devices: Sequence[driver_sim.DeviceInfo]) -> str:
             "nc_count": d.core_count,
             "memory_size": d.memory_bytes,
             "memory_used": list(d.dram_used),
+            "hw_counters": dataclasses.asdict(d.hw),
             "runtime": (
                 {"address": d.owner.address, "pid": d.owner.pid, "version": d.owner.version}
                 if d.owner

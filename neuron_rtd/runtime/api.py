@@ -130,18 +130,27 @@ class HwCounters:
     sram_ecc_corr: int
     sram_ecc_uncorr: int
     transfer_adjustment: int
+    # Not in the original's message (served by the ext service): failed runs and resets.
+    nc_errors: int
+    nc_hangs: int
+    dma_timeouts: int
+    init_failures: int
 
     @classmethod
     def of(cls, device: DeviceApi, transfer_adjustment: int) -> HwCounters:
-        ecc = device.hw_counters()
+        hw = device.hw_counters()
         return cls(
             bdf=device.bdf,
             device_index=device.index,
-            mem_ecc_corr=ecc.mem_ecc_corr,
-            mem_ecc_uncorr=ecc.mem_ecc_uncorr,
-            sram_ecc_corr=ecc.sram_ecc_corr,
-            sram_ecc_uncorr=ecc.sram_ecc_uncorr,
+            mem_ecc_corr=hw.mem_ecc_corr,
+            mem_ecc_uncorr=hw.mem_ecc_uncorr,
+            sram_ecc_corr=hw.sram_ecc_corr,
+            sram_ecc_uncorr=hw.sram_ecc_uncorr,
             transfer_adjustment=transfer_adjustment,
+            nc_errors=hw.nc_errors,
+            nc_hangs=hw.nc_hangs,
+            dma_timeouts=hw.dma_timeouts,
+            init_failures=hw.init_failures,
         )
 
 

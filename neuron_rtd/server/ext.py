@@ -6,6 +6,7 @@ import os
 
 import grpc
 
+from neuron_rtd.errors import NrtError
 from neuron_rtd.proto import ext_pb, ext_pb_grpc
 from neuron_rtd.runtime import Runtime
 
@@ -20,22 +21,36 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
     def describe(
         self, request: ext_pb.describe_request, context: grpc.ServicerContext
     ) -> ext_pb.describe_response:
-        devices = [
-            ext_pb.ext_device(
-                index=device.index,
-                bdf=device.bdf,
-                nc_count=device.nc_count,
-                memory_bytes=device.memory_bytes,
-                memory_used=sum(device.memory_used),
-            )
-            for device in self.runtime.devices()
-        ]
-        return ext_pb.describe_response(
+        response = ext_pb.describe_response(
             runtime_version=self.runtime.version,
             pid=os.getpid(),
             address=self.address,
             sim_root=self.sim_root,
             instance_type=self.instance_type,
-            devices=devices,
             start_time_ns=self.runtime.started_ns,
         )
+        try:  # the devices, while they answer (their init may be failing)
+            devices = self.runtime.devices()
+            counters = self.runtime.all_hw_counters()
+        except NrtError as exc:
+            response.status_code, response.details = int(exc.code), str(exc)
+            return response
+        for device, hw in zip(devices, counters, strict=True):
+            response.devices.add(
+                index=device.index,
+                bdf=device.bdf,
+                nc_count=device.nc_count,
+                memory_bytes=device.memory_bytes,
+                memory_used=sum(device.memory_used),
+                hw_counters=ext_pb.ext_hw_counters(
+                    mem_ecc_corr=hw.mem_ecc_corr,
+                    mem_ecc_uncorr=hw.mem_ecc_uncorr,
+                    sram_ecc_corr=hw.sram_ecc_corr,
+                    sram_ecc_uncorr=hw.sram_ecc_uncorr,
+                    nc_errors=hw.nc_errors,
+                    nc_hangs=hw.nc_hangs,
+                    dma_timeouts=hw.dma_timeouts,
+                    init_failures=hw.init_failures,
+                ),
+            )
+        return response

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rnrt/ext.proto\x12\x07nrt.ext\"\x12\n\x10\x64\x65scribe_request\"e\n\next_device\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03\x62\x64\x66\x18\x02 \x01(\t\x12\x10\n\x08nc_count\x18\x03 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bmemory_used\x18\x05 \x01(\x04\"\xd6\x01\n\x11\x64\x65scribe_response\x12\x17\n\x0fruntime_version\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08sim_root\x18\x04 \x01(\t\x12\x15\n\rinstance_type\x18\x05 \x01(\t\x12$\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x13.nrt.ext.ext_device\x12\x15\n\rstart_time_ns\x18\x07 \x01(\x04\x12\x13\n\x0bstatus_code\x18\x08 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\t \x01(\t2M\n\x08nmgr_ext\x12\x41\n\x08\x64\x65scribe\x12\x19.nrt.ext.describe_request\x1a\x1a.nrt.ext.describe_responseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rnrt/ext.proto\x12\x07nrt.ext\"\x12\n\x10\x64\x65scribe_request\"\x94\x01\n\next_device\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03\x62\x64\x66\x18\x02 \x01(\t\x12\x10\n\x08nc_count\x18\x03 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x13\n\x0bmemory_used\x18\x05 \x01(\x04\x12-\n\x0bhw_counters\x18\x06 \x01(\x0b\x32\x18.nrt.ext.ext_hw_counters\"\xc1\x01\n\x0f\x65xt_hw_counters\x12\x14\n\x0cmem_ecc_corr\x18\x01 \x01(\x04\x12\x16\n\x0emem_ecc_uncorr\x18\x02 \x01(\x04\x12\x15\n\rsram_ecc_corr\x18\x03 \x01(\x04\x12\x17\n\x0fsram_ecc_uncorr\x18\x04 \x01(\x04\x12\x11\n\tnc_errors\x18\x05 \x01(\x04\x12\x10\n\x08nc_hangs\x18\x06 \x01(\x04\x12\x14\n\x0c\x64ma_timeouts\x18\x07 \x01(\x04\x12\x15\n\rinit_failures\x18\x08 \x01(\x04\"\xd6\x01\n\x11\x64\x65scribe_response\x12\x17\n\x0fruntime_version\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08sim_root\x18\x04 \x01(\t\x12\x15\n\rinstance_type\x18\x05 \x01(\t\x12$\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x13.nrt.ext.ext_device\x12\x15\n\rstart_time_ns\x18\x07 \x01(\x04\x12\x13\n\x0bstatus_code\x18\x08 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\t \x01(\t2M\n\x08nmgr_ext\x12\x41\n\x08\x64\x65scribe\x12\x19.nrt.ext.describe_request\x1a\x1a.nrt.ext.describe_responseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DESCRIBE_REQUEST']._serialized_start=26
   _globals['_DESCRIBE_REQUEST']._serialized_end=44
-  _globals['_EXT_DEVICE']._serialized_start=46
-  _globals['_EXT_DEVICE']._serialized_end=147
-  _globals['_DESCRIBE_RESPONSE']._serialized_start=150
-  _globals['_DESCRIBE_RESPONSE']._serialized_end=364
-  _globals['_NMGR_EXT']._serialized_start=366
-  _globals['_NMGR_EXT']._serialized_end=443
+  _globals['_EXT_DEVICE']._serialized_start=47
+  _globals['_EXT_DEVICE']._serialized_end=195
+  _globals['_EXT_HW_COUNTERS']._serialized_start=198
+  _globals['_EXT_HW_COUNTERS']._serialized_end=391
+  _globals['_DESCRIBE_RESPONSE']._serialized_start=394
+  _globals['_DESCRIBE_RESPONSE']._serialized_end=608
+  _globals['_NMGR_EXT']._serialized_start=610
+  _globals['_NMGR_EXT']._serialized_end=687
 # @@protoc_insertion_point(module_scope)
