@@ -1,16 +1,17 @@
-"""read_nc_counters, read_nc_time_in_use, get_hw_counters and get_all_hw_counters through
-the real daemon: real values from the simulated NCs and devices."""
+"""read_nc_counters, read_nc_time_in_use, get_hw_counters, get_all_hw_counters and the ext
+snapshot through the real daemon: real values from the simulated NCs and devices."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import pytest
-from test_wire import assert_nerr, infer, load
+from test_wire import assert_nerr, infer, load, post
 
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb
 
 pytestmark = pytest.mark.daemon
 
@@ -55,3 +56,50 @@ def test_hw_counters_by_bdf_by_id_and_all(stub: Any) -> None:
     assert first.bdf.startswith("0000:") and first.mem_ecc_uncorr == 0
     unknown = stub.get_hw_counters(pb.get_hw_counters_request(bdf="0000:99:00.0"))
     assert_nerr(unknown.status, Nerr.INVALID, "no device with BDF 0000:99:00.0")
+
+
+def snapshot(channel: grpc.Channel) -> Any:
+    response = ext_pb_grpc.nmgr_extStub(channel).snapshot(ext_pb.snapshot_request())
+    assert response.status_code == Nerr.OK, response.details
+    return response
+
+
+def test_snapshot_counts_what_happened_and_two_observers_see_the_same(
+    stub: Any, channel: grpc.Channel
+) -> None:
+    sample = build_mlp((64, 128, 32), batch=4, seed=13)
+    ncg = stub.create_eg(pb.create_eg_request(nc_count=2))
+    model = load(stub, sample.neff, ncg=ncg.h_eg.id, ninfer=1).h_nn
+    stub.start(pb.start_request(h_nn=model))
+    standby = load(stub, sample.neff, ncg=ncg.h_eg.id).h_nn
+    x = sample.random_inputs(seed=1)
+    before = snapshot(channel)
+    for _ in range(3):
+        assert infer(stub, model.id, x).status.code == Nerr.OK
+    assert_nerr(infer(stub, model.id, {"x": x["x"][:1]}).status, Nerr.INFER_BAD_INPUT)
+    first = post(stub, model.id, x)
+    assert_nerr(post(stub, model.id, x).status, Nerr.QUEUE_FULL)
+    stub.infer_wait(pb.infer_wait_request(cookie=first.cookie))
+    after, again = snapshot(channel), snapshot(channel)  # nothing taken by a read
+
+    models = {m.id: m for m in after.models}
+    ours = models[model.id]
+    assert (ours.state, ours.ncg_id, ours.mode, ours.ninfer) == ("READY", ncg.h_eg.id, "normal", 1)
+    assert models[standby.id].state == "STANDBY"
+    tally = ours.tally
+    assert (tally.completed, tally.incorrect_input, tally.failed_to_queue) == (4, 1, 1)
+    assert again.models[0].tally == after.models[0].tally
+    assert ours.device_bytes > 0 and ours.host_bytes > len(sample.neff) // 2
+    assert after.latency.total - before.latency.total == 4
+    assert list(after.latency.bounds_us)[:2] == [1.0, 2 ** (1 / 8)]
+    assert sum(after.latency.counts) == after.latency.total == again.latency.total
+    (group,) = [g for g in after.ncgs if g.id == ncg.h_eg.id]
+    assert (group.nc_count, sorted(group.model_ids)) == (2, sorted([model.id, standby.id]))
+    held = {nc.vnc: nc for nc in after.ncs if nc.ncg_id == group.id}
+    assert sorted(held) == [group.vnc_start, group.vnc_start + 1] and set(ours.vncs) <= set(held)
+    busy = {nc.vnc: nc.busy_ns for nc in before.ncs}
+    assert held[ours.vncs[0]].busy_ns > busy[ours.vncs[0]]
+    assert after.rss_bytes > 0 and after.cpu_user_s + after.cpu_system_s > 0
+    for handle in (model, standby):
+        stub.unload(pb.unload_request(h_nn=handle))
+    stub.destroy_eg(pb.destroy_eg_request(h_eg=ncg.h_eg))

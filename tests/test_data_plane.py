@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_wire import assert_nerr, infer, load, outputs
+from test_wire import assert_nerr, infer, load, outputs, post
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.compiler import compile_model
@@ -41,15 +41,6 @@ def slow_ncs(daemon: DaemonProcess) -> Iterator[Any]:
 
     yield set_delay
     set_delay(0)
-
-
-def post(stub: Any, model_id: int, inputs: dict[str, np.ndarray]) -> Any:
-    return stub.infer_post(
-        pb.infer_request(
-            h_nn=pb.h_nn(id=model_id),
-            ifmap=[pb.infer_io(name=k, buf=v.tobytes()) for k, v in inputs.items()],
-        )
-    )
 
 
 def wait(stub: Any, cookie: int) -> Any:

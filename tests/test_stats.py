@@ -8,10 +8,12 @@ import pytest
 
 from neuron_rtd.errors import BadInput, HwError, InferCancelled, InferTimeout, Nerr
 from neuron_rtd.runtime.stats import (
+    LATENCY_BOUNDS_US,
     ErrorSubtype,
     InferStatus,
     Metric,
     Stats,
+    Tally,
     bucket_bound,
     outcome,
     summarize,
@@ -36,11 +38,15 @@ def test_outcomes() -> None:
     assert outcome(InferCancelled("c"), Nerr.OK) == (InferStatus.UNKNOWN, ErrorSubtype.RT)
 
 
+def model() -> object:
+    return SimpleNamespace(tally=Tally())
+
+
 def test_samples_overflow_and_a_read_takes_them() -> None:
     stats = Stats(capacity=3)
     for _ in range(5):
-        stats.inference_done(job())  # type: ignore[arg-type]
-    stats.inference_done(job(InferTimeout("late")))  # type: ignore[arg-type]
+        stats.inference_done(model(), job())  # type: ignore[arg-type]
+    stats.inference_done(model(), job(InferTimeout("late")))  # type: ignore[arg-type]
     counters = stats.snapshot()
     assert counters.infer_count == 6
     assert counters.infer_status == {InferStatus.OK: 5, InferStatus.TIMEOUT: 1}
@@ -53,6 +59,27 @@ def test_samples_overflow_and_a_read_takes_them() -> None:
     assert not series[Metric.MODEL_SIZE].overflow and not series[Metric.MODEL_SIZE].samples
     again = {s.metric: s for s in stats.read_metrics(0)}
     assert not again[Metric.INFER_LATENCY].samples and not again[Metric.INFER_LATENCY].overflow
+
+
+def test_tallies_and_latency_histograms_are_not_taken_by_a_read() -> None:
+    stats = Stats(capacity=3)
+    a, b = model(), model()
+    for _ in range(4):
+        stats.inference_done(a, job())  # type: ignore[arg-type]
+    stats.inference_done(b, job(InferTimeout("late")))  # type: ignore[arg-type]
+    stats.inference_done(b, job(code=Nerr.INFER_COMPLETED_WITH_NUM_ERR))  # type: ignore[arg-type]
+    stats.rejected(b, BadInput("short"))  # type: ignore[arg-type]
+    stats.queue_drop(b)  # type: ignore[arg-type]
+    stats.read_metrics(0)  # takes the samples, not these
+    assert stats.tallies([a, b]) == [  # type: ignore[list-item]
+        Tally(completed=4),
+        Tally(timed_out=1, completed_with_num_err=1, incorrect_input=1, failed_to_queue=1),
+    ]
+    total, on_nc = stats.latency()
+    assert total.total == on_nc.total == 6 and total.sum == pytest.approx(6e6)
+    # a value lands in the first bucket whose bound is at or above it: 1 s, 2 us
+    assert total.counts[LATENCY_BOUNDS_US.index(2.0**20)] == 6  # 2**19.875 < 1e6 <= 2**20
+    assert on_nc.counts[LATENCY_BOUNDS_US.index(2.0)] == 6
 
 
 def test_windows_and_histogram() -> None:

@@ -50,13 +50,19 @@ def load(stub: Any, neff: bytes, **kw: Any) -> Any:
     return stub.load(load_stream(neff, **kw))
 
 
-def infer(stub: Any, model_id: int, inputs: dict[str, np.ndarray]) -> Any:
-    return stub.infer(
-        pb.infer_request(
-            h_nn=pb.h_nn(id=model_id),
-            ifmap=[pb.infer_io(name=k, buf=v.tobytes()) for k, v in inputs.items()],
-        )
+def infer_request(model_id: int, inputs: dict[str, np.ndarray]) -> Any:
+    return pb.infer_request(
+        h_nn=pb.h_nn(id=model_id),
+        ifmap=[pb.infer_io(name=k, buf=v.tobytes()) for k, v in inputs.items()],
     )
+
+
+def infer(stub: Any, model_id: int, inputs: dict[str, np.ndarray]) -> Any:
+    return stub.infer(infer_request(model_id, inputs))
+
+
+def post(stub: Any, model_id: int, inputs: dict[str, np.ndarray]) -> Any:
+    return stub.infer_post(infer_request(model_id, inputs))
 
 
 def outputs(response: Any, sample: SampleModel) -> dict[str, np.ndarray]:

@@ -14,9 +14,11 @@ from neuron_rtd.runtime.api import (
     Input,
     ModelInfo,
     NcgInfo,
+    NcUse,
     NeffFile,
     ShmInput,
     ShmOutputs,
+    Snapshot,
     SystemCounters,
     Topology,
 )
@@ -41,16 +43,25 @@ from neuron_rtd.runtime.runtime import (
     SessionRelease,
     parse_version,
 )
-from neuron_rtd.runtime.stats import Aggregate, MetricSeries, NmgrCounters
+from neuron_rtd.runtime.stats import (
+    LATENCY_BOUNDS_US,
+    Aggregate,
+    Histogram,
+    MetricSeries,
+    NmgrCounters,
+    Tally,
+)
 
 __all__ = [
     "FIRST_MODEL_ID",
+    "LATENCY_BOUNDS_US",
     "NC_ENGINES",
     "Aggregate",
     "DeviceApi",
     "DeviceInfo",
     "DeviceSpec",
     "DramBuffer",
+    "Histogram",
     "HwCounters",
     "InferResult",
     "Input",
@@ -61,6 +72,7 @@ __all__ = [
     "ModelParams",
     "ModelState",
     "NcCounters",
+    "NcUse",
     "NcgInfo",
     "NeffFile",
     "NeuronCoreApi",
@@ -72,7 +84,9 @@ __all__ = [
     "ShmInput",
     "ShmOutputs",
     "SimDevice",
+    "Snapshot",
     "SystemCounters",
+    "Tally",
     "Topology",
     "acquire_sim",
     "nc_engine",

@@ -18,6 +18,7 @@ from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi
 from neuron_rtd.runtime.model import LoadMode, Model, ModelParams, ModelState
+from neuron_rtd.runtime.stats import Histogram, NmgrCounters, Tally
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ class ModelInfo:
     params: ModelParams
     vncs: tuple[int, ...]
     dram_bytes: int
+    host_bytes: int
     in_flight: int  # inferences holding a slot: submitted, not yet answered
     session_id: int
+    failure: str  # why it FAILED, when it did
 
     @classmethod
     def of(cls, model: Model) -> ModelInfo:
@@ -73,8 +76,10 @@ class ModelInfo:
             params=model.params,
             vncs=model.vncs,
             dram_bytes=model.dram_bytes,
+            host_bytes=model.host_bytes,
             in_flight=model.in_flight,
             session_id=model.session_id,
+            failure=model.failure,
         )
 
 
@@ -152,6 +157,36 @@ class HwCounters:
             dma_timeouts=hw.dma_timeouts,
             init_failures=hw.init_failures,
         )
+
+
+@dataclass(frozen=True)
+class NcUse:
+    """One virtual NC: where it is, its busy time since its device's last reset, and the
+    NCG that holds it (0: free)."""
+
+    vnc: int
+    device_index: int
+    nc: int
+    busy_ns: int
+    ncg_id: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The runtime at one instant, for observers: everything in it only grows (or is a
+    level), so that two snapshots give rates and percentiles over their interval."""
+
+    time_ns: int  # wall clock, ns since the epoch
+    cpu_user_s: float  # the runtime's process, since it started
+    cpu_system_s: float
+    rss_bytes: int
+    ncs: tuple[NcUse, ...]
+    ncgs: tuple[NcgInfo, ...]
+    models: tuple[ModelInfo, ...]
+    tallies: tuple[Tally, ...]  # each model's, in the order of `models`
+    counters: NmgrCounters
+    latency: Histogram  # every inference's, microseconds, posted to answered
+    nc_latency: Histogram  # ... on the NCs
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from neuron_rtd.errors import (
 )
 from neuron_rtd.neff import Bucket, Neff, TensorSpec
 from neuron_rtd.runtime.driver import DeviceApi, DramBuffer, HostFn, RunFn, driver_errors
+from neuron_rtd.runtime.stats import Tally
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -136,7 +137,7 @@ class Source(Protocol):
 class Observer(Protocol):
     """Told of each inference's end (the runtime's counters and metrics)."""
 
-    def inference_done(self, job: Job) -> None: ...
+    def inference_done(self, model: Model, job: Job) -> None: ...
 
     def queue_drop(self, model: Model) -> None: ...
 
@@ -217,6 +218,7 @@ class Model:
     failure: str = ""
     host_pool: threading.BoundedSemaphore = field(default_factory=_default_host_pool)
     observer: Observer | None = None
+    tally: Tally = field(default_factory=Tally)  # written by the observer, under its lock
     _free: list[int] = field(default_factory=list)
     _jobs: set[Job] = field(default_factory=set)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -241,6 +243,19 @@ class Model:
     @property
     def dram_bytes(self) -> int:
         return sum(buf.nbytes for _, buf in self.dram)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory it holds: its NEFF and its slots' fixed-shape arrays."""
+        header = self.neff.header
+        arrays = sum(
+            array.nbytes
+            for variant in self.variants
+            for slot in variant.slots
+            for array in slot.values()
+            if isinstance(array, np.ndarray)
+        )
+        return header.header_size + header.data_size + arrays
 
     @property
     def in_flight(self) -> int:
@@ -344,7 +359,7 @@ class Model:
             self._fail(job.error)
         self._end(job)
         if self.observer is not None:
-            self.observer.inference_done(job)
+            self.observer.inference_done(self, job)
         job._running.release()
 
     def _execute(self, job: Job) -> None:

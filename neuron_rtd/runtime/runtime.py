@@ -28,8 +28,10 @@ from neuron_rtd.runtime.api import (
     Input,
     ModelInfo,
     NcgInfo,
+    NcUse,
     NeffFile,
     ShmOutputs,
+    Snapshot,
     SystemCounters,
     Topology,
 )
@@ -633,6 +635,38 @@ class Runtime:
     def metrics(self, summarize_period_s: int) -> list[MetricSeries]:
         self.ensure_ready()
         return self._stats.read_metrics(summarize_period_s)
+
+    def snapshot(self) -> Snapshot:
+        """Everything an observer (neuron-monitor, neuron-top) reads, at one instant."""
+        self.ensure_ready()
+        with self._lock:
+            models = sorted(self._models.values(), key=lambda m: m.id)
+            infos = tuple(ModelInfo.of(m) for m in models)
+            ncgs = tuple(self._ncg_info(ncg) for ncg in self._ncgs.list())
+        owner = {vnc: ncg.id for ncg in ncgs for vnc in ncg.vncs}
+        ncs = []
+        for vnc in range(self._ncgs.total_ncs):
+            loc = self._ncgs.locate(vnc)
+            device = self._devices[loc.device_slot]
+            with driver_errors(f"counters of NC {vnc}"):
+                busy_ns = device.nc(loc.nc).counters().busy_ns
+            ncs.append(NcUse(vnc, device.index, loc.nc, busy_ns, owner.get(vnc, 0)))
+        process = psutil.Process()
+        cpu = process.cpu_times()
+        latency, nc_latency = self._stats.latency()
+        return Snapshot(
+            time_ns=time.time_ns(),
+            cpu_user_s=cpu.user,
+            cpu_system_s=cpu.system,
+            rss_bytes=process.memory_info().rss,
+            ncs=tuple(ncs),
+            ncgs=ncgs,
+            models=infos,
+            tallies=tuple(self._stats.tallies(models)),
+            counters=self._stats.snapshot(),
+            latency=latency,
+            nc_latency=nc_latency,
+        )
 
     def system_counters(self) -> SystemCounters:
         self.ensure_ready()

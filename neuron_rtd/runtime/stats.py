@@ -6,10 +6,18 @@ up over windows of `summarize_period` seconds (0: every sample as it is). When m
 came than the buffer holds, the oldest are lost and that metric says `overflow`.
 
 Units: latencies in microseconds, sizes in bytes, cycles in thousands.
+
+Besides, for observers that must not take each other's samples (neuron-monitor,
+neuron-top, several at once), counts that only grow: each model's `Tally` of how its
+inferences ended, and a `Histogram` of every inference's latency (total and on the NCs)
+in fine fixed buckets. An observer diffs two reads: rates and percentiles over its own
+interval.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import enum
 import logging
 import math
@@ -72,6 +80,9 @@ _PER_INFERENCE = (
     Metric.INFER_ON_INFA_CYCLES_X1K,
 )
 METRIC_CAPACITY = 100_000  # samples kept per metric type between two reads
+# Upper bounds of the latency histogram's buckets, in microseconds: 2**(k/8), from 1 us to
+# about 134 s, each 9% above the one before (a percentile read from them is within 9%).
+LATENCY_BOUNDS_US = tuple(2.0 ** (k / 8) for k in range(8 * 27 + 1))
 
 
 @dataclass
@@ -107,6 +118,51 @@ class MetricSeries:
     samples: list[tuple[int, float]]  # (time ns since the epoch, value), summarize_period 0
     aggregates: list[Aggregate]
     overflow: bool
+
+
+@dataclass
+class Tally:
+    """How one model's inferences ended, counted since it was loaded (the names of
+    neuron-monitor's `inference_summary`)."""
+
+    completed: int = 0
+    completed_with_err: int = 0
+    completed_with_num_err: int = 0
+    timed_out: int = 0
+    incorrect_input: int = 0
+    failed_to_queue: int = 0
+    cancelled: int = 0
+
+    def count(self, status: InferStatus) -> None:
+        name = _TALLIED[status]
+        setattr(self, name, getattr(self, name) + 1)
+
+
+_TALLIED = {
+    InferStatus.OK: "completed",
+    InferStatus.COMPLETED_WITH_NUM_ERR: "completed_with_num_err",
+    InferStatus.COMPLETED_WITH_ERR: "completed_with_err",
+    InferStatus.BAD_INPUT: "incorrect_input",
+    InferStatus.TIMEOUT: "timed_out",
+    InferStatus.UNKNOWN: "cancelled",
+}
+
+
+@dataclass
+class Histogram:
+    """Counts of values per bucket of `LATENCY_BOUNDS_US` (the last bucket: above them)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_US) + 1))
+    total: int = 0
+    sum: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BOUNDS_US, value)] += 1
+        self.total += 1
+        self.sum += value
+
+    def copy(self) -> Histogram:
+        return Histogram(list(self.counts), self.total, self.sum)
 
 
 def outcome(error: NrtError | None, code: Nerr) -> tuple[InferStatus, ErrorSubtype]:
@@ -185,9 +241,11 @@ class Stats:
         self._seen: Counter[Metric] = Counter()  # samples added since the last read
         self._seen_infer = 0  # ... of the three per-inference metrics, each
         self.logs = LogCounter()
+        self._latency = Histogram()  # INFER_LATENCY, never drained
+        self._nc_latency = Histogram()  # INFER_ON_INFA_LATENCY, never drained
 
     # --- what happens -----------------------------------------------------------
-    def inference_done(self, job: Job) -> None:
+    def inference_done(self, model: Model, job: Job) -> None:
         if job.error is None and job.code == Nerr.OK:
             status, subtype = InferStatus.OK, ErrorSubtype.NONE  # the common case, quickly
         else:
@@ -198,17 +256,22 @@ class Stats:
             c = self.counters
             c.infer_count += 1
             c.infer_status[status] += 1
+            model.tally.count(status)
             if subtype is not ErrorSubtype.NONE:
                 c.error_subtype[subtype] += 1
             if job.started:
-                samples[Metric.INFER_LATENCY].append((now, (job.ended - job.posted) * 1e6))
-                samples[Metric.INFER_ON_INFA_LATENCY].append((now, job.nc_ns / 1e3))
+                latency_us, nc_us = (job.ended - job.posted) * 1e6, job.nc_ns / 1e3
+                samples[Metric.INFER_LATENCY].append((now, latency_us))
+                samples[Metric.INFER_ON_INFA_LATENCY].append((now, nc_us))
                 samples[Metric.INFER_ON_INFA_CYCLES_X1K].append((now, job.cycles / 1e3))
                 self._seen_infer += 1
+                self._latency.add(latency_us)
+                self._nc_latency.add(nc_us)
 
     def queue_drop(self, model: Model) -> None:
         with self._lock:
             self.counters.infer_queue_drop_count += 1
+            model.tally.failed_to_queue += 1
 
     def rejected(self, model: Model, error: NrtError) -> None:
         status, subtype = outcome(error, error.code)
@@ -216,6 +279,7 @@ class Stats:
             self.counters.infer_count += 1
             self.counters.infer_status[status] += 1
             self.counters.error_subtype[subtype] += 1
+            model.tally.count(status)
 
     def model_loaded(self, model: Model, seconds: float) -> None:
         neff = model.neff
@@ -254,6 +318,16 @@ class Stats:
     def snapshot(self) -> NmgrCounters:
         with self._lock:
             return _copy_counters(self.counters)
+
+    def tallies(self, models: list[Model]) -> list[Tally]:
+        """A copy of each model's tally, all read at one instant."""
+        with self._lock:
+            return [dataclasses.replace(model.tally) for model in models]
+
+    def latency(self) -> tuple[Histogram, Histogram]:
+        """Copies of the latency histograms: total, and on the NCs."""
+        with self._lock:
+            return self._latency.copy(), self._nc_latency.copy()
 
     def read_metrics(self, summarize_period_s: int) -> list[MetricSeries]:
         """Every metric type with the samples since the last read: as they are

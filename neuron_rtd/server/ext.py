@@ -9,6 +9,7 @@ import grpc
 from neuron_rtd.errors import NrtError
 from neuron_rtd.proto import ext_pb, ext_pb_grpc
 from neuron_rtd.runtime import Runtime
+from neuron_rtd.server import wire
 
 
 class ExtServicer(ext_pb_grpc.nmgr_extServicer):
@@ -54,3 +55,11 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
                 ),
             )
         return response
+
+    def snapshot(
+        self, request: ext_pb.snapshot_request, context: grpc.ServicerContext
+    ) -> ext_pb.snapshot_response:
+        try:
+            return wire.snapshot(self.runtime.snapshot())
+        except NrtError as exc:
+            return ext_pb.snapshot_response(status_code=int(exc.code), details=str(exc))

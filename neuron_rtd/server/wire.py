@@ -1,13 +1,16 @@
 """Conversion between wire messages and the runtime's values: inference inputs and
-outputs, counters, metrics, NCGs and versions."""
+outputs, counters, metrics, NCGs, versions and the ext service's snapshot."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from neuron_rtd.errors import InvalidError
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import ext_pb, pb
 from neuron_rtd.runtime import (
+    LATENCY_BOUNDS_US,
+    Histogram,
     HwCounters,
     InferResult,
     Input,
@@ -15,6 +18,7 @@ from neuron_rtd.runtime import (
     NcCounters,
     NmgrCounters,
     ShmInput,
+    Snapshot,
     parse_version,
 )
 
@@ -137,3 +141,57 @@ def metric(series: MetricSeries) -> pb.metric:
 def version(text: str) -> pb.version:
     major, minor = parse_version(text)
     return pb.version(full_version=text, major_num=major, minor_num=minor)
+
+
+def _histogram(h: Histogram) -> ext_pb.ext_histogram:
+    return ext_pb.ext_histogram(
+        bounds_us=LATENCY_BOUNDS_US, counts=h.counts, total=h.total, sum_us=h.sum
+    )
+
+
+def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
+    msg = ext_pb.snapshot_response(
+        time_ns=snap.time_ns,
+        cpu_user_s=snap.cpu_user_s,
+        cpu_system_s=snap.cpu_system_s,
+        rss_bytes=snap.rss_bytes,
+        latency=_histogram(snap.latency),
+        nc_latency=_histogram(snap.nc_latency),
+    )
+    for nc in snap.ncs:
+        msg.ncs.add(
+            vnc=nc.vnc,
+            device_index=nc.device_index,
+            nc_index=nc.nc,
+            busy_ns=nc.busy_ns,
+            ncg_id=nc.ncg_id,
+        )
+    for ncg in snap.ncgs:
+        msg.ncgs.add(
+            id=ncg.id,
+            vnc_start=ncg.start,
+            nc_count=ncg.nc_count,
+            device_index=ncg.device_index,
+            implicit=ncg.implicit,
+            session_id=ncg.session_id,
+            model_ids=ncg.models,
+        )
+    for model, tally in zip(snap.models, snap.tallies, strict=True):
+        msg.models.add(
+            id=model.id,
+            name=model.name,
+            ncg_id=model.ncg_id,
+            state=model.state.value,
+            mode=model.mode.value,
+            vncs=model.vncs,
+            device_bytes=model.dram_bytes,
+            host_bytes=model.host_bytes,
+            ninfer=model.params.ninfer,
+            timeout_s=model.params.timeout_s,
+            in_flight=model.in_flight,
+            session_id=model.session_id,
+            tally=ext_pb.ext_infer_tally(**dataclasses.asdict(tally)),
+            failure=model.failure,
+            nc_count=model.neff.nc_count,
+        )
+    return msg

@@ -67,3 +67,129 @@ class describe_response(_message.Message):
     status_code: int
     details: str
     def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class snapshot_request(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ext_nc(_message.Message):
+    __slots__ = ("vnc", "device_index", "nc_index", "busy_ns", "ncg_id")
+    VNC_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NC_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    NCG_ID_FIELD_NUMBER: _ClassVar[int]
+    vnc: int
+    device_index: int
+    nc_index: int
+    busy_ns: int
+    ncg_id: int
+    def __init__(self, vnc: _Optional[int] = ..., device_index: _Optional[int] = ..., nc_index: _Optional[int] = ..., busy_ns: _Optional[int] = ..., ncg_id: _Optional[int] = ...) -> None: ...
+
+class ext_ncg(_message.Message):
+    __slots__ = ("id", "vnc_start", "nc_count", "device_index", "implicit", "session_id", "model_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VNC_START_FIELD_NUMBER: _ClassVar[int]
+    NC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    IMPLICIT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    vnc_start: int
+    nc_count: int
+    device_index: int
+    implicit: bool
+    session_id: int
+    model_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., vnc_start: _Optional[int] = ..., nc_count: _Optional[int] = ..., device_index: _Optional[int] = ..., implicit: _Optional[bool] = ..., session_id: _Optional[int] = ..., model_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ext_infer_tally(_message.Message):
+    __slots__ = ("completed", "completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input", "failed_to_queue", "cancelled")
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_WITH_ERR_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_WITH_NUM_ERR_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    INCORRECT_INPUT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_TO_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    completed: int
+    completed_with_err: int
+    completed_with_num_err: int
+    timed_out: int
+    incorrect_input: int
+    failed_to_queue: int
+    cancelled: int
+    def __init__(self, completed: _Optional[int] = ..., completed_with_err: _Optional[int] = ..., completed_with_num_err: _Optional[int] = ..., timed_out: _Optional[int] = ..., incorrect_input: _Optional[int] = ..., failed_to_queue: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+
+class ext_model(_message.Message):
+    __slots__ = ("id", "name", "ncg_id", "state", "mode", "vncs", "device_bytes", "host_bytes", "ninfer", "timeout_s", "in_flight", "session_id", "tally", "failure", "nc_count")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NCG_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    VNCS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NINFER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TALLY_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    NC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    ncg_id: int
+    state: str
+    mode: str
+    vncs: _containers.RepeatedScalarFieldContainer[int]
+    device_bytes: int
+    host_bytes: int
+    ninfer: int
+    timeout_s: float
+    in_flight: int
+    session_id: int
+    tally: ext_infer_tally
+    failure: str
+    nc_count: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ncg_id: _Optional[int] = ..., state: _Optional[str] = ..., mode: _Optional[str] = ..., vncs: _Optional[_Iterable[int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., ninfer: _Optional[int] = ..., timeout_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., session_id: _Optional[int] = ..., tally: _Optional[_Union[ext_infer_tally, _Mapping]] = ..., failure: _Optional[str] = ..., nc_count: _Optional[int] = ...) -> None: ...
+
+class ext_histogram(_message.Message):
+    __slots__ = ("bounds_us", "counts", "total", "sum_us")
+    BOUNDS_US_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SUM_US_FIELD_NUMBER: _ClassVar[int]
+    bounds_us: _containers.RepeatedScalarFieldContainer[float]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    total: int
+    sum_us: float
+    def __init__(self, bounds_us: _Optional[_Iterable[float]] = ..., counts: _Optional[_Iterable[int]] = ..., total: _Optional[int] = ..., sum_us: _Optional[float] = ...) -> None: ...
+
+class snapshot_response(_message.Message):
+    __slots__ = ("time_ns", "cpu_user_s", "cpu_system_s", "rss_bytes", "ncs", "ncgs", "models", "latency", "nc_latency", "status_code", "details")
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    CPU_USER_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_SYSTEM_S_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NCS_FIELD_NUMBER: _ClassVar[int]
+    NCGS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    NC_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    time_ns: int
+    cpu_user_s: float
+    cpu_system_s: float
+    rss_bytes: int
+    ncs: _containers.RepeatedCompositeFieldContainer[ext_nc]
+    ncgs: _containers.RepeatedCompositeFieldContainer[ext_ncg]
+    models: _containers.RepeatedCompositeFieldContainer[ext_model]
+    latency: ext_histogram
+    nc_latency: ext_histogram
+    status_code: int
+    details: str
+    def __init__(self, time_ns: _Optional[int] = ..., cpu_user_s: _Optional[float] = ..., cpu_system_s: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., ncs: _Optional[_Iterable[_Union[ext_nc, _Mapping]]] = ..., ncgs: _Optional[_Iterable[_Union[ext_ncg, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ext_model, _Mapping]]] = ..., latency: _Optional[_Union[ext_histogram, _Mapping]] = ..., nc_latency: _Optional[_Union[ext_histogram, _Mapping]] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...

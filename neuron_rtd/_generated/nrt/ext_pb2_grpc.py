@@ -40,6 +40,11 @@ class nmgr_extStub:
                 request_serializer=nrt_dot_ext__pb2.describe_request.SerializeToString,
                 response_deserializer=nrt_dot_ext__pb2.describe_response.FromString,
                 _registered_method=True)
+        self.snapshot = channel.unary_unary(
+                '/nrt.ext.nmgr_ext/snapshot',
+                request_serializer=nrt_dot_ext__pb2.snapshot_request.SerializeToString,
+                response_deserializer=nrt_dot_ext__pb2.snapshot_response.FromString,
+                _registered_method=True)
 
 
 class nmgr_extServicer:
@@ -53,6 +58,15 @@ class nmgr_extServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def snapshot(self, request, context):
+        """The runtime at one instant, for observers (neuron-monitor, neuron-top, neuron-cli
+        list-model). Counts only grow: an observer diffs two snapshots for its own interval,
+        and no observer takes anything from another (unlike read_all_metrics).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_nmgr_extServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +74,11 @@ def add_nmgr_extServicer_to_server(servicer, server):
                     servicer.describe,
                     request_deserializer=nrt_dot_ext__pb2.describe_request.FromString,
                     response_serializer=nrt_dot_ext__pb2.describe_response.SerializeToString,
+            ),
+            'snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.snapshot,
+                    request_deserializer=nrt_dot_ext__pb2.snapshot_request.FromString,
+                    response_serializer=nrt_dot_ext__pb2.snapshot_response.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +109,33 @@ class nmgr_ext:
             '/nrt.ext.nmgr_ext/describe',
             nrt_dot_ext__pb2.describe_request.SerializeToString,
             nrt_dot_ext__pb2.describe_response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nrt.ext.nmgr_ext/snapshot',
+            nrt_dot_ext__pb2.snapshot_request.SerializeToString,
+            nrt_dot_ext__pb2.snapshot_response.FromString,
             options,
             channel_credentials,
             insecure,
