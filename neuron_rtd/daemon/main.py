@@ -32,7 +32,7 @@ from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
-from neuron_rtd.server import SessionServicer, add_servicers
+from neuron_rtd.server import Health, SessionServicer, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -116,7 +116,7 @@ class Daemon:
 
     def run(self) -> int:
         try:
-            runtime, server, sessions = self._start()
+            runtime, server, sessions, health = self._start()
         except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
             log.error("%s", exc, extra={"fn": "RunServer"})
             print(f"neuron-rtd: error: {exc}", file=sys.stderr)
@@ -128,9 +128,10 @@ class Daemon:
             watchdog = sd.Watchdog(interval, healthy=lambda: runtime.responsive(interval))
             watchdog.start()
         while not self._stop.wait(0.5):
-            pass
+            health.update()
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
+        health.drain()
         stopped = server.stop(DRAIN_GRACE_S)  # new calls refused; in-flight ones finish
         sessions.close()  # clients' session streams would last the whole grace
         stopped.wait()
@@ -141,7 +142,7 @@ class Daemon:
         log.info("Stopped", extra={"fn": "RunServer"})
         return 0
 
-    def _start(self) -> tuple[Runtime, grpc.Server, SessionServicer]:
+    def _start(self) -> tuple[Runtime, grpc.Server, SessionServicer, Health]:
         config = self.config
         sd.notify("STATUS=Starting")
         if self.address.unix_path:
@@ -181,7 +182,7 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),
             ],
         )
-        sessions = add_servicers(
+        sessions, health = add_servicers(
             server,
             runtime,
             address=self.address.text,
@@ -201,7 +202,7 @@ class Daemon:
             "READY=1",
             f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.text}",
         )
-        return runtime, server, sessions
+        return runtime, server, sessions, health
 
     def _release(self) -> None:
         for device in self.devices:

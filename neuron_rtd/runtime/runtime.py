@@ -147,6 +147,14 @@ class Runtime:
             if self._init_error is not None:
                 raise HwError(f"devices are not initialized: {self._init_error}")
 
+    def ready(self) -> bool:
+        """Whether the devices are up (a failing init is retried, as by every call)."""
+        try:
+            self.ensure_ready()
+        except HwError:
+            return False
+        return True
+
     def topology(self) -> Topology:
         return Topology(
             device_count=len(self._devices),

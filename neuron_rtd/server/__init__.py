@@ -1,6 +1,7 @@
 """The gRPC adapters over the runtime's face: the nmgr service and streamed inference
 (`nmgr`), client sessions (`sessions`), our extension (`ext`), load-stream reading
-(`load_stream`), wire conversion (`wire`) and the one error mapping (`calls`)."""
+(`load_stream`), wire conversion (`wire`), the one error mapping (`calls`), and the
+standard health and reflection services (`health`)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ import grpc
 from neuron_rtd.proto import ext_pb_grpc, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server.ext import ExtServicer
+from neuron_rtd.server.health import Health
 from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
 from neuron_rtd.server.sessions import SessionServicer
 
-__all__ = ["SessionServicer", "add_servicers"]
+__all__ = ["Health", "SessionServicer", "add_servicers"]
 
 
 def add_servicers(
     server: grpc.Server, runtime: Runtime, *, address: str, sim_root: str, instance_type: str
-) -> SessionServicer:
+) -> tuple[SessionServicer, Health]:
     """Add every service to `server`; the session service, which the daemon closes at
-    its stop."""
+    its stop, and the health service, which it keeps up to date."""
     nmgr = NmgrServicer(runtime)
     sessions = SessionServicer(runtime)
     pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
@@ -29,4 +31,4 @@ def add_servicers(
         ExtServicer(runtime, address=address, sim_root=sim_root, instance_type=instance_type),
         server,
     )
-    return sessions
+    return sessions, Health(server, runtime)
