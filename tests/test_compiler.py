@@ -3,6 +3,7 @@ onnxruntime on the same inputs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -443,3 +444,89 @@ def test_cli_dynamic_symbol_and_argument_errors(tmp_path: Path) -> None:
         [*cli, "--input-shape", "y=1,16"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 1 and "--input-shape names y; the inputs are x" in done.stderr
+
+
+def two_symbol_relu() -> onnx.ModelProto:
+    return make_model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", F32, ["N", "M"])],
+        [helper.make_tensor_value_info("y", F32, ["N", "M"])],
+    )
+
+
+def test_progress_is_told_each_phase_and_bucket_in_order() -> None:
+    seen: list[tuple[str, int, int]] = []
+    compile_model(
+        mlp_with_cpu_op(),
+        dynamic_batch=bucket_ranges(1, 4, "log2"),
+        progress=lambda what, done, total: seen.append((what, done, total)),
+    )
+    assert seen == [
+        ("loading and checking the model", 0, 1),
+        ("compiling bucket batch=1..1", 1, 5),
+        ("compiling bucket batch=2..2", 2, 5),
+        ("compiling bucket batch=3..4", 3, 5),
+        ("writing the NEFF", 4, 5),
+        ("done", 5, 5),
+    ]
+
+
+def test_an_output_varying_along_two_axes_is_refused_before_any_bucket() -> None:
+    seen: list[str] = []
+    with pytest.raises(CompileError, match=r"'y' would vary along 2 axes \(axis 0 follows N"):
+        compile_model(
+            two_symbol_relu(),
+            dynamic={"N": bucket_ranges(1, 8), "M": bucket_ranges(1, 8)},
+            progress=lambda what, done, total: seen.append(what),
+        )
+    assert seen == ["loading and checking the model"]
+    # one of them fixed at a single size: it compiles
+    result = compile_model(two_symbol_relu(), dynamic={"N": bucket_ranges(1, 4), "M": [(3, 3)]})
+    assert len(read_neff(result.neff).buckets) == 3
+
+
+def test_dynamic_naming_a_fixed_axis_says_what_is_free() -> None:
+    with pytest.raises(CompileError, match=r"names M, which is no free dimension.*free: N"):
+        compile_model(
+            make_model(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                [helper.make_tensor_value_info("x", F32, ["N", 3])],
+                [helper.make_tensor_value_info("y", F32, ["N", 3])],
+            ),
+            dynamic={"N": bucket_ranges(1, 2), "M": bucket_ranges(1, 4)},
+        )
+
+
+def test_cli_json_summary_and_progress_only_on_a_terminal(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(mlp_with_cpu_op(), str(source))
+    out = tmp_path / "model.neff"
+    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)]
+    done = subprocess.run(
+        [*cli, "--dynamic-batch", "1:4", "--json"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # piped: no progress
+    summary = json.loads(done.stdout)
+    assert (summary["output"], summary["nc_count"]) == (
+        str(out),
+        read_neff(out.read_bytes()).nc_count,
+    )
+    assert [b["bucket"] for b in summary["buckets"]] == ["batch=1..1", "batch=2..2", "batch=3..4"]
+    nodes = summary["buckets"][0]["nodes"]
+    assert {n["on"] for n in nodes} == {"nc", "cpu"}
+    assert "Atan" in next(n for n in nodes if n["on"] == "cpu")["cpu_reasons"]
+    assert summary["nc_ops"] + summary["cpu_ops"] == sum(
+        sum(n["ops"].values()) for b in summary["buckets"] for n in b["nodes"]
+    )
+    # on a terminal (script(1) gives the command one), progress shows each bucket
+    typescript = tmp_path / "typescript"
+    command = " ".join([*cli, "--dynamic-batch", "1:4"]) + " > /dev/null"
+    done = subprocess.run(
+        ["script", "-q", "-e", "-c", command, str(typescript)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    screen = typescript.read_text(errors="replace")
+    assert "compiling bucket batch=3..4" in screen and "writing the NEFF" in screen

@@ -2,15 +2,24 @@
 
 Exit codes: 0 compiled (the summary printed), 1 the model cannot be compiled (the message
 names the node, op and reason; no file is written), 2 bad arguments.
+
+On a terminal, progress per phase and per bucket goes to stderr (none with -q, --json, or
+when stderr is not a terminal); `--json` prints the summary as JSON on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
+from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import write_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
@@ -101,26 +110,43 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--name", help="the model name in the NEFF (default: the ONNX graph name)")
     cmd.add_argument("--gzip", action="store_true", help="compress the NEFF archive")
-    cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary")
+    cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary and no progress")
+    cmd.add_argument(
+        "--json", action="store_true", help="print the summary as JSON (and no progress)"
+    )
     return top
+
+
+@contextlib.contextmanager
+def _progress(shown: bool) -> Iterator[ProgressFn | None]:
+    """A progress bar on stderr while compiling, when `shown`."""
+    if not shown:
+        yield None
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+            bar.refresh()  # each step drawn, however short (a few per compile)
+
+        yield update
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    shown = not (args.quiet or args.json) and sys.stderr.isatty()
     try:
-        result = compile_model(
-            args.model,
-            num_neuroncores=args.num_neuroncores,
-            input_shapes=dict(args.input_shape),
-            dynamic={sym: bucket_ranges(*spec) for sym, spec in args.dynamic},
-            dynamic_batch=None
-            if args.dynamic_batch is None
-            else bucket_ranges(*args.dynamic_batch),
-            name=args.name,
-            gzip=args.gzip,
-            auto_cast=args.auto_cast,
-            auto_cast_type=args.auto_cast_type,
-        )
+        with _progress(shown) as progress:
+            result = _compile(args, progress)
     except CompileError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
         return 1
@@ -129,10 +155,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"neuron-cc: error: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
-    if not args.quiet:
+    if args.json:
+        print(json.dumps({**result.summary.as_json(), "output": args.output}, indent=2))
+    elif not args.quiet:
         print(result.summary)
         print(f"wrote {args.output}")
     return 0
+
+
+def _compile(args: argparse.Namespace, progress: ProgressFn | None) -> CompileResult:
+    return compile_model(
+        args.model,
+        num_neuroncores=args.num_neuroncores,
+        input_shapes=dict(args.input_shape),
+        dynamic={sym: bucket_ranges(*spec) for sym, spec in args.dynamic},
+        dynamic_batch=None if args.dynamic_batch is None else bucket_ranges(*args.dynamic_batch),
+        name=args.name,
+        gzip=args.gzip,
+        auto_cast=args.auto_cast,
+        auto_cast_type=args.auto_cast_type,
+        progress=progress,
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +43,16 @@ from neuron_rtd.neff.header import parse_header
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
+MAX_BUCKETS = 64
 
 Range = tuple[int, int]
+# Told of the compile's progress: (what is being done, steps done, steps in all). The steps
+# are: load and check the model, each bucket (one when there are none), write the NEFF.
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +112,12 @@ def compile_model(
     gzip: bool = False,
     auto_cast: str = "none",
     auto_cast_type: str = "bf16",
+    progress: Progress | None = None,
 ) -> CompileResult:
     """Compile an ONNX model to NEFF bytes. `dynamic` maps a symbolic input dimension
     (its dim_param) to its bucket ranges; `dynamic_batch` does so for axis 0 of every
-    input. CompileError names what cannot be compiled."""
+    input. CompileError names what cannot be compiled; every option is checked against
+    the model before any bucket is compiled."""
     if num_neuroncores < 1:
         raise CompileError(f"--num-neuroncores must be at least 1, got {num_neuroncores}")
     if auto_cast not in AUTO_CAST_MODES or auto_cast_type not in AUTO_CAST_TYPES:
@@ -116,6 +126,8 @@ def compile_model(
             f"of {', '.join(AUTO_CAST_TYPES)}, got {auto_cast} and {auto_cast_type}"
         )
     cast = (auto_cast, auto_cast_type)
+    progress = progress or _no_progress
+    progress("loading and checking the model", 0, 1)
     model = load_model(source)
     check_model(model)
     axes = _input_axes(model, dict(input_shapes or {}), dynamic_batch is not None)
@@ -135,23 +147,59 @@ def compile_model(
             )
     unused = sorted(set(ranges) - set(symbols))
     if unused:
-        raise CompileError(f"--dynamic names {', '.join(unused)}, which no input has")
+        free = ", ".join(symbols) or "none"
+        raise CompileError(
+            f"--dynamic names {', '.join(unused)}, which is no free dimension of any input "
+            f"(free: {free}; --input-shape fixes every axis of its input)"
+        )
+    combos = list(itertools.product(*(ranges[s] for s in symbols)))
+    if len(combos) > MAX_BUCKETS:
+        raise CompileError(f"{len(combos)} buckets is too many (at most {MAX_BUCKETS})")
+    if symbols:
+        _check_outputs_vary_once(model, axes, symbols)
     model_name = name or model.graph.name or "model"
     builder = NeffBuilder(model_name)
     summary = Summary(model_name)
+    steps = len(combos) + 2
     try:
         if not symbols:
+            progress("compiling", 1, steps)
             graph = _graph_for(model, axes, {}, cast)
             emitted = _emit(graph, builder, num_neuroncores, "")
             summary.add(None, emitted)
         else:
-            _compile_buckets(model, axes, symbols, ranges, builder, summary, num_neuroncores, cast)
+
+            def bucket_done(label: str, index: int) -> None:
+                progress(f"compiling bucket {label}", 1 + index, steps)
+
+            _compile_buckets(
+                model, axes, symbols, combos, builder, summary, num_neuroncores, cast, bucket_done
+            )
+        progress("writing the NEFF", steps - 1, steps)
         neff = builder.build(gzip=gzip, shared_weights=True)
     except NrtError as exc:  # the NEFF the builder made does not read back
         raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
     summary.nc_count = parse_header(neff).nc_count  # the builder read it all back already
     summary.neff_bytes = len(neff)
+    progress("done", steps, steps)
     return CompileResult(neff=neff, summary=summary)
+
+
+def _check_outputs_vary_once(
+    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]], symbols: Sequence[str]
+) -> None:
+    """Refuse, before compiling, an output that shape inference says follows two dynamic
+    dimensions (the check after the buckets stays, for what inference cannot see)."""
+    for output, dims in _symbolic_outputs(model, axes).items():
+        varying = [(axis, d) for axis, d in enumerate(dims) if isinstance(d, str) and d in symbols]
+        if len(varying) > 1:
+            which = ", ".join(f"axis {axis} follows {d}" for axis, d in varying)
+            raise CompileError(
+                f"model output {output!r} would vary along {len(varying)} axes ({which}); the "
+                "wire carries bytes only, so at most one may vary: fix all but one of "
+                f"{', '.join(sorted({d for _, d in varying}))} with --input-shape or a "
+                "single size (--dynamic SYMBOL=N:N)"
+            )
 
 
 def _fix_single_sizes(
@@ -289,20 +337,19 @@ def _compile_buckets(
     model: onnx.ModelProto,
     axes: Mapping[str, tuple[Dim, ...]],
     symbols: Sequence[str],
-    ranges: Mapping[str, Sequence[Range]],
+    combos: Sequence[tuple[Range, ...]],
     builder: NeffBuilder,
     summary: Summary,
     num_nc: int,
     cast: tuple[str, str],
+    starting: Callable[[str, int], None],
 ) -> None:
-    combos = list(itertools.product(*(ranges[s] for s in symbols)))
-    if len(combos) > 64:
-        raise CompileError(f"{len(combos)} buckets is too many (at most 64)")
-    tops = {s: max(hi for _, hi in ranges[s]) for s in symbols}
+    tops = {s: max(combo[i][1] for combo in combos) for i, s in enumerate(symbols)}
     results: list[tuple[dict[str, int], Emitted]] = []
     for index, combo in enumerate(combos):
         bounds = dict(zip(symbols, combo, strict=True))
         label = ",".join(f"{s}={lo}..{hi}" for s, (lo, hi) in bounds.items())
+        starting(label, index)
         bucket = builder.add_bucket(label, bounds)
         sizes = {s: hi for s, (_, hi) in bounds.items()}
         graph = _graph_for(model, axes, sizes, cast)

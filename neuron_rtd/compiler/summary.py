@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neuron_rtd.compiler.emit import Emitted
@@ -30,6 +30,34 @@ class Summary:
         return sum(
             sum(n.ops.values()) for _, e in self.sections for n in e.nodes if n.kind == "cpu"
         )
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as plain data (`neuron-cc compile --json`)."""
+        return {
+            "name": self.name,
+            "nc_count": self.nc_count,
+            "neff_bytes": self.neff_bytes,
+            "nc_ops": self.nc_ops,
+            "cpu_ops": self.cpu_ops,
+            "buckets": [
+                {
+                    "bucket": bucket,
+                    "nodes": [
+                        {
+                            "name": node.name,
+                            "on": "cpu" if node.kind == "cpu" else "nc",
+                            "ops": dict(sorted(node.ops.items())),
+                            "macs": node.macs,
+                            "weight_bytes": node.weight_bytes,
+                            "stage_macs": list(node.stage_macs),
+                            "cpu_reasons": dict(sorted(node.reasons.items())),
+                        }
+                        for node in emitted.nodes
+                    ],
+                }
+                for bucket, emitted in self.sections
+            ],
+        }
 
     def __str__(self) -> str:
         lines = [
