@@ -530,3 +530,38 @@ def test_cli_json_summary_and_progress_only_on_a_terminal(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     screen = typescript.read_text(errors="replace")
     assert "compiling bucket batch=3..4" in screen and "writing the NEFF" in screen
+
+
+def test_summary_states_ncs_and_shared_weights_truly() -> None:
+    split = compile_model(mlp_with_cpu_op(), input_shapes={"x": [1, 16]})  # NC, CPU, NC
+    text = str(split.summary)
+    assert "NeuronCores: 2 in normal mode (2 Neuron nodes: 1 + 1), 1 in shared-NC mode" in text
+    assert "(--num-neuroncores 1, but each Neuron node takes NCs of its own)" in text
+    assert read_neff(split.neff).nc_count == split.summary.nc_count == 2
+    buckets = compile_model(mlp_with_cpu_op(), dynamic_batch=bucket_ranges(1, 4))
+    summary = buckets.summary
+    assert summary.stored_weight_bytes == read_neff(buckets.neff).stored_weight_bytes
+    listed = sum(n.weight_bytes for _, e in summary.sections for n in e.nodes)
+    per_bucket = [sum(n.weight_bytes for n in e.nodes) for _, e in summary.sections]
+    assert max(per_bucket) <= summary.stored_weight_bytes < listed  # shared, stored once
+    assert "(stored once; the buckets below list" in str(summary)
+
+
+def test_cli_checks_the_output_path_before_compiling(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(mlp_with_cpu_op(), str(source))
+    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source)]
+    for output, why in (
+        (tmp_path / "nodir" / "m.neff", "there is no directory"),
+        (tmp_path, "it is a directory"),
+    ):
+        done = subprocess.run(
+            [*cli, "-o", str(output), "--input-shape", "x=1,16", "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr == f"neuron-cc: error: cannot write {output}: {why}" + (
+            f" {output.parent}\n" if why.startswith("there") else "\n"
+        )

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -141,8 +143,25 @@ def _progress(shown: bool) -> Iterator[ProgressFn | None]:
         yield update
 
 
+def _unwritable(output: str) -> str | None:
+    """Why `output` cannot be written, checked before the compile (None: it can)."""
+    path = Path(output)
+    folder = path.parent
+    if path.is_dir():
+        return "it is a directory"
+    if not folder.is_dir():
+        return f"there is no directory {folder}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"directory {folder} is not writable"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    why = _unwritable(args.output)
+    if why:
+        print(f"neuron-cc: error: cannot write {args.output}: {why}", file=sys.stderr)
+        return 1
     shown = not (args.quiet or args.json) and sys.stderr.isatty()
     try:
         with _progress(shown) as progress:

@@ -38,8 +38,7 @@ from neuron_rtd.compiler.onnx_graph import (
 from neuron_rtd.compiler.partition import NC, nc_refusal, order, place, segments
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
-from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder
-from neuron_rtd.neff.header import parse_header
+from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder, read_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
@@ -179,8 +178,11 @@ def compile_model(
         neff = builder.build(gzip=gzip, shared_weights=True)
     except NrtError as exc:  # the NEFF the builder made does not read back
         raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
-    summary.nc_count = parse_header(neff).nc_count  # the builder read it all back already
+    written = read_neff(neff)
+    summary.nc_count, summary.shared_nc_count = written.nc_count, written.max_node_ncs
+    summary.requested_ncs = num_neuroncores
     summary.neff_bytes = len(neff)
+    summary.stored_weight_bytes = written.stored_weight_bytes
     progress("done", steps, steps)
     return CompileResult(neff=neff, summary=summary)
 

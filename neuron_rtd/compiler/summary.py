@@ -13,8 +13,11 @@ if TYPE_CHECKING:
 class Summary:
     name: str
     sections: list[tuple[str | None, Emitted]] = dataclasses.field(default_factory=list)
-    nc_count: int = 0
+    nc_count: int = 0  # NCs in normal mode: the sum over Neuron nodes
+    shared_nc_count: int = 0  # the fewest NCs it loads on: shared-NC mode, its largest node
+    requested_ncs: int = 1  # --num-neuroncores
     neff_bytes: int = 0
+    stored_weight_bytes: int = 0  # each array shared by buckets or stages once
 
     def add(self, bucket: str | None, emitted: Emitted) -> None:
         self.sections.append((bucket, emitted))
@@ -36,7 +39,10 @@ class Summary:
         return {
             "name": self.name,
             "nc_count": self.nc_count,
+            "shared_nc_count": self.shared_nc_count,
+            "requested_ncs": self.requested_ncs,
             "neff_bytes": self.neff_bytes,
+            "stored_weight_bytes": self.stored_weight_bytes,
             "nc_ops": self.nc_ops,
             "cpu_ops": self.cpu_ops,
             "buckets": [
@@ -59,10 +65,28 @@ class Summary:
             ],
         }
 
+    def _nc_line(self) -> str:
+        neuron_nodes = [n for n in self.sections[-1][1].nodes if n.kind != "cpu"]
+        line = f"NeuronCores: {self.nc_count} in normal mode"
+        if len(neuron_nodes) > 1:
+            each = " + ".join(str(len(n.stage_macs)) for n in neuron_nodes)
+            line += f" ({len(neuron_nodes)} Neuron nodes: {each})"
+        if self.shared_nc_count < self.nc_count:
+            line += f", {self.shared_nc_count} in shared-NC mode"
+        if self.nc_count > self.requested_ncs:
+            line += (
+                f" (--num-neuroncores {self.requested_ncs}, but each Neuron node takes NCs "
+                "of its own)"
+            )
+        return line
+
     def __str__(self) -> str:
-        lines = [
-            f"model {self.name!r}: {self.nc_count} NeuronCore(s), NEFF {self.neff_bytes} bytes"
-        ]
+        weights = self.stored_weight_bytes / 2**20
+        listed = sum(n.weight_bytes for _, e in self.sections for n in e.nodes) / 2**20
+        head = f"model {self.name!r}: NEFF {self.neff_bytes} bytes, weights {weights:.2f} MiB"
+        if len(self.sections) > 1 and listed > weights:
+            head += f" (stored once; the buckets below list {listed:.2f} MiB between them)"
+        lines = [head, self._nc_line()]
         for bucket, emitted in self.sections:
             if bucket is not None:
                 lines.append(f"bucket {bucket}:")

@@ -193,6 +193,18 @@ class Neff:
         return max((node.nc_count for node in self.neuron_nodes), default=0)
 
     @property
+    def stored_weight_bytes(self) -> int:
+        """The weight bytes the NEFF holds: an array shared by buckets or stages counts
+        once (weights are views into the NEFF's buffer: one address, one array)."""
+        stored = {
+            (weight.__array_interface__["data"][0], weight.nbytes)
+            for node in self.all_nodes
+            for stage in node.stages
+            for weight in stage.weights.values()
+        }
+        return sum(nbytes for _, nbytes in stored)
+
+    @property
     def all_nodes(self) -> tuple[Node, ...]:
         """Every node of every variant."""
         return tuple(node for variant in self.variants() for node in variant.nodes)
