@@ -19,6 +19,7 @@ from driver_sim.errors import (
     InitFailed,
     KernelError,
     MachineMismatch,
+    NoMachine,
 )
 from driver_sim.execute import DynamicBuffer, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
@@ -31,6 +32,7 @@ from driver_sim.presets import (
     DRAM_CHANNELS,
     NC_PER_DEVICE,
     PRESETS,
+    SIM_ROOT_ENV,
     InstancePreset,
     default_sim_root,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "NC_CLOCK_HZ",
     "NC_PER_DEVICE",
     "PRESETS",
+    "SIM_ROOT_ENV",
     "Device",
     "DeviceBusy",
     "DeviceInfo",
@@ -68,6 +71,7 @@ __all__ = [
     "NcCounters",
     "NcProgram",
     "NeuronCore",
+    "NoMachine",
     "OwnerInfo",
     "default_sim_root",
     "execute_program",

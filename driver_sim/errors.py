@@ -87,3 +87,8 @@ class KernelError(DriverError):
 
 class MachineMismatch(DriverError):
     """The state tree on disk is a different instance type than the one asked for."""
+
+
+class NoMachine(DriverError):
+    """No simulated machine at a root that must already hold one (inspection tools never
+    create one), or the root cannot hold one."""

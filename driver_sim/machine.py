@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from driver_sim.device import Device
-from driver_sim.errors import DeviceBusy, DeviceNotFound, MachineMismatch
+from driver_sim.errors import (
+    DeviceBusy,
+    DeviceNotFound,
+    DriverError,
+    MachineMismatch,
+    NoMachine,
+)
 from driver_sim.faults import FAULTS_ENV, parse_env_faults
 from driver_sim.owner import OwnerInfo, is_alive, live_owner, read_owner, record_for_this_process
 from driver_sim.presets import DEFAULT_INSTANCE_TYPE, NC_PER_DEVICE, default_sim_root, preset_named
@@ -79,14 +85,23 @@ class Machine:
 
     @classmethod
     def open(
-        cls, root: str | os.PathLike[str] | None = None, *, instance_type: str | None = None
+        cls,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        instance_type: str | None = None,
+        create: bool = True,
     ) -> Machine:
         """The machine whose tree is at `root` (default: `default_sim_root()`), building
-        the tree from the preset `instance_type` (default inf1.6xlarge) if there is none.
-        MachineMismatch if the tree is of another instance type than the one given."""
+        the tree from the preset `instance_type` (default inf1.6xlarge) if there is none
+        and `create` (inspection tools pass False: NoMachine instead). MachineMismatch if
+        the tree is of another instance type than the one given."""
         path = default_sim_root() if root is None else pathlib.Path(root)
+        if path.exists() and not path.is_dir():
+            raise DriverError(f"the simulated machine's root {path} is not a directory")
         paths = TreePaths(path)
         description = read_machine_json(paths)
+        if description is None and not create:
+            raise NoMachine(f"no simulated machine at {path}")
         if description is None:
             build_tree(path, preset_named(instance_type or DEFAULT_INSTANCE_TYPE))
             description = read_machine_json(paths)

@@ -64,9 +64,15 @@ def chain_neighbours(index: int, device_count: int) -> tuple[int, ...]:
 
 
 def default_sim_root() -> pathlib.Path:
-    """`$NEURON_SIM_ROOT`, else /run/neuron-sim for root, else /tmp/neuron-sim-<uid>."""
+    """`$NEURON_SIM_ROOT`, else /run/neuron-sim for root, else /tmp/neuron-sim-<uid>.
+    ValueError when the variable is set but empty (a typo, more likely than a wish)."""
     configured = os.environ.get(SIM_ROOT_ENV)
-    if configured:
+    if configured is not None:
+        if not configured.strip():
+            raise ValueError(
+                f"{SIM_ROOT_ENV} is set but empty: unset it for the default root, or name "
+                "the simulated machine's directory"
+            )
         return pathlib.Path(configured)
     uid = os.geteuid()
     if uid == 0:

@@ -353,3 +353,17 @@ def test_injected_init_fail(machine: Machine, caplog: pytest.LogCaptureFixture) 
     assert not any(r.getMessage().startswith("Initialized") for r in records)
     device.reset()  # one-shot: the next reset works
     device.release()
+
+
+def test_open_without_create_never_makes_a_machine(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(driver_sim.NoMachine, match="no simulated machine at"):
+        driver_sim.Machine.open(tmp_path / "none", create=False)
+    assert not (tmp_path / "none").exists()
+    made = driver_sim.Machine.open(tmp_path / "made")
+    assert driver_sim.Machine.open(tmp_path / "made", create=False).root == made.root
+
+
+def test_an_empty_sim_root_variable_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_SIM_ROOT", " ")
+    with pytest.raises(ValueError, match="NEURON_SIM_ROOT is set but empty"):
+        driver_sim.default_sim_root()

@@ -8,25 +8,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
 
 
-def neuron_ls(*args: str, sim_root: Path, env: dict[str, str] | None = None) -> str:
+def run_neuron_ls(
+    *args: str, sim_root: Path | str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "NEURON_SIM_ROOT": str(sim_root), **(env or {})}
     if not env or "NEURON_RTD_ADDRESS" not in env:
         full.pop("NEURON_RTD_ADDRESS", None)
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "neuron_rtd.cli.neuron_ls", *args],
         env=full,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def neuron_ls(*args: str, sim_root: Path, env: dict[str, str] | None = None) -> str:
+    done = run_neuron_ls(*args, sim_root=sim_root, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def test_table_without_daemon(work: Path) -> None:
+    driver_sim.Machine.open(work / "sim")  # made by a daemon earlier (it is never neuron-ls)
     out = neuron_ls(sim_root=work / "sim")
     lines = out.splitlines()
     for column in (
@@ -88,6 +96,32 @@ def test_json_and_topology_with_a_daemon(work: Path) -> None:
 
 
 def test_presets(work: Path) -> None:
+    driver_sim.Machine.open(work / "big", instance_type="inf1.24xlarge")
     out = neuron_ls("--instance-type", "inf1.24xlarge", "--json-output", sim_root=work / "big")
     doc = json.loads(out)
     assert len(doc) == 16 and doc[15]["connected_to"] == [14]
+
+    wrong = run_neuron_ls("--instance-type", "inf1.xlarge", sim_root=work / "big")
+    assert wrong.returncode == 1 and "is an inf1.24xlarge, not the inf1.xlarge" in wrong.stderr
+
+
+def test_a_root_that_is_no_machine_is_refused_and_never_made(work: Path) -> None:
+    typo = work / "no" / "such" / "dir"
+    done = run_neuron_ls(sim_root=typo)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"neuron-ls: no simulated machine at {typo} (from NEURON_SIM_ROOT): start neuron-rtd, "
+        "which makes the machine, or set NEURON_SIM_ROOT to the root it serves\n"
+    )
+    assert not (work / "no").exists()
+    a_file = work / "file"
+    a_file.write_text("x")
+    done = run_neuron_ls(sim_root=a_file)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"neuron-ls: the simulated machine's root {a_file} is not a directory (from "
+        "NEURON_SIM_ROOT)\n"
+    )
+    done = run_neuron_ls(sim_root="")
+    assert done.returncode == 1 and "NEURON_SIM_ROOT is set but empty" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -118,9 +118,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--instance-type",
         default=None,
-        help="instance preset for a machine tree that does not exist yet",
+        help="the instance type the machine must be (an error if it is another)",
     )
     return parser.parse_args(argv)
+
+
+def _root_source(address: str | None) -> str:
+    if address:
+        return f"the root that {address} serves"
+    if driver_sim.SIM_ROOT_ENV in os.environ:
+        return f"from {driver_sim.SIM_ROOT_ENV}"
+    return f"the default root; {driver_sim.SIM_ROOT_ENV} names another"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,9 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         root = described.sim_root
         only = {d.index for d in described.devices}
     try:
-        machine = driver_sim.Machine.open(root, instance_type=args.instance_type)
+        machine = driver_sim.Machine.open(root, instance_type=args.instance_type, create=False)
+    except driver_sim.NoMachine as exc:
+        print(
+            f"neuron-ls: {exc} ({_root_source(address)}): start neuron-rtd, which makes the "
+            f"machine, or set {driver_sim.SIM_ROOT_ENV} to the root it serves",
+            file=sys.stderr,
+        )
+        return 1
     except (driver_sim.DriverError, ValueError, OSError) as exc:
-        print(f"neuron-ls: {exc}", file=sys.stderr)
+        print(f"neuron-ls: {exc} ({_root_source(address)})", file=sys.stderr)
         return 1
     devices = [d for d in machine.devices() if only is None or d.index in only]
     if args.json_output:
