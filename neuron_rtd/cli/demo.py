@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.proto import pb
@@ -148,8 +149,8 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
         )
     )
 
-    section("Explicit NCG: create one of 4 NCs, load by path (neff_file), start")
-    ncg, count = client.create_ncg(4)
+    section("Explicit NCG: the largest run of free NCs, load by path (neff_file), start")
+    ncg, count = client.create_ncg(0)  # 0: as many as are free in one run, on any machine
     second = client.load(neff_path, ncg=ncg, by_path=True, timeout=10)
     second.start()
     again = second.infer({"input": images})["probs"]
@@ -200,8 +201,17 @@ def run(work: Path, instance_type: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="neuron-rtd-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--instance-type", default="inf1.6xlarge")
+    parser = argparse.ArgumentParser(
+        prog="neuron-rtd-demo",
+        description="The daemon end to end on a private simulated machine: a ResNet-18-style "
+        "model compiled, loaded, inferred and validated, a bad request, and a clean stop.",
+    )
+    parser.add_argument(
+        "--instance-type",
+        default=driver_sim.DEFAULT_INSTANCE_TYPE,
+        choices=sorted(driver_sim.PRESETS),
+        help="the simulated machine (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nrtd-demo-") as work:
         return run(Path(work), args.instance_type)
