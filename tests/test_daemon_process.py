@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -79,11 +80,29 @@ def test_non_contiguous_devices_are_refused(work: Path) -> None:
 
 def test_second_daemon_on_same_socket_is_refused(work: Path) -> None:
     with DaemonProcess(sim_root=work / "sim", args=["-t", BDFS[0]]) as first:
-        done = run_daemon("-g", first.address, "-t", BDFS[1], sim_root=work / "sim")
-        assert done.returncode == 1
-        assert f"pid {first.pid}" in done.stderr and "already serves" in done.stderr
+        lock = Path(first.socket_path + ".lock")
+        for console in ([], ["-x"]):  # logging to syslog, or to the console too
+            done = run_daemon("-g", first.address, "-t", BDFS[1], *console, sim_root=work / "sim")
+            assert done.returncode == 1
+            assert f"pid {first.pid}" in done.stderr and "already serves" in done.stderr
+            assert done.stderr.count("already serves") == 1, done.stderr  # said once
+            assert lock.read_text() == f"{first.pid}\n"  # the first one's lock, untouched
         with Client(first.address) as client:  # the first one still serves
             assert client.version()
+    assert not lock.exists() and not Path(first.socket_path).exists()  # gone with it
+
+
+def test_a_refused_start_leaves_no_lock_file(work: Path) -> None:
+    path = work / "taken.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # some other server there
+    other.bind(str(path))
+    other.listen()
+    try:
+        done = run_daemon("-g", f"unix:{path}", "-t", BDFS[0], sim_root=work / "sim")
+    finally:
+        other.close()
+    assert done.returncode == 1 and "a live server already answers" in done.stderr
+    assert not Path(f"{path}.lock").exists()
 
 
 def test_sigterm_drains_releases_devices_and_removes_socket(work: Path) -> None:
@@ -101,7 +120,7 @@ def test_sigterm_drains_releases_devices_and_removes_socket(work: Path) -> None:
         got = model.infer(sample.random_inputs())["probs"]
         assert abs(got - sample.reference(sample.random_inputs())["probs"]).max() < 1e-6
     assert proc.stop() == 0
-    assert not sock.exists()
+    assert not sock.exists() and not Path(f"{sock}.lock").exists()
     assert driver_sim.Machine.open(sim).device_info(0).owner is None
     log = proc.log()
     assert "[NRTD:RunServer] Server listening on " + proc.address in log

@@ -3,6 +3,11 @@
 grpcio would silently take a unix path over from a live daemon, so before binding we
 hold `<path>.lock` (flock, released by the kernel if we die) and check that nothing
 answers on the path; a stale socket file is removed. The socket is created group-only.
+
+The lock file lives exactly as long as its holder: it is removed, while still locked, when
+the daemon stops or is refused. A daemon that locked a file someone removed meanwhile
+(the path no longer names what it holds) opens the path again. A daemon killed with
+SIGKILL leaves its file, unlocked, and the next one takes it over.
 """
 
 from __future__ import annotations
@@ -59,6 +64,16 @@ def _answers(path: Path) -> bool:
         sock.close()
 
 
+def _names(path: Path, file: IO[str]) -> bool:
+    """Whether `path` still names the open `file` (and not a removed or new one)."""
+    try:
+        on_disk = path.stat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(file.fileno())
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
 class UnixListener:
     """Holds the socket path for this process from `claim()` to `close()`."""
 
@@ -72,26 +87,46 @@ class UnixListener:
 
     def claim(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(self.lock_path, "a+")  # noqa: SIM115 - held for the process's life
+        self._lock = self._take_lock()
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            owner = lock.read().strip() or "unknown"
-            lock.close()
-            raise AddressError(
-                f"another neuron-rtd (pid {owner}) already serves unix:{self.path}"
-            ) from None
-        if self.path.exists() or self.path.is_symlink():
-            if _answers(self.path):
+            if self.path.exists() or self.path.is_symlink():
+                if _answers(self.path):
+                    raise AddressError(f"a live server already answers on unix:{self.path}")
+                self.path.unlink()
+        except BaseException:
+            self._drop_lock()
+            raise
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"{os.getpid()}\n")
+        self._lock.flush()
+
+    def _take_lock(self) -> IO[str]:
+        """The lock file, locked by us; AddressError naming the holder if it is held."""
+        while True:
+            lock = open(self.lock_path, "a+")  # noqa: SIM115 - held for the process's life
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                owner = lock.read().strip() or "unknown"
                 lock.close()
-                raise AddressError(f"a live server already answers on unix:{self.path}")
-            self.path.unlink()
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        self._lock = lock
+                raise AddressError(
+                    f"another neuron-rtd (pid {owner}) already serves unix:{self.path}"
+                ) from None
+            if _names(self.lock_path, lock):
+                return lock
+            lock.close()  # its holder removed it as we opened it: open the path again
+
+    def _drop_lock(self) -> None:
+        """Remove the lock file while we still hold it, then let it go."""
+        if self._lock is None:
+            return
+        if _names(self.lock_path, self._lock):
+            with contextlib.suppress(FileNotFoundError):
+                self.lock_path.unlink()
+        self._lock.close()
+        self._lock = None
 
     def bind(self, server: grpc.Server) -> None:
         old = os.umask(0o777 & ~self.mode)
@@ -116,15 +151,13 @@ class UnixListener:
         self._inode = self.path.stat().st_ino
 
     def close(self) -> None:
-        """Remove the socket if it is still ours; keep the lock file (unlinking it would
-        let a waiting daemon lock an orphaned inode), but release it."""
+        """Remove the socket if it is still ours, then the lock file."""
         if self._lock is None:
             return
         with contextlib.suppress(OSError):
             if self._inode is not None and self.path.stat().st_ino == self._inode:
                 self.path.unlink()
-        self._lock.close()
-        self._lock = None
+        self._drop_lock()
 
 
 def bind_tcp(server: grpc.Server, address: Address) -> None:

@@ -103,8 +103,9 @@ def select_devices(machine: driver_sim.Machine, bdfs: tuple[str, ...]) -> list[i
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, *, logs_to_stderr: bool = False) -> None:
         self.config = config
+        self.logs_to_stderr = logs_to_stderr  # then a refusal's log line is its only word
         self.address = parse_address(config.server_address)
         self.listener: UnixListener | None = None
         self.devices: list[SimDevice] = []
@@ -119,7 +120,8 @@ class Daemon:
             runtime, server, sessions, health = self._start()
         except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
             log.error("%s", exc, extra={"fn": "RunServer"})
-            print(f"neuron-rtd: error: {exc}", file=sys.stderr)
+            if not self.logs_to_stderr:
+                print(f"neuron-rtd: error: {exc}", file=sys.stderr)
             self._release()
             return 1
         watchdog = None
@@ -220,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, AddressError) as exc:
         print(f"neuron-rtd: error: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level, console=config.log_console)
+    sink = setup_logging(config.log_level, console=config.log_console)
     keep_freed_memory()
-    daemon = Daemon(config)
+    daemon = Daemon(config, logs_to_stderr=config.log_console or sink == "stderr")
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     # `kill -USR1`: every thread's stack to stderr (the journal), for a daemon that hangs
