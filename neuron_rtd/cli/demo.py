@@ -25,6 +25,7 @@ import numpy as np
 import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import pb
 
 
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="neuron-rtd-demo",
         description="The daemon end to end on a private simulated machine: a ResNet-18-style "
         "model compiled, loaded, inferred and validated, a bad request, and a clean stop.",
+        formatter_class=PlainHelp,
     )
     parser.add_argument(
         "--instance-type",

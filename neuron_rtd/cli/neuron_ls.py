@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 import driver_sim
+from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
 
 HEADERS = (
@@ -107,7 +108,13 @@ def ask_daemon(address: str) -> Any:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="neuron-ls", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="neuron-ls",
+        description="The Neuron devices of this machine and the runtime that owns each, read "
+        f"from the simulated machine's tree (${driver_sim.SIM_ROOT_ENV}; never made here), "
+        "or from the daemon at ADDRESS.",
+        formatter_class=PlainHelp,
+    )
     parser.add_argument("-j", "--json-output", action="store_true", help="print JSON")
     parser.add_argument("-t", "--topology", action="store_true", help="draw the device chain")
     parser.add_argument(

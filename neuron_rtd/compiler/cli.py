@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import write_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
@@ -62,9 +63,13 @@ def _dynamic(text: str) -> tuple[str, tuple[int, int, str]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="neuron-cc", description="Compile ONNX models to NEFF.")
+    top = argparse.ArgumentParser(
+        prog="neuron-cc", description="Compile ONNX models to NEFF.", formatter_class=PlainHelp
+    )
     commands = top.add_subparsers(dest="command", required=True)
-    cmd = commands.add_parser("compile", help="compile an ONNX model into a NEFF")
+    cmd = commands.add_parser(
+        "compile", help="compile an ONNX model into a NEFF", formatter_class=PlainHelp
+    )
     cmd.add_argument("model", help="the ONNX model file")
     cmd.add_argument("-o", "--output", required=True, help="the NEFF file to write")
     cmd.add_argument(

@@ -21,7 +21,14 @@ import grpc
 import driver_sim
 from neuron_rtd import __version__
 from neuron_rtd.daemon import sd
-from neuron_rtd.daemon.config import LOG_LEVELS, ConfigError, DaemonConfig, load_config
+from neuron_rtd.daemon.config import (
+    DEFAULT_CONFIG,
+    INSTANCE_CONFIG_DIR,
+    LOG_LEVELS,
+    ConfigError,
+    DaemonConfig,
+    load_config,
+)
 from neuron_rtd.daemon.listener import (
     AddressError,
     UnixListener,
@@ -30,6 +37,7 @@ from neuron_rtd.daemon.listener import (
 )
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
+from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
 from neuron_rtd.server import Health, SessionServicer, add_servicers
@@ -47,6 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="neuron-rtd",
         description="Neuron runtime daemon: serves the nrt gRPC API for its Neuron devices.",
+        formatter_class=PlainHelp,
     )
     parser.add_argument(
         "-t",
@@ -61,8 +70,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ADDRESS",
         help="listen on unix:/path or host:port (default unix:/run/neuron.sock)",
     )
-    parser.add_argument("-c", dest="config", metavar="CONFIG", help="JSON config file")
-    parser.add_argument("-l", dest="log_level", choices=LOG_LEVELS, help="log level")
+    parser.add_argument(
+        "-c",
+        dest="config",
+        metavar="CONFIG",
+        help=f"JSON config file (default {DEFAULT_CONFIG} when it exists; else built-in "
+        "defaults)",
+    )
+    parser.add_argument(
+        "-l",
+        dest="log_level",
+        choices=LOG_LEVELS,
+        help=f"log level (default {DaemonConfig.log_level}, or the config's log_level)",
+    )
     parser.add_argument(
         "-x",
         dest="log_console",
@@ -74,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "-i",
         dest="instance",
         metavar="INSTANCE",
-        help="instance name: reads /etc/neuron-rtd/instances/INSTANCE.json",
+        help=f"instance name: reads {INSTANCE_CONFIG_DIR}/INSTANCE.json",
     )
     parser.add_argument("-v", "--version", action="version", version=f"neuron-rtd {__version__}")
     return parser.parse_args(argv)
