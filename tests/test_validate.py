@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from neuron_rtd import models
 from neuron_rtd.cli.neuron_cli import main
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client.client import Client
@@ -31,6 +32,8 @@ from neuron_rtd.tools.validate import (
     random_inputs,
     sqnr_db,
 )
+from neuron_rtd.tools.validate.inputs import int_ranges
+from neuron_rtd.tools.validate.model_facts import classifier_outputs, implied_int_ranges
 
 # --- metrics -------------------------------------------------------------------------
 
@@ -112,7 +115,7 @@ def test_random_inputs_follow_range_and_shapes() -> None:
     ]
     shapes = input_shapes(specs, {"ids": (3, 16)})
     assert shapes == {"ids": (3, 16), "mask": (3, 16), "x": (3, 4)}  # the symbol follows
-    arrays = random_inputs(specs, shapes, (0, 1000), seed=1)
+    arrays = random_inputs(specs, shapes, (0, 1000), 1, int_ranges(specs, {}, (0, 1000)))
     assert arrays["ids"].dtype == np.int32 and arrays["ids"].min() >= 0
     assert arrays["ids"].max() < 1000 and arrays["ids"].max() > 1
     assert arrays["mask"].dtype == np.bool_
@@ -122,7 +125,25 @@ def test_random_inputs_follow_range_and_shapes() -> None:
     with pytest.raises(UsageError, match="declares"):
         input_shapes(specs, {"x": (2, 5)})
     with pytest.raises(UsageError, match="holds no integer"):
-        random_inputs(specs, shapes, (0.2, 0.9), seed=1)
+        int_ranges(specs, {}, (0.2, 0.9))
+    implied = {"ids": (0, 7)}  # what the model implies wins over --range
+    assert int_ranges(specs, implied, (0, 1000)) == {"ids": (0, 7)}
+    arrays = random_inputs(specs, shapes, None, 1, int_ranges(specs, implied, None))
+    assert set(np.unique(arrays["ids"])) == set(range(7)) and arrays["x"].max() <= 1
+    with pytest.raises(UsageError, match=r"'ids' \(int32\): the model implies no range.*--range"):
+        int_ranges(specs, {}, None)
+
+
+def test_the_model_implies_id_and_mask_ranges_and_which_outputs_classify() -> None:
+    bert = models.bert.build(**models.bert.SMALL)
+    assert implied_int_ranges(bert.graph) == {"input_ids": (0, 1000), "attention_mask": (0, 2)}
+    assert classifier_outputs(bert.graph) == set()  # hidden states, not scores
+    ssd = models.ssd.build(**models.ssd.SMALL)
+    assert classifier_outputs(ssd.graph) == set()  # boxes, scores and classes of detections
+    assert classifier_outputs(mlp(0).graph) == {"logits", "probs"}
+    boxes = np.random.default_rng(0).random((5, 4)).astype(np.float32)
+    (report,) = compare({"boxes": boxes}, {"boxes": boxes}, classifiers=set())
+    assert report.top1 is None  # a [D, 4] float matrix, yet no classifier's
 
 
 # --- the command against the daemon --------------------------------------------------
@@ -221,7 +242,7 @@ def test_validate_passes_on_random_inputs(files: Files, clean: DaemonProcess) ->
         assert cells[-1] == "ok", name
         assert float(cells[4]) >= 0.9999  # OUTPUT DTYPE SHAPE(2 cells) COSINE ...
         assert cells[4].startswith(("1.0000", "0.9999"))
-    assert "random, seed 0, range 0:1" in done.stdout
+    assert "random, seed 0; floats in 0:1" in done.stdout
     assert "x  float32 (4, 16)" in done.stdout
     assert "PASS: all 2 output(s)" in done.stdout
 
@@ -304,3 +325,51 @@ def test_runs_as_a_module() -> None:
         timeout=60,
     )
     assert done.returncode == 0 and "--min-cosine" in done.stdout
+
+
+def token_model(through_gather: bool) -> onnx.ModelProto:
+    """ids[2,8] (int64) -> Gather from a [50, 4] table -> ReduceSum -> y[2,4]; or, without
+    the table, ids -> Cast -> y (no range implied)."""
+    table = numpy_helper.from_array(
+        np.random.default_rng(3).standard_normal((50, 4)).astype(np.float32), "table"
+    )
+    if through_gather:
+        nodes = [
+            helper.make_node("Gather", ["table", "ids"], ["e"]),
+            helper.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=0),
+        ]
+        inits = [table, numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    else:
+        nodes, inits = [helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT)], []
+    graph = helper.make_graph(
+        nodes,
+        "tokens",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 8])],
+        [
+            helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, [2, 4] if through_gather else [2, 8]
+            )
+        ],
+        inits,
+    )
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.daemon
+def test_integer_inputs_take_the_range_the_model_implies(clean: DaemonProcess, work: Path) -> None:
+    for through_gather in (True, False):
+        model = token_model(through_gather)
+        onnx.save(model, work / "tokens.onnx")
+        (work / "tokens.neff").write_bytes(compile_model(model).neff)
+        args = ("validate", work / "tokens.onnx", work / "tokens.neff", "-a", clean.address)
+        done = neuron_cli(*args, "--json")
+        if through_gather:  # ids index a 50-row table: drawn from [0, 50), not all zero
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert json.loads(done.stdout)["inputs"]["int_ranges"] == {"ids": [0, 50]}
+            text = neuron_cli(*args).stdout
+            assert "ids in [0, 50) (implied by the model)" in text
+            assert table(text)["y"][-2] == "-"  # a [2, 4] float matrix, but no classifier's
+        else:  # nothing implies a range: asked for, then taken from --range
+            assert done.returncode == 2 and "--range LOW:HIGH" in done.stderr
+            ranged = neuron_cli(*args, "--range", "0:9", "--json")
+            assert json.loads(ranged.stdout)["inputs"]["int_ranges"] == {"ids": [0, 9]}

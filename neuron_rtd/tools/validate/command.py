@@ -3,13 +3,15 @@ model does?
 
 The NEFF runs on the daemon (loaded, inferred once, unloaded even on errors), the ONNX
 model on onnxruntime's CPU provider, both on the same inputs: an npz given with
-`--inputs` (keys are the input names) or random ones drawn from `--seed` (float inputs
-uniform in `--range`, integer inputs uniform in [LOW, HIGH), bool inputs fair coins), at
-the NEFF's declared shapes or the `--input-shape` given for an input with a varying axis.
+--inputs (keys are the input names) or random ones drawn from --seed (float inputs
+uniform in --range, default 0:1; integer inputs in the range the model implies: the
+embedding table's size for token ids, 0 and 1 for a mask, else in --range's [LOW, HIGH),
+which must then be given; bool inputs fair coins), at the NEFF's declared shapes or the
+--input-shape given for an input with a varying axis.
 
 Per output it reports the cosine similarity (the exact-match fraction for integer and
-bool outputs), the SQNR in dB, the largest absolute error and, for classifier-like
-outputs (float, rank 2, last axis > 1), the top-1 agreement.
+bool outputs), the SQNR in dB, the largest absolute error and, for a classifier's scores
+(a float matrix from a Softmax, LogSoftmax, Gemm or MatMul), the top-1 agreement.
 
 Exit codes: 0 every output meets the thresholds, 1 some output does not (the report says
 which and why), 2 usage errors (a bad file or npz, arguments that do not fit the model,
@@ -23,7 +25,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,23 @@ from neuron_rtd.client.client import Client, NrtClientError, default_address
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
-from neuron_rtd.tools.validate.inputs import input_shapes, npz_inputs, random_inputs
+from neuron_rtd.tools.validate.inputs import (
+    DEFAULT_FLOAT_RANGE,
+    input_shapes,
+    int_ranges,
+    npz_inputs,
+    random_inputs,
+)
 from neuron_rtd.tools.validate.metrics import (
     AUTO_CAST_MIN_COSINE,
     DEFAULT_MIN_COSINE,
     Thresholds,
     compare,
+)
+from neuron_rtd.tools.validate.model_facts import (
+    classifier_outputs,
+    implied_int_ranges,
+    load_graph,
 )
 from neuron_rtd.tools.validate.report import iter_input_lines, render_text
 
@@ -93,10 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--range",
         type=parse_range,
-        default=(0.0, 1.0),
         metavar="LOW:HIGH",
-        help="random inputs: floats uniform in [LOW, HIGH], integers in [LOW, HIGH) "
-        "(default 0:1; write a negative LOW as --range=-1:1)",
+        help="random inputs: floats uniform in [LOW, HIGH] (default 0:1), and integers the "
+        "model implies no range for in [LOW, HIGH) (write a negative LOW as --range=-1:1)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
     parser.add_argument(
@@ -152,6 +164,22 @@ def read_neff_or_fail(path: str) -> Neff:
         return read_neff_file(path)
     except (NrtError, OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a valid NEFF: {exc}") from None
+
+
+def _random_source(
+    args: argparse.Namespace,
+    specs: Sequence[TensorSpec],
+    integer_ranges: Mapping[str, tuple[int, int]],
+    implied: Mapping[str, tuple[int, int]],
+) -> str:
+    low, high = args.range or DEFAULT_FLOAT_RANGE
+    parts = [f"random, seed {args.seed}"]
+    if any(spec.dtype.kind == "f" for spec in specs):
+        parts.append(f"floats in {low:g}:{high:g}")
+    for name, (lo, hi) in integer_ranges.items():
+        why = "implied by the model" if name in implied else "--range"
+        parts.append(f"{name} in [{lo}, {hi}) ({why})")
+    return "; ".join(parts)
 
 
 def onnx_session(path: str) -> Any:
@@ -280,6 +308,7 @@ def _run(args: argparse.Namespace) -> int:
         max_abs_error=args.max_abs_error,
     )
     session = onnx_session(args.onnx)
+    graph = load_graph(args.onnx)
 
     onnx_inputs = [arg.name for arg in session.get_inputs()]
     neff_inputs = [spec.name for spec in neff.inputs]
@@ -289,6 +318,8 @@ def _run(args: argparse.Namespace) -> int:
             f"{', '.join(onnx_inputs) or 'none'}, the NEFF's {', '.join(neff_inputs) or 'none'}"
         )
 
+    implied = implied_int_ranges(graph)
+    integer_ranges: dict[str, tuple[int, int]] = {}
     if args.inputs is not None:
         if args.input_shape:
             raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
@@ -299,15 +330,16 @@ def _run(args: argparse.Namespace) -> int:
         if len(given) != len(args.input_shape):
             raise UsageError("--input-shape names an input more than once")
         shapes = input_shapes(neff.inputs, given)
-        inputs = random_inputs(neff.inputs, shapes, args.range, args.seed)
-        low, high = args.range
-        source = f"random, seed {args.seed}, range {low:g}:{high:g}"
+        integer_ranges = int_ranges(neff.inputs, implied, args.range)
+        inputs = random_inputs(neff.inputs, shapes, args.range, args.seed, integer_ranges)
+        source = _random_source(args, neff.inputs, integer_ranges, implied)
 
     reference = run_onnx(session, inputs)
     if args.timeout < 1:
         raise UsageError(f"--timeout must be at least 1 second, got {args.timeout}")
     result = run_neff(address, args.neff, neff, inputs, reference, args.timeout)
-    reports = [] if result.error else compare(reference, result.outputs, thresholds)
+    classifiers = classifier_outputs(graph)
+    reports = [] if result.error else compare(reference, result.outputs, thresholds, classifiers)
     passed = result.error is None and all(r.passed for r in reports)
 
     if args.json:
@@ -319,7 +351,12 @@ def _run(args: argparse.Namespace) -> int:
                 "source": "npz" if args.inputs is not None else "random",
                 "file": args.inputs,
                 "seed": None if args.inputs is not None else args.seed,
-                "range": None if args.inputs is not None else list(args.range),
+                "range": None
+                if args.inputs is not None
+                else list(args.range or DEFAULT_FLOAT_RANGE),
+                "int_ranges": None
+                if args.inputs is not None
+                else {name: list(r) for name, r in integer_ranges.items()},
                 "tensors": {
                     name: {"dtype": a.dtype.name, "shape": list(a.shape)}
                     for name, a in inputs.items()

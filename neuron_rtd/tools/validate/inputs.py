@@ -79,16 +79,58 @@ def input_shapes(
     return shapes
 
 
+DEFAULT_FLOAT_RANGE = (0.0, 1.0)
+
+
+def int_ranges(
+    specs: Sequence[TensorSpec],
+    implied: Mapping[str, tuple[int, int]],
+    value_range: tuple[float, float] | None,
+) -> dict[str, tuple[int, int]]:
+    """Each integer input's random values' [low, high): what the model implies for it,
+    else `value_range`'s integers (--range), which must then be given and fit."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for spec in specs:
+        if spec.dtype.kind not in "iu":
+            continue
+        if spec.name in implied:
+            ranges[spec.name] = implied[spec.name]
+            continue
+        if value_range is None:
+            raise UsageError(
+                f"input {spec.name!r} ({spec.dtype.name}): the model implies no range for its "
+                "values; give one with --range LOW:HIGH (integers drawn from [LOW, HIGH)) or "
+                "the inputs with --inputs FILE.npz"
+            )
+        low, high = value_range
+        lo, hi = math.ceil(low), math.ceil(high)
+        info = np.iinfo(spec.dtype)
+        if lo >= hi:
+            raise UsageError(
+                f"--range {low:g}:{high:g} holds no integer for input {spec.name!r} "
+                f"({spec.dtype.name}): integers are drawn from [LOW, HIGH)"
+            )
+        if lo < info.min or hi - 1 > info.max:
+            raise UsageError(
+                f"--range {low:g}:{high:g} does not fit input {spec.name!r} "
+                f"({spec.dtype.name}: {info.min} to {info.max})"
+            )
+        ranges[spec.name] = (lo, hi)
+    return ranges
+
+
 def random_inputs(
     specs: Sequence[TensorSpec],
     shapes: Mapping[str, Sequence[int]],
-    value_range: tuple[float, float],
+    value_range: tuple[float, float] | None,
     seed: int,
+    integer_ranges: Mapping[str, tuple[int, int]],
 ) -> dict[str, np.ndarray]:
-    """Random inputs in the NEFF's dtypes: floats uniform in [low, high], integers
-    uniform over the integers in [low, high), bools fair coins."""
+    """Random inputs in the NEFF's dtypes: floats uniform in `value_range` (default
+    [0, 1]), integers uniform in their [low, high) of `integer_ranges` (`int_ranges`),
+    bools fair coins."""
     rng = np.random.default_rng(seed)
-    low, high = value_range
+    low, high = value_range or DEFAULT_FLOAT_RANGE
     arrays: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = tuple(shapes[spec.name])
@@ -96,18 +138,7 @@ def random_inputs(
         if dtype.kind == "b":
             arrays[spec.name] = rng.random(shape) < 0.5
         elif dtype.kind in "iu":
-            lo, hi = math.ceil(low), math.ceil(high)
-            info = np.iinfo(dtype)
-            if lo >= hi:
-                raise UsageError(
-                    f"--range {low:g}:{high:g} holds no integer for input {spec.name!r} "
-                    f"({dtype.name}): integers are drawn from [LOW, HIGH)"
-                )
-            if lo < info.min or hi - 1 > info.max:
-                raise UsageError(
-                    f"--range {low:g}:{high:g} does not fit input {spec.name!r} "
-                    f"({dtype.name}: {info.min} to {info.max})"
-                )
+            lo, hi = integer_ranges[spec.name]
             values = rng.integers(lo, hi, size=shape, dtype=np.int64, endpoint=False)
             arrays[spec.name] = values.astype(dtype)
         elif dtype.kind == "f":

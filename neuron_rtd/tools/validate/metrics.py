@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -120,9 +120,14 @@ def _fmt(value: float) -> str:
 
 
 def compare_one(
-    name: str, reference: np.ndarray, got: np.ndarray, thresholds: Thresholds = Thresholds()
+    name: str,
+    reference: np.ndarray,
+    got: np.ndarray,
+    thresholds: Thresholds = Thresholds(),
+    classifier: bool | None = None,
 ) -> OutputReport:
-    """Compare one output of the NEFF (`got`) with onnxruntime's (`reference`)."""
+    """Compare one output of the NEFF (`got`) with onnxruntime's (`reference`); top-1 when
+    it is a `classifier`'s scores (None: when it looks like them)."""
     ref = np.asarray(reference)
     out = np.asarray(got)
     exact = ref.dtype.kind in "biu" and out.dtype.kind in "biu"
@@ -178,7 +183,7 @@ def compare_one(
             report.failures.append(f"cosine {report.cosine:.6f} < {thresholds.min_cosine}")
         if thresholds.min_sqnr_db is not None and report.sqnr_db < thresholds.min_sqnr_db:
             report.failures.append(f"SQNR {report.sqnr_db:.2f} dB < {thresholds.min_sqnr_db} dB")
-        if is_classifier_like(ref):
+        if is_classifier_like(ref) and classifier is not False:
             report.top1 = top1_agreement(ref, out)
             report.top1_rows = int(ref.shape[0])
     limit = thresholds.max_abs_error
@@ -191,9 +196,11 @@ def compare(
     reference: Mapping[str, np.ndarray],
     got: Mapping[str, np.ndarray],
     thresholds: Thresholds = Thresholds(),
+    classifiers: Collection[str] | None = None,
 ) -> list[OutputReport]:
     """Compare every output: `reference` (onnxruntime's, in its order) against `got` (the
-    NEFF's). An output only one side has is a failure of its own."""
+    NEFF's). An output only one side has is a failure of its own. Top-1 is reported for
+    the `classifiers` (None: for every output that looks like a classifier's)."""
     reports: list[OutputReport] = []
     for name, ref in reference.items():
         ref = np.asarray(ref)
@@ -208,7 +215,8 @@ def compare(
                 )
             )
             continue
-        reports.append(compare_one(name, ref, got[name], thresholds))
+        classifier = None if classifiers is None else name in classifiers
+        reports.append(compare_one(name, ref, got[name], thresholds, classifier))
     for name, out in got.items():
         if name not in reference:
             out = np.asarray(out)
