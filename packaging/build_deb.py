@@ -1,0 +1,209 @@
+"""Build the Debian package (`make deb`): dist/neuron-rtd_VERSION_ARCH.deb, with dpkg-deb.
+
+What it holds:
+- the project and its dependencies in a virtual environment, /opt/neuron-rtd, built in a
+  staging directory and then made to name /opt/neuron-rtd (shebangs, pyvenv.cfg);
+- every console command of pyproject.toml linked into /usr/bin;
+- the systemd units in /lib/systemd/system, with a drop-in running the daemon with group
+  `neuron`, so that the simulated machine's tree it makes is readable by that group;
+- the config in /etc/neuron-rtd (conffiles), the packaged one with `socket_group: neuron`
+  and mode 0660: members of `neuron` connect without root;
+- maintainer scripts (packaging/debian/): the group made by postinst, the service enabled
+  and started where systemd runs, and remove/purge that leave nothing behind.
+
+    python packaging/build_deb.py [--out DIR] [--python PYTHON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGING = ROOT / "packaging" / "debian"
+PREFIX = "/opt/neuron-rtd"
+GROUP = "neuron"
+UNIT_DIR = "lib/systemd/system"
+DEPENDS = "python3 (>= 3.11), libc6 (>= 2.28), libsystemd0, passwd"
+MAINTAINER = "neuron-rtd developers <dev@neuron-rtd.example.org>"
+
+
+def project() -> dict[str, object]:
+    meta: dict[str, object] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return meta
+
+
+def run(*command: str | Path) -> None:
+    subprocess.run([str(c) for c in command], check=True)
+
+
+def build_venv(stage: Path, python: str) -> Path:
+    """The virtual environment with the project installed, at stage + PREFIX."""
+    venv = stage / PREFIX.lstrip("/")
+    run(python, "-m", "venv", venv)
+    pip = [venv / "bin" / "python", "-m", "pip"]
+    # systemd-python is built here, against this Python (a wheel cached from another
+    # Python's build would carry that Python's library path)
+    run(
+        *pip,
+        "install",
+        "-q",
+        "--no-compile",
+        "--no-warn-script-location",
+        "--no-binary=systemd-python",
+        ROOT,
+    )
+    run(*pip, "uninstall", "-q", "-y", "pip")  # the package is not a development venv
+    for leftover in (venv / "bin").glob("activate*"):
+        leftover.unlink()
+    for record in (venv / "lib").glob("python3*/site-packages/*.dist-info/direct_url.json"):
+        record.unlink()  # it names the checkout the package was built from
+    return venv
+
+
+def tidy(venv: Path) -> None:
+    """No compiled Python (postinst compiles it where it is installed); in lib, a file is
+    executable exactly when it is a script (#!), shared libraries included (they are
+    mapped, not run)."""
+    for cache in sorted(venv.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache)
+    for path in (venv / "lib").rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as file:
+                script = file.read(2) == b"#!"
+            path.chmod(0o755 if script else 0o644)
+
+
+def relocate(venv: Path) -> None:
+    """Make every file that names the staging directory name PREFIX instead."""
+    staged = str(venv).encode()
+    for path in [*(venv / "bin").iterdir(), venv / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if staged in data:
+            path.write_bytes(data.replace(staged, PREFIX.encode()))
+
+
+def install_file(source: Path, target: Path, mode: int = 0o644) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    target.chmod(mode)
+
+
+def packaged_config(source: Path) -> str:
+    """A config file as the package installs it: the socket for group `neuron`."""
+    config = json.loads(source.read_text())
+    config["socket_group"] = GROUP
+    config["socket_mode"] = "0660"
+    return json.dumps(config, indent=2) + "\n"
+
+
+def lay_out(stage: Path, version: str) -> list[str]:
+    """Everything beside the venv; the conffiles' paths."""
+    scripts = project()["scripts"]
+    assert isinstance(scripts, dict)
+    bin_dir = stage / "usr" / "bin"
+    bin_dir.mkdir(parents=True)
+    for command in sorted(scripts):
+        (bin_dir / command).symlink_to(f"{PREFIX}/bin/{command}")
+    units = stage / UNIT_DIR
+    for unit in sorted((ROOT / "systemd").glob("*.service")):
+        install_file(unit, units / unit.name)
+        install_file(PACKAGING / "group.conf", units / f"{unit.name}.d" / "group.conf")
+    conffiles = []
+    etc = stage / "etc" / "neuron-rtd"
+    for source in [
+        ROOT / "config" / "neuron-rtd.json",
+        *sorted((ROOT / "config" / "instances").glob("*.json")),
+    ]:
+        relative = source.relative_to(ROOT / "config")
+        target = etc / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(packaged_config(source))
+        target.chmod(0o644)
+        conffiles.append(f"/etc/neuron-rtd/{relative}")
+    doc = stage / "usr" / "share" / "doc" / "neuron-rtd"
+    install_file(ROOT / "README.md", doc / "README.md")
+    install_file(PACKAGING / "copyright", doc / "copyright")
+    changelog = (PACKAGING / "changelog").read_text()
+    changelog = changelog.replace("@VERSION@", version).replace("@MAINTAINER@", MAINTAINER)
+    (doc / "changelog.gz").write_bytes(gzip.compress(changelog.encode(), 9, mtime=0))
+    overrides = stage / "usr" / "share" / "lintian" / "overrides" / "neuron-rtd"
+    install_file(PACKAGING / "lintian-overrides", overrides)
+    return conffiles
+
+
+def control(stage: Path, version: str, arch: str, conffiles: list[str]) -> None:
+    meta = stage / "DEBIAN"
+    meta.mkdir()
+    size_kib = sum(p.lstat().st_size for p in stage.rglob("*") if not p.is_dir()) // 1024
+    (meta / "control").write_text(
+        f"Package: neuron-rtd\n"
+        f"Version: {version}\n"
+        f"Architecture: {arch}\n"
+        f"Maintainer: {MAINTAINER}\n"
+        f"Installed-Size: {size_kib}\n"
+        f"Depends: {DEPENDS}\n"
+        f"Section: misc\n"
+        f"Priority: optional\n"
+        f"Homepage: https://localhost/neuron-rtd\n"
+        f"Description: Inferentia runtime daemon on a simulated machine\n"
+        f" A Python re-implementation of the Inferentia runtime daemon, on a\n"
+        f" simulated machine that really computes. It serves the Neuron runtime's\n"
+        f" gRPC API on /run/neuron.sock for members of the group neuron, with\n"
+        f" neuron-ls, neuron-cli, the compiler and the other tools.\n"
+    )
+    (meta / "conffiles").write_text("".join(f"{path}\n" for path in conffiles))
+    sums = []
+    for path in sorted(stage.rglob("*")):
+        if path.is_file() and not path.is_symlink() and meta not in path.parents:
+            digest = hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
+            sums.append(f"{digest}  {path.relative_to(stage)}\n")
+    (meta / "md5sums").write_text("".join(sums))
+    for script in ("postinst", "prerm", "postrm"):
+        install_file(PACKAGING / script, meta / script, 0o755)
+
+
+def build(out: Path, python: str) -> Path:
+    version = str(project()["version"])
+    arch = subprocess.run(
+        ["dpkg", "--print-architecture"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    out.mkdir(parents=True, exist_ok=True)
+    deb = out / f"neuron-rtd_{version}_{arch}.deb"
+    with tempfile.TemporaryDirectory(prefix="neuron-rtd-deb-") as tmp:
+        stage = Path(tmp) / "root"
+        venv = build_venv(stage, python)
+        relocate(venv)
+        tidy(venv)
+        conffiles = lay_out(stage, version)
+        control(stage, version, arch, conffiles)
+        os.umask(0o022)
+        run("dpkg-deb", "--root-owner-group", "-Zgzip", "--build", stage, deb)
+    return deb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="build_deb.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the .deb goes")
+    parser.add_argument("--python", default="/usr/bin/python3", help="the Python of the venv")
+    args = parser.parse_args(argv)
+    if shutil.which("dpkg-deb") is None:
+        print("build_deb.py: dpkg-deb is not installed (apt-get install dpkg)", file=sys.stderr)
+        return 1
+    print(build(args.out, args.python))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
