@@ -399,7 +399,8 @@ def test_daemon_errors_name_the_nerr_code_and_what_to_do(
 def test_no_daemon_is_one_line_and_exit_1(work: Path) -> None:
     nobody = f"unix:{work}/nobody.sock"
     assert failed(neuron_cli(None, "-a", nobody, "list-model")) == (
-        f"neuron-cli: no runtime answers at {nobody}: is neuron-rtd running there? "
+        f"neuron-cli: no runtime answers at {nobody} (No such file or directory): is "
+        "neuron-rtd running there? "
         "(systemctl status neuron-rtd; -a ADDRESS or NEURON_RTD_ADDRESS for another)"
     )
 

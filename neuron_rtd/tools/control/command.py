@@ -13,7 +13,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -37,7 +37,7 @@ class Answer:
     """What a command prints: `text` for people, `data` for `--json`."""
 
     text: str
-    data: Any = field(default=None)
+    data: Any = None
 
 
 class Command:
@@ -145,8 +145,11 @@ def unreachable(exc: grpc.RpcError, address: str) -> str:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
+        # gRPC's details end with the system's reason, e.g. "... error: Connection refused"
+        _, marker, reason = details.rpartition("error: ")
+        why = f" ({reason.strip()})" if marker and reason.strip() else ""
         return (
-            f"no runtime answers at {address}: is neuron-rtd running there? "
+            f"no runtime answers at {address}{why}: is neuron-rtd running there? "
             "(systemctl status neuron-rtd; -a ADDRESS or NEURON_RTD_ADDRESS for another)"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
