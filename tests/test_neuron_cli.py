@@ -17,8 +17,10 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb
@@ -357,6 +359,31 @@ def test_infer_names_what_does_not_fit_before_sending(
         f"neuron-cli: model {model_id} (mlp) is not running (state STANDBY): start it first "
         "(NERR_FAIL)"
     )
+
+
+def test_infer_on_a_model_with_a_varying_axis(daemon: DaemonProcess, stub: Any, work: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn", [x], [y])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (work / "dyn.neff").write_bytes(
+        compile_model(onnx_model, dynamic_batch=bucket_ranges(1, 4)).neff
+    )
+    cli = daemon.address
+    loaded = ok_json(neuron_cli(cli, "load", work / "dyn.neff", "--json"))
+    assert loaded["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 4]}]
+    assert loaded["outputs"] == [{"name": "y", "dtype": "float32", "shape": [-1, 4]}]
+
+    batch = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
+    save_npz(work / "in.npz", {"x": batch})
+    for transport in ((), ("--shm",)):
+        args = ("--inputs", work / "in.npz", "--outputs", work / "out.npz", *transport)
+        ok(neuron_cli(cli, "infer", loaded["model_id"], *args))
+        with np.load(work / "out.npz") as answer:
+            np.testing.assert_array_equal(answer["y"], np.maximum(batch, 0))
+    save_npz(work / "in.npz", {"x": batch[:, :3]})
+    wrong = failed(neuron_cli(cli, "infer", loaded["model_id"], "--inputs", work / "in.npz"))
+    assert "'x' has shape (3, 3) in" in wrong and "the model takes float32 (?, 4)" in wrong
 
 
 # --- failures -----------------------------------------------------------------------
