@@ -424,6 +424,7 @@ def test_without_a_session_what_the_client_made_outlives_it_and_others_attach(
         attached = other.attach(model.id)
         assert (attached.inputs, attached.outputs) == (mlp.inputs, mlp.outputs)
         assert attached.signature.name == "mlp" and attached.ninfer == 4
+        assert (attached.ncg, attached.neff, model.neff is not None) == (ncg, None, True)
         assert_probs(attached(x=x), mlp, x)
         with pytest.raises(NrtClientError) as info:
             other.attach(10999)

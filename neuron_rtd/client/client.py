@@ -298,6 +298,7 @@ class Client:
                 ninfer=depth,
                 ncg=target,
                 gate=gate,
+                neff=parsed,
             )
             with self._lock:
                 self._models[model_id] = model
@@ -343,12 +344,14 @@ class Client:
             model = self._models.get(model_id)
         if model is not None:
             return model
-        found = [m for m in self.connection.snapshot().models if m.id == model_id]
+        snapshot = self.connection.snapshot()
+        found = [m for m in snapshot.models if m.id == model_id]
         if not found:
             raise NrtClientError(
                 Nerr.INVALID_HANDLE, f"no model {model_id} is loaded on the daemon", "attach"
             )
         info = found[0]
+        implicit = any(g.id == info.ncg_id and g.implicit for g in snapshot.ncgs)
         signature = Signature(
             info.name,
             tuple(_spec(t, f"model {model_id} input") for t in info.inputs),
@@ -356,7 +359,12 @@ class Client:
         )
         self.open()
         model = Model(
-            self, self.connection, model_id, signature, ninfer=info.ninfer or DEFAULT_NINFER
+            self,
+            self.connection,
+            model_id,
+            signature,
+            ninfer=info.ninfer or DEFAULT_NINFER,
+            ncg=None if implicit else info.ncg_id,
         )
         with self._lock:
             self._models.setdefault(model_id, model)

@@ -70,11 +70,13 @@ class Model:
         ninfer: int = DEFAULT_NINFER,
         ncg: int | None = None,
         gate: NcgGate | None = None,
+        neff: Neff | None = None,
     ) -> None:
         self.client = client
         self.connection = connection
         self.id = model_id
         self.signature = signature
+        self.neff = neff  # the NEFF it was loaded from (None: attached, loaded by another)
         self.ninfer = ninfer
         self.ncg = ncg  # the NCG it was loaded on; None: an implicit one
         self.gate = gate
