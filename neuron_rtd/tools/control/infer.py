@@ -4,6 +4,7 @@ loaded model, its inputs checked against the model before anything is sent."""
 from __future__ import annotations
 
 import argparse
+import math
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -96,26 +97,41 @@ def fits(shape: Sequence[int], spec: TensorSpec) -> bool:
 
 
 def summary(name: str, array: np.ndarray) -> dict[str, Any]:
-    """An output's dtype, shape, first values and (for numbers) min, max and mean."""
+    """An output for --json: dtype, shape, first values, and for numbers min, max and mean
+    of the finite values and how many are not finite (NaN or infinite: null in JSON)."""
     flat = array.reshape(-1)
+    head = flat[:SHOWN_VALUES].tolist()
+    first = [v if not isinstance(v, float) or math.isfinite(v) else None for v in head]
     doc: dict[str, Any] = {
         "name": name,
         "dtype": array.dtype.name,
         "shape": list(array.shape),
-        "first": flat[:SHOWN_VALUES].tolist(),
+        "first": first,
     }
-    if flat.size and array.dtype != np.bool_:
+    if array.dtype != np.bool_:
         values = flat.astype(np.float64)
-        doc.update(min=float(values.min()), max=float(values.max()), mean=float(values.mean()))
+        finite = values[np.isfinite(values)]
+        stats = (finite.min(), finite.max(), finite.mean()) if finite.size else (None,) * 3
+        doc.update(zip(("min", "max", "mean"), map(_number, stats), strict=True))
+        doc["nonfinite"] = int(values.size - finite.size)
     return doc
 
 
-def summary_line(doc: Mapping[str, Any], size: int) -> str:
-    line = f"{doc['name']}: {doc['dtype']} {shape_text(doc['shape'])}"
-    if "min" in doc:
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def summary_line(name: str, array: np.ndarray) -> str:
+    """`probs: float32 (1, 10)  min ...  max ...  mean ...` and the first values."""
+    doc = summary(name, array)
+    line = f"{name}: {array.dtype.name} {shape_text(array.shape)}"
+    if doc.get("min") is not None:
         line += f"  min {doc['min']:.6g}  max {doc['max']:.6g}  mean {doc['mean']:.6g}"
-    shown = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in doc["first"])
-    more = ", ..." if size > SHOWN_VALUES else ""
+    if doc.get("nonfinite"):
+        line += f"  ({doc['nonfinite']} NaN or infinite)"
+    head = array.reshape(-1)[:SHOWN_VALUES].tolist()
+    shown = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in head)
+    more = ", ..." if array.size > SHOWN_VALUES else ""
     return f"{line}\n  [{shown}{more}]"
 
 
@@ -166,5 +182,5 @@ class Infer(Command):
             shapes = ", ".join(f"{d['name']} {d['dtype']} {shape_text(d['shape'])}" for d in docs)
             return Answer(f"{head}: wrote {shapes} to {args.outputs}", data)
         lines = [f"{head}:"]
-        lines += [summary_line(d, outputs[d["name"]].size) for d in docs]
+        lines += [summary_line(name, array) for name, array in outputs.items()]
         return Answer("\n".join(lines), data)
