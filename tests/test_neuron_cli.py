@@ -24,6 +24,7 @@ from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb
+from neuron_rtd.tools.control.infer import summary, summary_line
 
 pytestmark = pytest.mark.daemon
 
@@ -136,6 +137,9 @@ def test_load_list_unload_and_what_it_makes_outlives_it(
     assert (group.id, group.implicit, group.session_id) == (ncg_id, True, 0)
 
     assert ok(neuron_cli(cli, "list-model")) == f"Found 1 models\n{model_id} READY {ncg_id} mlp\n"
+    elsewhere = "unix:/nonexistent.sock"  # -a, before or after the command, wins over the env
+    assert ok(neuron_cli(elsewhere, "list-model", "-a", cli)).startswith("Found 1 models\n")
+    assert ok(neuron_cli(elsewhere, "-a", cli, "list-model")).startswith("Found 1 models\n")
     (listed,) = ok_json(neuron_cli(cli, "list-model", "--json"))
     assert listed["model_id"] == model_id and listed["nc_count"] == 1
     assert listed["inputs"] == [{"name": "x", "dtype": "float32", "shape": [4, 64]}]
@@ -384,6 +388,26 @@ def test_infer_on_a_model_with_a_varying_axis(daemon: DaemonProcess, stub: Any, 
     save_npz(work / "in.npz", {"x": batch[:, :3]})
     wrong = failed(neuron_cli(cli, "infer", loaded["model_id"], "--inputs", work / "in.npz"))
     assert "'x' has shape (3, 3) in" in wrong and "the model takes float32 (?, 4)" in wrong
+
+
+def test_an_output_summary_stays_strict_json_with_nan_and_inf() -> None:
+    y = np.array([[1.0, np.nan, np.inf, -2.0]], np.float32)
+    doc = summary("y", y)
+    assert json.loads(json.dumps(doc, allow_nan=False)) == {
+        "name": "y",
+        "dtype": "float32",
+        "shape": [1, 4],
+        "first": [1.0, None, None, -2.0],
+        "min": -2.0,
+        "max": 1.0,
+        "mean": -0.5,
+        "nonfinite": 2,
+    }
+    assert (
+        summary_line("y", y)
+        == "y: float32 (1, 4)  min -2  max 1  mean -0.5  (2 NaN or infinite)\n  [1, nan, inf, -2]"
+    )
+    assert summary_line("b", np.array([True, False])) == "b: bool (2,)\n  [True, False]"
 
 
 # --- failures -----------------------------------------------------------------------
