@@ -401,6 +401,38 @@ def test_close_releases_everything_the_session_made(
     assert stub.list_egs(pb.empty()).eg_info == [] and daemon_shm(daemon.pid) == set()
 
 
+def test_without_a_session_what_the_client_made_outlives_it_and_others_attach(
+    daemon: DaemonProcess, stub: Any, recorded: Any, mlp: SampleModel
+) -> None:
+    channel, recorder = recorded
+    x = mlp.random_inputs(6)["x"]
+    with Client(daemon.address, channel=channel, session=False, shm=True) as maker:
+        assert maker.session_id == 0
+        ncg, _ = maker.create_ncg(1)
+        model = maker.load(mlp.neff, ncg=ncg, start=True)
+        assert_probs(model(x=x), mlp, x)
+        paths = {r.path for r in recorder.requests("shm_map")}
+        assert len(paths) == 2 and daemon_shm(daemon.pid) == paths
+    assert [r.session_id for r in recorder.requests("create_eg")] == [0]
+    assert {r.session_id for r in recorder.requests("shm_map")} == {0}
+    # closed: its NCG and model stay, its shared memory does not
+    assert [e.eg.id for e in stub.list_egs(pb.empty()).eg_info] == [ncg]
+    assert {r.path for r in recorder.requests("shm_unmap")} == paths
+    assert daemon_shm(daemon.pid) == set()
+
+    with Client(daemon.address) as other:
+        attached = other.attach(model.id)
+        assert (attached.inputs, attached.outputs) == (mlp.inputs, mlp.outputs)
+        assert attached.signature.name == "mlp" and attached.ninfer == 4
+        assert (attached.ncg, attached.neff, model.neff is not None) == (ncg, None, True)
+        assert_probs(attached(x=x), mlp, x)
+        with pytest.raises(NrtClientError) as info:
+            other.attach(10999)
+        assert info.value.nerr == Nerr.INVALID_HANDLE and "no model 10999" in info.value.details
+    # the attaching client closed its session: the model it did not load is still there
+    assert stub.start(pb.start_request(h_nn=pb.h_nn(id=model.id))).status.code == Nerr.OK
+
+
 def test_a_restarted_daemon_gets_a_new_session(work: Path, mlp: SampleModel) -> None:
     proc = DaemonProcess(sim_root=work / "sim")
     with proc, Client(proc.address, ncg_sizes=[1]) as client:

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from test_wire import assert_nerr, infer, load, post
 
 from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import TensorSpec
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import ext_pb, ext_pb_grpc, pb
+from neuron_rtd.server.wire import ext_tensor
 
 pytestmark = pytest.mark.daemon
 
@@ -86,6 +89,8 @@ def test_snapshot_counts_what_happened_and_two_observers_see_the_same(
     ours = models[model.id]
     assert (ours.state, ours.ncg_id, ours.mode, ours.ninfer) == ("READY", ncg.h_eg.id, "normal", 1)
     assert models[standby.id].state == "STANDBY"
+    tensors = [(t.name, t.dtype, list(t.shape)) for t in (*ours.inputs, *ours.outputs)]
+    assert tensors == [("x", "float32", [4, 64]), ("probs", "float32", [4, 32])]
     tally = ours.tally
     assert (tally.completed, tally.incorrect_input, tally.failed_to_queue) == (4, 1, 1)
     assert again.models[0].tally == after.models[0].tally
@@ -103,3 +108,12 @@ def test_snapshot_counts_what_happened_and_two_observers_see_the_same(
     for handle in (model, standby):
         stub.unload(pb.unload_request(h_nn=handle))
     stub.destroy_eg(pb.destroy_eg_request(h_eg=ncg.h_eg))
+
+
+def test_ext_tensor_marks_a_varying_axis_minus_one() -> None:
+    fixed = TensorSpec("x", np.dtype("float32"), (4, 64))
+    bucketed = TensorSpec("ids", np.dtype("int64"), (1, 128), symbols=(None, "seq"))
+    bounded = TensorSpec("boxes", np.dtype("float32"), (100, 4), dynamic=(0,))
+    assert list(ext_tensor(fixed).shape) == [4, 64] and ext_tensor(fixed).dtype == "float32"
+    assert list(ext_tensor(bucketed).shape) == [1, -1] and ext_tensor(bucketed).dtype == "int64"
+    assert list(ext_tensor(bounded).shape) == [-1, 4]

@@ -449,6 +449,13 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (13, "tally", "nrt.ext.ext_infer_tally", S, None),
         (14, "failure", "string", S, None),
         (15, "nc_count", "uint32", S, None),
+        (16, "inputs", "nrt.ext.ext_tensor", R, None),
+        (17, "outputs", "nrt.ext.ext_tensor", R, None),
+    ],
+    "ext_tensor": [
+        (1, "name", "string", S, None),
+        (2, "dtype", "string", S, None),
+        (3, "shape", "int64", R, None),
     ],
     "ext_histogram": [
         (1, "bounds_us", "double", R, None),

@@ -1,41 +1,110 @@
 """`neuron-cli`: tools around the runtime, one subcommand each.
 
+    neuron-cli list-ncg                 the NeuronCore Groups
+    neuron-cli list-model               the loaded models and their state
+    neuron-cli create-ncg N             an NCG of N NCs
+    neuron-cli destroy-ncg ID           free an NCG
+    neuron-cli load NEFF                load a model (and start it, unless --ncg-id ID)
+    neuron-cli start|stop|unload ID     one model
+    neuron-cli reset                    unload every model, destroy every NCG
+    neuron-cli infer ID --inputs in.npz one inference
     neuron-cli validate model.onnx model.neff   compare a NEFF on the daemon with onnxruntime
 
-Exit codes: 0 success, 1 the check failed (the report says why), 2 usage errors.
+What neuron-cli makes (NCGs, models) outlives it. Every command takes `-a ADDRESS` (default
+$NEURON_RTD_ADDRESS, else unix:/run/neuron.sock); the runtime commands take `--json`.
+
+Exit codes: 0 success, 1 it failed (no daemon answers, the daemon refused, a file that
+does not fit; validate: the check failed), 2 usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
-from collections.abc import Callable
+from typing import Protocol
 
+from neuron_rtd.tools import control
 from neuron_rtd.tools.validate import command as validate
 
-Handler = Callable[[argparse.Namespace], int]
+
+class Subcommand(Protocol):
+    """A subcommand: a module or an object with these two, and a docstring whose first
+    paragraph is its usage line and the rest its description."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+# (name, one line for `neuron-cli --help`, the subcommand): one line registers one.
+COMMANDS: tuple[tuple[str, str, Subcommand], ...] = (
+    ("list-ncg", "list the NeuronCore Groups", control.ListNcg()),
+    ("list-model", "list the loaded models and their state", control.ListModel()),
+    ("create-ncg", "create a NeuronCore Group of N NCs", control.CreateNcg()),
+    ("destroy-ncg", "destroy a NeuronCore Group", control.DestroyNcg()),
+    ("load", "load a NEFF (started, unless into an NCG given by id)", control.Load()),
+    ("start", "make a model the running one of its NCG", control.Start()),
+    ("stop", "stop a model (it stays loaded)", control.Stop()),
+    ("unload", "unload a model", control.Unload()),
+    ("reset", "unload every model and destroy every NCG", control.Reset()),
+    ("infer", "run one inference on a model, inputs from an npz", control.Infer()),
+    (
+        "validate",
+        "run a NEFF on the daemon and its ONNX model on onnxruntime, compare the outputs",
+        validate,
+    ),
+)
+
+
+def description(command: Subcommand) -> str:
+    """The docstring after its first paragraph (the usage line argparse writes itself)."""
+    doc = inspect.getdoc(command) or ""
+    return doc.split("\n\n", 1)[1].strip() if "\n\n" in doc else doc
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="neuron-cli", description="Tools around the Neuron runtime daemon."
+        prog="neuron-cli",
+        description="Tools around the Neuron runtime daemon.",
+        epilog="neuron-cli COMMAND --help tells more of each.",
+    )
+    top.add_argument(
+        "-a",
+        "--address",
+        dest="top_address",
+        metavar="ADDRESS",
+        help="the daemon's address, for any command (default: $NEURON_RTD_ADDRESS, else "
+        "unix:/run/neuron.sock)",
     )
     commands = top.add_subparsers(dest="command", required=True, title="commands")
-    cmd = commands.add_parser(
-        "validate",
-        help="run a NEFF on the daemon and its ONNX model on onnxruntime, compare the outputs",
-        description=(validate.__doc__ or "").split("\n\n", 1)[1].strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    validate.add_arguments(cmd)
-    cmd.set_defaults(handler=validate.run)
+    for name, summary, command in COMMANDS:
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=description(command),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.run)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    handler: Handler = args.handler
-    return handler(args)
+    if args.address is None:  # `neuron-cli -a ADDRESS COMMAND` as well as after COMMAND
+        args.address = args.top_address
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        print("neuron-cli: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: still one line, never a traceback
+        print(
+            f"neuron-cli: unexpected {type(exc).__name__}: {exc} (a bug, please report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

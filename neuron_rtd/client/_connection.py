@@ -1,6 +1,7 @@
 """What a `Client` and its `Model`s share: the channel and stubs, each call's deadline and
-its one retry on UNAVAILABLE, the session stream, the pool of async inferences, and the
-client's shared-memory state (on, or turned off when the daemon cannot map)."""
+its one retry on UNAVAILABLE, the session stream (or none, for a client whose models
+outlive it), the pool of async inferences, and the client's shared-memory state (on, or
+turned off when the daemon cannot map)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from neuron_rtd.client.errors import (
     retry_unavailable,
     settle_before_close,
 )
-from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
+from neuron_rtd.errors import Nerr
+from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
 
@@ -44,8 +46,10 @@ class Connection:
         shm: bool,
         async_workers: int,
         channel: grpc.Channel | None = None,
+        session: bool = True,
     ) -> None:
         self.address = address
+        self.use_session = session  # False: everything is made with session id 0
         self.timeout_s = timeout_s
         self.async_workers = async_workers
         self.owns_channel = channel is None
@@ -53,6 +57,7 @@ class Connection:
             address, options=CHANNEL_OPTIONS + RECONNECT_OPTIONS
         )
         self.stub = pb_grpc.nmgr_v1Stub(self.channel)
+        self.ext = ext_pb_grpc.nmgr_extStub(self.channel)
         self.session: Session | None = None
         self.closed = False
         self._shm = shm
@@ -80,18 +85,32 @@ class Connection:
     def start_model(self, model_id: int) -> None:
         self.model_call("start", pb.start_request, model_id)
 
+    def snapshot(self) -> ext_pb.snapshot_response:
+        """The daemon's ext snapshot (its NCs, NCGs and models now), its status checked."""
+        call = self.ext.snapshot
+        request = ext_pb.snapshot_request()
+        response = retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
+        if response.status_code != Nerr.OK:
+            raise NrtClientError(response.status_code, response.details, "snapshot")
+        return response
+
     # --- session --------------------------------------------------------------------
     def open_session(self) -> bool:
         """Open the session stream unless one is open; True when a new one was opened
-        (the first, or the daemon went away since: a new daemon holds nothing of ours)."""
+        (the first, or the daemon went away since: a new daemon holds nothing of ours).
+        Without sessions there is nothing to open: always False."""
         if self.closed:
             raise ClientClosed
+        if not self.use_session:
+            return False
         if self.session is not None and not self.session.ended:
             return False
         self.session = Session(self.channel, timeout_s=self.timeout_s)
         return True
 
     def session_id(self) -> int:
+        if not self.use_session:
+            return 0
         assert self.session is not None, "open_session first"
         return self.session.id
 

@@ -4,7 +4,8 @@
   message size limits off, every unary call (and `load`) retried once on UNAVAILABLE.
 - A session stream (`session_monitor`) for the client's life, opened at the first call
   that makes something on the daemon; its id goes with `create_eg`, `load` and `shm_map`,
-  so whatever the client made is released when it closes or dies.
+  so whatever the client made is released when it closes or dies. With `session=False`
+  there is none: what the client makes outlives it (as neuron-cli's models and NCGs do).
 - IFMAPs and OFMAPs through POSIX shared memory unless `NEURON_RTD_SHM_MAP=no` (or
   `shm=False`); buffers are reused per model and freed at unload and close.
 - `NEURONCORE_GROUP_SIZES` (or `ncg_sizes`): NCGs made at open, models placed on them in
@@ -22,6 +23,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -37,8 +39,10 @@ from neuron_rtd.client._config import (
 from neuron_rtd.client._connection import Connection
 from neuron_rtd.client._ncg import NcgGate
 from neuron_rtd.client.errors import SUCCESS, NrtClientError, check
-from neuron_rtd.client.model import Model
-from neuron_rtd.neff import Neff, read_neff
+from neuron_rtd.client.model import Model, Signature
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import Neff, TensorSpec, read_neff
+from neuron_rtd.neff.dtypes import parse_dtype
 from neuron_rtd.proto import pb
 
 __all__ = [
@@ -71,12 +75,16 @@ class Client:
         ninfer: int = DEFAULT_NINFER,
         channel: grpc.Channel | None = None,
         async_workers: int = ASYNC_WORKERS,
+        session: bool = True,
     ) -> None:
         """`address`: default from `NEURON_RTD_ADDRESS`. `timeout_s`: deadline of each
         call (None: none). `shm`: IFMAPs/OFMAPs through shared memory (default: unless
         `NEURON_RTD_SHM_MAP=no`). `ncg_sizes`: NCGs to make at open (default from
         `NEURONCORE_GROUP_SIZES`). `ninfer`: the queue depth of models loaded without
-        one. `channel`: a channel to use instead of opening one (it stays the caller's)."""
+        one. `channel`: a channel to use instead of opening one (it stays the caller's).
+        `session`: False opens no session; NCGs, models and shm maps are made with session
+        id 0, and `close` leaves the NCGs and models on the daemon (freeing only the
+        client's shared memory)."""
         self.address = address or default_address()
         self.ninfer = ninfer
         sizes = ncg_sizes_from_env() if ncg_sizes is None else check_ncg_sizes(ncg_sizes)
@@ -87,6 +95,7 @@ class Client:
             shm=shm_from_env() if shm is None else shm,
             async_workers=async_workers,
             channel=channel,
+            session=session,
         )
         self.channel = self.connection.channel
         self.stub = self.connection.stub
@@ -95,6 +104,7 @@ class Client:
         self._next_gate = 0
         self._ncgs: set[int] = set()  # NCGs this client made
         self._models: dict[int, Model] = {}
+        self._attached: set[int] = set()  # models loaded by others (`attach`)
 
     @property
     def timeout_s(self) -> float | None:
@@ -152,23 +162,26 @@ class Client:
     def close(self) -> None:
         """Release what this client made and end its session. With a session the daemon
         releases the models, NCGs and shm maps itself when the stream ends (this returns
-        once it has); without one (session id 0) the client unloads, destroys and unmaps
-        them. Async inferences not started yet are cancelled; running ones finish first."""
+        once it has); when the daemon tracks no sessions (session id 0) the client
+        unloads, destroys and unmaps them; with `session=False` it only unmaps its shared
+        memory. Attached models stay loaded. Async inferences not started yet are
+        cancelled; running ones finish first."""
         with self._lock:
             if self.connection.closed:
                 return
             self.connection.close_pool()
         session = self.connection.session
         tracked = session is not None and session.id != 0
+        release = not tracked and self.connection.use_session
         with self._lock:
             models = list(self._models.values())
             self._models.clear()
         for model in models:
-            if not tracked:
+            if release and model.id not in self._attached:
                 with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
                     self.connection.model_call("unload", pb.unload_request, model.id)
             model.release_buffers(unmap=not tracked)
-        if not tracked:
+        if release:
             for ncg_id in sorted(self._ncgs):
                 with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
                     self.destroy_ncg(ncg_id)
@@ -278,7 +291,14 @@ class Client:
         try:
             parsed = neff if isinstance(neff, Neff) else read_neff(data)
             model = Model(
-                self, self.connection, model_id, parsed, ninfer=depth, ncg=target, gate=gate
+                self,
+                self.connection,
+                model_id,
+                Signature.of(parsed),
+                ninfer=depth,
+                ncg=target,
+                gate=gate,
+                neff=parsed,
             )
             with self._lock:
                 self._models[model_id] = model
@@ -315,6 +335,42 @@ class Client:
 
         return self.connection.load(stream)
 
+    def attach(self, model_id: int) -> Model:
+        """A model already on the daemon (loaded by another client, or by `neuron-cli
+        load`), to infer on: its inputs and outputs as the daemon's ext snapshot states
+        them. Closing this client leaves it loaded. NrtClientError (NERR_INVALID_HANDLE)
+        when no such model is loaded."""
+        with self._lock:
+            model = self._models.get(model_id)
+        if model is not None:
+            return model
+        snapshot = self.connection.snapshot()
+        found = [m for m in snapshot.models if m.id == model_id]
+        if not found:
+            raise NrtClientError(
+                Nerr.INVALID_HANDLE, f"no model {model_id} is loaded on the daemon", "attach"
+            )
+        info = found[0]
+        implicit = any(g.id == info.ncg_id and g.implicit for g in snapshot.ncgs)
+        signature = Signature(
+            info.name,
+            tuple(_spec(t, f"model {model_id} input") for t in info.inputs),
+            tuple(_spec(t, f"model {model_id} output") for t in info.outputs),
+        )
+        self.open()
+        model = Model(
+            self,
+            self.connection,
+            model_id,
+            signature,
+            ninfer=info.ninfer or DEFAULT_NINFER,
+            ncg=None if implicit else info.ncg_id,
+        )
+        with self._lock:
+            self._models.setdefault(model_id, model)
+            self._attached.add(model_id)
+            return self._models[model_id]
+
     def start(self, model_id: int) -> None:
         """Make the model the running one of its NCG."""
         self.connection.start_model(model_id)
@@ -335,6 +391,7 @@ class Client:
         finally:
             with self._lock:
                 model = self._models.pop(model_id, None)
+                self._attached.discard(model_id)
             if model is not None:
                 model.release_buffers(unmap=True)
 
@@ -344,6 +401,7 @@ class Client:
         with self._lock:
             models = list(self._models.values())
             self._models.clear()
+            self._attached.clear()
             self._gates = []  # destroyed: made again at the next load
             self._ncgs.clear()
         for model in models:
@@ -361,6 +419,14 @@ class Client:
         response = self.connection.unary("infer", request)
         check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
+
+
+def _spec(tensor: Any, where: str) -> TensorSpec:
+    """A TensorSpec from an ext snapshot's `ext_tensor` (-1: an axis of varying size)."""
+    shape = tuple(max(size, 0) for size in tensor.shape)
+    varying = tuple(axis for axis, size in enumerate(tensor.shape) if size < 0)
+    dtype = parse_dtype(tensor.dtype, f"{where} {tensor.name!r}")
+    return TensorSpec(tensor.name, dtype, shape, dynamic=varying)
 
 
 def _neff_source(neff: NeffSource, by_path: bool) -> tuple[memoryview, str | None]:

@@ -10,6 +10,7 @@ needed, reused, and freed when the model is unloaded or the client closes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -32,6 +33,19 @@ if TYPE_CHECKING:
 Inputs = Mapping[str, Any]  # numpy arrays (or anything np.asarray takes), by input name
 
 
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """What a client needs to know of a model to infer on it: its name, inputs, outputs."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def of(cls, neff: Neff) -> Signature:
+        return cls(neff.name, neff.inputs, neff.outputs)
+
+
 class _Slot:
     """The shm buffers of one in-flight inference."""
 
@@ -51,21 +65,24 @@ class Model:
         client: Client,
         connection: Connection,
         model_id: int,
-        neff: Neff,
+        signature: Signature,
         *,
         ninfer: int = DEFAULT_NINFER,
         ncg: int | None = None,
         gate: NcgGate | None = None,
+        neff: Neff | None = None,
     ) -> None:
         self.client = client
         self.connection = connection
         self.id = model_id
-        self.neff = neff
+        self.signature = signature
+        self.neff = neff  # the NEFF it was loaded from (None: attached, loaded by another)
         self.ninfer = ninfer
         self.ncg = ncg  # the NCG it was loaded on; None: an implicit one
         self.gate = gate
-        self._specs = {t.name: t for t in neff.inputs}
-        self._shm_outputs = bool(neff.outputs) and not any(t.varying_axes for t in neff.outputs)
+        self._specs = {t.name: t for t in signature.inputs}
+        outputs = signature.outputs
+        self._shm_outputs = bool(outputs) and not any(t.varying_axes for t in outputs)
         self._in_flight = threading.BoundedSemaphore(ninfer)
         self._lock = threading.Lock()
         self._idle: list[_Slot] = []
@@ -73,14 +90,14 @@ class Model:
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
-        return self.neff.inputs
+        return self.signature.inputs
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        return self.neff.outputs
+        return self.signature.outputs
 
     def __repr__(self) -> str:
-        return f"Model(id={self.id}, name={self.neff.name!r}, ncg={self.ncg})"
+        return f"Model(id={self.id}, name={self.signature.name!r}, ncg={self.ncg})"
 
     # --- inference ------------------------------------------------------------------
     def __call__(self, **inputs: Any) -> dict[str, np.ndarray]:
@@ -152,8 +169,8 @@ class Model:
     def _outputs(self, response: Any, slot: _Slot | None) -> dict[str, np.ndarray]:
         if response.ofmap or slot is None or not slot.outputs:
             got = {io.name: io.buf for io in response.ofmap}
-            return {t.name: t.array_from(got[t.name]) for t in self.neff.outputs if t.name in got}
-        return {t.name: slot.outputs[t.name].read(t.dtype, t.shape) for t in self.neff.outputs}
+            return {t.name: t.array_from(got[t.name]) for t in self.outputs if t.name in got}
+        return {t.name: slot.outputs[t.name].read(t.dtype, t.shape) for t in self.outputs}
 
     # --- slots ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -183,10 +200,10 @@ class Model:
                 self.connection.unshare(slot.buffers())
 
     def _new_slot(self) -> _Slot | None:
-        outputs = self.neff.outputs if self._shm_outputs else ()
+        outputs = self.outputs if self._shm_outputs else ()
         made: list[ShmBuffer] = []
         try:
-            ins = {t.name: _made(made, t.nbytes) for t in self.neff.inputs}
+            ins = {t.name: _made(made, t.nbytes) for t in self.inputs}
             outs = {t.name: _made(made, t.nbytes) for t in outputs}
         except OSError as exc:
             for buffer in made:

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from neuron_rtd.errors import InvalidError
+from neuron_rtd.neff import TensorSpec
 from neuron_rtd.proto import ext_pb, pb
 from neuron_rtd.runtime import (
     LATENCY_BOUNDS_US,
@@ -149,6 +150,13 @@ def _histogram(h: Histogram) -> ext_pb.ext_histogram:
     )
 
 
+def ext_tensor(spec: TensorSpec) -> ext_pb.ext_tensor:
+    """A model input or output for observers: a varying axis's size is -1."""
+    varying = set(spec.varying_axes)
+    shape = [-1 if axis in varying else size for axis, size in enumerate(spec.shape)]
+    return ext_pb.ext_tensor(name=spec.name, dtype=spec.dtype.name, shape=shape)
+
+
 def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
     msg = ext_pb.snapshot_response(
         time_ns=snap.time_ns,
@@ -193,5 +201,7 @@ def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
             tally=ext_pb.ext_infer_tally(**dataclasses.asdict(tally)),
             failure=model.failure,
             nc_count=model.neff.nc_count,
+            inputs=[ext_tensor(spec) for spec in model.neff.inputs],
+            outputs=[ext_tensor(spec) for spec in model.neff.outputs],
         )
     return msg

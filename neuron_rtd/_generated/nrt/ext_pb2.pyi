@@ -123,7 +123,7 @@ class ext_infer_tally(_message.Message):
     def __init__(self, completed: _Optional[int] = ..., completed_with_err: _Optional[int] = ..., completed_with_num_err: _Optional[int] = ..., timed_out: _Optional[int] = ..., incorrect_input: _Optional[int] = ..., failed_to_queue: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class ext_model(_message.Message):
-    __slots__ = ("id", "name", "ncg_id", "state", "mode", "vncs", "device_bytes", "host_bytes", "ninfer", "timeout_s", "in_flight", "session_id", "tally", "failure", "nc_count")
+    __slots__ = ("id", "name", "ncg_id", "state", "mode", "vncs", "device_bytes", "host_bytes", "ninfer", "timeout_s", "in_flight", "session_id", "tally", "failure", "nc_count", "inputs", "outputs")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NCG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,8 @@ class ext_model(_message.Message):
     TALLY_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     NC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     ncg_id: int
@@ -154,7 +156,19 @@ class ext_model(_message.Message):
     tally: ext_infer_tally
     failure: str
     nc_count: int
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ncg_id: _Optional[int] = ..., state: _Optional[str] = ..., mode: _Optional[str] = ..., vncs: _Optional[_Iterable[int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., ninfer: _Optional[int] = ..., timeout_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., session_id: _Optional[int] = ..., tally: _Optional[_Union[ext_infer_tally, _Mapping]] = ..., failure: _Optional[str] = ..., nc_count: _Optional[int] = ...) -> None: ...
+    inputs: _containers.RepeatedCompositeFieldContainer[ext_tensor]
+    outputs: _containers.RepeatedCompositeFieldContainer[ext_tensor]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ncg_id: _Optional[int] = ..., state: _Optional[str] = ..., mode: _Optional[str] = ..., vncs: _Optional[_Iterable[int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., ninfer: _Optional[int] = ..., timeout_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., session_id: _Optional[int] = ..., tally: _Optional[_Union[ext_infer_tally, _Mapping]] = ..., failure: _Optional[str] = ..., nc_count: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ...) -> None: ...
+
+class ext_tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ext_histogram(_message.Message):
     __slots__ = ("bounds_us", "counts", "total", "sum_us")

@@ -1,0 +1,158 @@
+"""What every runtime-control subcommand of `neuron-cli` shares: `-a ADDRESS` and
+`--json`, one session-less client (what a command makes outlives it), the answer printed
+as text or JSON, and every failure as one line on stderr with exit code 1.
+
+A daemon's error names its nerr code and what to do next, e.g.
+`neuron-cli: model 10042 is not loaded (NERR_INVALID_HANDLE): see neuron-cli list-model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from neuron_rtd.client import Client, NrtClientError, default_address
+from neuron_rtd.errors import Nerr, NrtError
+
+PROG = "neuron-cli"
+# Each call's deadline: long enough for a large NEFF's load, short of hanging forever on
+# a daemon that stopped answering.
+CALL_TIMEOUT_S = 300.0
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+class Failure(Exception):
+    """The command could not do what was asked: exit 1 with this message."""
+
+
+@dataclass
+class Answer:
+    """What a command prints: `text` for people, `data` for `--json`."""
+
+    text: str
+    data: Any = None
+
+
+class Command:
+    """One subcommand. Subclasses give a docstring (its first paragraph the usage line,
+    the rest the description for `--help`), `arguments` and `execute`; `run` connects,
+    prints the answer and turns every failure into one line and exit code 1."""
+
+    # What to do next after a daemon's error, by nerr code, where this command knows
+    # better than HINTS (an empty text: the daemon's words say it already)
+    hints: dict[int, str] = {}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        self.arguments(parser)
+        parser.add_argument(
+            "-a",
+            "--address",
+            help="the daemon's address (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
+        )
+        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+    def arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The command's own arguments (none by default)."""
+
+    def execute(self, args: argparse.Namespace, client: Client) -> Answer:
+        raise NotImplementedError
+
+    def shm(self, args: argparse.Namespace) -> bool:
+        """Whether tensors go through shared memory (only `infer --shm` says yes)."""
+        return False
+
+    def run(self, args: argparse.Namespace) -> int:
+        address = args.address or default_address()
+        try:
+            client = Client(
+                address,
+                timeout_s=CALL_TIMEOUT_S,
+                shm=self.shm(args),
+                ncg_sizes=(),  # never NCGs of its own from NEURONCORE_GROUP_SIZES
+                session=False,
+            )
+        except ValueError as exc:  # a malformed address or environment
+            return fail(str(exc))
+        try:
+            with client:
+                answer = self.execute(args, client)
+        except NrtClientError as exc:
+            return fail(explain(exc, self.hints))
+        except grpc.RpcError as exc:
+            return fail(unreachable(exc, address))
+        except (Failure, NrtError, OSError) as exc:
+            return fail(str(exc))
+        if args.json:
+            print(json.dumps(answer.data, indent=2))
+        elif answer.text:
+            print(answer.text)
+        return EXIT_OK
+
+
+def fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# --- the daemon's errors, explained --------------------------------------------------
+
+_LOG_PREFIX = re.compile(r"^\[[A-Z_]+:[A-Za-z_]+\]\s*")
+
+# What to do next, by nerr code (where the daemon's own words do not say it already).
+HINTS: dict[int, str] = {
+    Nerr.RESOURCE: "device memory is full: unload models you do not need (neuron-cli list-model, "
+    "neuron-cli unload ID)",
+    Nerr.TIMEOUT: "the inference ran past the model's timeout: load it again with a larger "
+    "--timeout",
+    Nerr.HW_ERROR: "the device failed: see the daemon's log (journalctl -u neuron-rtd)",
+    Nerr.QUEUE_FULL: "the model's queue is full: retry, or load it again with a larger --ninfer",
+    Nerr.FAILED_STATE: "the model failed: unload it and load it again",
+    Nerr.RESOURCE_NC: "free NeuronCores first (neuron-cli list-ncg, neuron-cli destroy-ncg ID, "
+    "neuron-cli reset)",
+    Nerr.UNSUPPORTED_VERSION: "compile the model again with a neuron-cc this runtime supports",
+    Nerr.INFER_BAD_INPUT: "compare the inputs with what the model takes (neuron-cli list-model "
+    "--json)",
+    Nerr.INFER_COMPLETED_WITH_ERR: "see the daemon's log (journalctl -u neuron-rtd)",
+}
+
+
+def daemon_words(details: str) -> str:
+    """The daemon's log lines for a call, without their `[MODULE:function]` prefixes."""
+    lines = [_LOG_PREFIX.sub("", line).strip() for line in details.splitlines()]
+    return "; ".join(line for line in lines if line) or "no details"
+
+
+def explain(exc: NrtClientError, hints: Mapping[int, str] | None = None) -> str:
+    """`what the daemon said (NERR_NAME): what to do`."""
+    nerr = exc.nerr
+    name = f"NERR_{nerr.name}" if nerr is not None else f"nerr {exc.code}"
+    hint = HINTS.get(exc.code)
+    if exc.code == Nerr.INVALID_HANDLE:
+        hint = "see neuron-cli list-ncg" if "NCG" in exc.details else "see neuron-cli list-model"
+    hint = (hints or {}).get(exc.code, hint)
+    words = daemon_words(exc.details)
+    return f"{words} ({name}): {hint}" if hint else f"{words} ({name})"
+
+
+def unreachable(exc: grpc.RpcError, address: str) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # gRPC's details end with the system's reason, e.g. "... error: Connection refused"
+        _, marker, reason = details.rpartition("error: ")
+        why = f" ({reason.strip()})" if marker and reason.strip() else ""
+        return (
+            f"no runtime answers at {address}{why}: is neuron-rtd running there? "
+            "(systemctl status neuron-rtd; -a ADDRESS or NEURON_RTD_ADDRESS for another)"
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the runtime at {address} did not answer within {CALL_TIMEOUT_S:g} s"
+    name = code.name if code is not None else "error"
+    return f"the runtime at {address} failed the call ({name}): {details}"

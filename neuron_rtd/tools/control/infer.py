@@ -1,0 +1,186 @@
+"""`neuron-cli infer ID --inputs in.npz [--outputs out.npz] [--shm]`: one inference on a
+loaded model, its inputs checked against the model before anything is sent."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neuron_rtd.client import Client
+from neuron_rtd.errors import Nerr
+from neuron_rtd.neff import TensorSpec
+from neuron_rtd.tools.control.command import Answer, Command, Failure
+from neuron_rtd.tools.control.models import model_id
+
+SHOWN_VALUES = 6  # values of each output printed without --outputs
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an npz file by name (no pickled objects)."""
+    if not Path(path).is_file():
+        raise Failure(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise Failure(f"{path}: not an npz file (numpy.savez writes one)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:  # a zip: always an NpzFile
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise Failure(f"{path}: not a readable npz file ({exc})") from None
+
+
+def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """The arrays into an npz file by name (as np.savez writes it, whatever the names)."""
+    try:
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, array, allow_pickle=False)
+    except OSError as exc:
+        raise Failure(f"{path}: cannot write the outputs ({exc})") from None
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """`(2, 8)`, `(5,)`, `()`: as Python writes a tuple."""
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def declared(spec: TensorSpec) -> str:
+    dims = ["?" if axis in spec.varying_axes else str(d) for axis, d in enumerate(spec.shape)]
+    return f"{spec.dtype.name} ({', '.join(dims)}{',' if len(dims) == 1 else ''})"
+
+
+def mismatches(
+    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], where: str, model: int
+) -> list[str]:
+    """What does not fit between the npz's arrays and the model's inputs, one line each."""
+    problems = []
+    by_name = {spec.name: spec for spec in specs}
+    takes = ", ".join(f"{s.name}: {declared(s)}" for s in specs) or "no inputs"
+    missing = [name for name in by_name if name not in arrays]
+    extra = sorted(set(arrays) - set(by_name))
+    if missing:
+        problems.append(f"{where} has no array named {', '.join(map(repr, missing))}")
+    if extra:
+        names = ", ".join(map(repr, extra))
+        problems.append(f"{where} has arrays the model does not take: {names}")
+    for name, array in arrays.items():
+        spec = by_name.get(name)
+        if spec is None:
+            continue
+        if array.dtype.newbyteorder("<") != spec.dtype.newbyteorder("<"):
+            problems.append(
+                f"{name!r} is {array.dtype.name} in {where}; the model takes {spec.dtype.name} "
+                f"(save it with .astype('{spec.dtype.name}'))"
+            )
+        if not fits(array.shape, spec):
+            problems.append(
+                f"{name!r} has shape {shape_text(array.shape)} in {where}; "
+                f"the model takes {declared(spec)}"
+            )
+    if problems:
+        problems.append(f"model {model} takes {takes}")
+    return problems
+
+
+def fits(shape: Sequence[int], spec: TensorSpec) -> bool:
+    """Same rank, fixed axes equal (a varying axis takes any size; the daemon checks it)."""
+    if len(shape) != len(spec.shape):
+        return False
+    varying = set(spec.varying_axes)
+    return all(axis in varying or size == spec.shape[axis] for axis, size in enumerate(shape))
+
+
+def summary(name: str, array: np.ndarray) -> dict[str, Any]:
+    """An output for --json: dtype, shape, first values, and for numbers min, max and mean
+    of the finite values and how many are not finite (NaN or infinite: null in JSON)."""
+    flat = array.reshape(-1)
+    head = flat[:SHOWN_VALUES].tolist()
+    first = [v if not isinstance(v, float) or math.isfinite(v) else None for v in head]
+    doc: dict[str, Any] = {
+        "name": name,
+        "dtype": array.dtype.name,
+        "shape": list(array.shape),
+        "first": first,
+    }
+    if array.dtype != np.bool_:
+        values = flat.astype(np.float64)
+        finite = values[np.isfinite(values)]
+        stats = (finite.min(), finite.max(), finite.mean()) if finite.size else (None,) * 3
+        doc.update(zip(("min", "max", "mean"), map(_number, stats), strict=True))
+        doc["nonfinite"] = int(values.size - finite.size)
+    return doc
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def summary_line(name: str, array: np.ndarray) -> str:
+    """`probs: float32 (1, 10)  min ...  max ...  mean ...` and the first values."""
+    doc = summary(name, array)
+    line = f"{name}: {array.dtype.name} {shape_text(array.shape)}"
+    if doc.get("min") is not None:
+        line += f"  min {doc['min']:.6g}  max {doc['max']:.6g}  mean {doc['mean']:.6g}"
+    if doc.get("nonfinite"):
+        line += f"  ({doc['nonfinite']} NaN or infinite)"
+    head = array.reshape(-1)[:SHOWN_VALUES].tolist()
+    shown = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in head)
+    more = ", ..." if array.size > SHOWN_VALUES else ""
+    return f"{line}\n  [{shown}{more}]"
+
+
+class Infer(Command):
+    """`neuron-cli infer ID --inputs in.npz [--outputs out.npz] [--shm]`: one inference.
+
+    The npz holds one array per input of the model, by the input's name, in the dtype and
+    shape the model takes (neuron-cli list-model --json shows them); anything that does not
+    fit is named before anything is sent. The model must be READY (neuron-cli start).
+    --outputs writes the outputs to an npz, by name; without it each output's dtype,
+    shape, min, max, mean and first values are printed. --shm sends the tensors through
+    POSIX shared memory instead of inline in the gRPC messages."""
+
+    hints = {Nerr.INVALID: "compare the inputs with what the model takes (list-model --json)"}
+
+    def arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("model_id", metavar="ID", type=model_id, help="the model's id")
+        parser.add_argument(
+            "--inputs", required=True, metavar="in.npz", help="the inputs, one array per name"
+        )
+        parser.add_argument("--outputs", metavar="out.npz", help="write the outputs here")
+        parser.add_argument(
+            "--shm", action="store_true", help="send the tensors through shared memory"
+        )
+
+    def shm(self, args: argparse.Namespace) -> bool:
+        return bool(args.shm)
+
+    def execute(self, args: argparse.Namespace, client: Client) -> Answer:
+        arrays = read_npz(args.inputs)
+        model = client.attach(args.model_id)
+        problems = mismatches(arrays, model.inputs, args.inputs, args.model_id)
+        if problems:
+            raise Failure("; ".join(problems))
+        outputs = model.infer(arrays)
+        transport = "through shared memory" if client.shm_enabled else "inline"
+        docs = [summary(name, array) for name, array in outputs.items()]
+        data: dict[str, Any] = {
+            "model_id": args.model_id,
+            "transport": "shm" if client.shm_enabled else "inline",
+            "outputs": docs,
+            "file": None,
+        }
+        head = f"model {args.model_id} ({model.signature.name}), tensors {transport}"
+        if args.outputs:
+            write_npz(args.outputs, outputs)
+            data["file"] = str(Path(args.outputs).resolve())
+            shapes = ", ".join(f"{d['name']} {d['dtype']} {shape_text(d['shape'])}" for d in docs)
+            return Answer(f"{head}: wrote {shapes} to {args.outputs}", data)
+        lines = [f"{head}:"]
+        lines += [summary_line(name, array) for name, array in outputs.items()]
+        return Answer("\n".join(lines), data)
