@@ -167,7 +167,7 @@ def control(stage: Path, version: str, arch: str, conffiles: list[str]) -> None:
     sums = []
     for path in sorted(stage.rglob("*")):
         if path.is_file() and not path.is_symlink() and meta not in path.parents:
-            digest = hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
+            digest = hashlib.md5(path.read_bytes()).hexdigest()  # dpkg keeps md5 sums
             sums.append(f"{digest}  {path.relative_to(stage)}\n")
     (meta / "md5sums").write_text("".join(sums))
     for script in ("postinst", "prerm", "postrm"):
