@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench proto fuzz
+.PHONY: setup demo test lint bench proto fuzz deb
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -36,3 +36,7 @@ bench: setup
 
 proto: setup
 	$(PY) -m neuron_rtd.protogen
+
+# The Debian package (dpkg-deb): dist/neuron-rtd_VERSION_ARCH.deb; check it with lintian.
+deb: setup
+	$(PY) packaging/build_deb.py --out dist

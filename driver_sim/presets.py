@@ -63,8 +63,12 @@ def chain_neighbours(index: int, device_count: int) -> tuple[int, ...]:
     return tuple(i for i in (index - 1, index + 1) if 0 <= i < device_count)
 
 
+SYSTEM_SIM_ROOT = pathlib.Path("/run/neuron-sim")  # the service's machine
+
+
 def default_sim_root() -> pathlib.Path:
-    """`$NEURON_SIM_ROOT`, else /run/neuron-sim for root, else /tmp/neuron-sim-<uid>.
+    """`$NEURON_SIM_ROOT`, else /run/neuron-sim for root, and for anyone else who can read
+    the machine there (the service's, for the group neuron), else /tmp/neuron-sim-<uid>.
     ValueError when the variable is set but empty (a typo, more likely than a wish)."""
     configured = os.environ.get(SIM_ROOT_ENV)
     if configured is not None:
@@ -75,6 +79,6 @@ def default_sim_root() -> pathlib.Path:
             )
         return pathlib.Path(configured)
     uid = os.geteuid()
-    if uid == 0:
-        return pathlib.Path("/run/neuron-sim")
+    if uid == 0 or os.access(SYSTEM_SIM_ROOT / "machine.json", os.R_OK):
+        return SYSTEM_SIM_ROOT
     return pathlib.Path(f"/tmp/neuron-sim-{uid}")
