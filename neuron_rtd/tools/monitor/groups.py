@@ -109,7 +109,7 @@ def neuroncore_counters(iv: Interval, after: Any) -> dict:
         "period": round(iv.seconds, 6),
         "neuroncores_in_use": {
             str(nc.vnc): {
-                "neuroncore_utilization": round(iv.nc_utilization.get(nc.vnc, 0.0), 4),
+                "neuroncore_utilization": iv.nc_utilization.get(nc.vnc, 0.0),
                 "loaded_models": loaded[nc.vnc],
             }
             for nc in after.ncs
