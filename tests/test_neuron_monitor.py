@@ -171,7 +171,7 @@ def test_reports_over_inferences_an_error_and_a_daemon_stop(work: Path) -> None:
     conf = config(work / "monitor.conf", [f"unix:{sock}"])
     daemon = DaemonProcess(sim_root=sim, socket_path=sock).start()
     proc = subprocess.Popen(
-        command("neuron_monitor", "-c", str(conf)),
+        command("neuron_monitor", "-c", str(conf), "--verbose", "1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -181,20 +181,31 @@ def test_reports_over_inferences_an_error_and_a_daemon_stop(work: Path) -> None:
     try:
         with Client(daemon.address) as client:
             model = client.load(sample.neff)
-            for seed in range(40):
-                model.infer(sample.random_inputs(seed))
+            (sim / "neuron0" / "inject").write_text("nc_error\nmem_ecc_corr=2\n")
+            with pytest.raises(NrtClientError, match="HW_ERROR"):
+                model.infer(sample.random_inputs(0))
+            model.start()  # the device reset (its NCs' busy time with it), the model reloaded
             with pytest.raises(NrtClientError, match="INFER_BAD_INPUT"):
                 model.infer({"x": np.zeros((1, 3), np.float32)})  # the wrong shape
+            for seed in range(40):
+                model.infer(sample.random_inputs(seed))
 
             # every inference and the error, in the reports of their periods
-            totals = dict.fromkeys(("completed", "incorrect_input", "model_errors"), 0)
+            totals = dict.fromkeys(
+                ("completed", "incorrect_input", "completed_with_err", "model", "hardware"), 0
+            )
+            devices = dict.fromkeys(("nc_errors", "mem_ecc_corrected", "mem_ecc_uncorrected"), 0)
             busy: list[float] = []
 
             def counted(report: dict) -> bool:
                 stats = _entry(report)["report"]["inference_stats"]
-                totals["completed"] += stats["inference_summary"]["completed"]
-                totals["incorrect_input"] += stats["inference_summary"]["incorrect_input"]
-                totals["model_errors"] += stats["error_summary"]["model"]
+                for key in ("completed", "incorrect_input", "completed_with_err"):
+                    totals[key] += stats["inference_summary"][key]
+                for key in ("model", "hardware"):
+                    totals[key] += stats["error_summary"][key]
+                hw = _entry(report)["report"]["hw_counters"]["neuron_devices"]
+                for key in devices:
+                    devices[key] += sum(d[key] for d in hw if d["neuron_device_index"] == 0)
                 busy.extend(_utilization_of(report, "monitored"))
                 if stats["inference_summary"]["completed"]:
                     latency = stats["latency_stats"]
@@ -205,10 +216,17 @@ def test_reports_over_inferences_an_error_and_a_daemon_stop(work: Path) -> None:
                         ]
                         assert values == sorted(values) and values[0] > 0, (kind, values)
                     assert latency["device_latency"]["p50"] <= latency["total_latency"]["p100"]
-                return totals["completed"] >= 40 and totals["incorrect_input"] >= 1
+                return totals["completed"] >= 40 and totals["completed_with_err"] >= 1
 
-            seen = reports.until(counted, "40 completed inferences and one with a bad input")
-            assert totals == {"completed": 40, "incorrect_input": 1, "model_errors": 1}
+            seen = reports.until(counted, "40 inferences done, one bad input, one NC error")
+            assert totals == {
+                "completed": 40,
+                "incorrect_input": 1,
+                "completed_with_err": 1,
+                "model": 1,
+                "hardware": 1,
+            }
+            assert devices == {"nc_errors": 1, "mem_ecc_corrected": 2, "mem_ecc_uncorrected": 0}
             assert max(busy) > 0, "the model's NC was never busy"
             (loaded,) = _entry(seen)["report"]["memory_used"]["loaded_models"]
             assert (loaded["name"], loaded["is_running"]) == ("monitored", True)
@@ -239,7 +257,10 @@ def test_reports_over_inferences_an_error_and_a_daemon_stop(work: Path) -> None:
         code = stop(proc)
         daemon.close()
     assert code == 0
-    assert "Traceback" not in proc.stderr.read()
+    told = proc.stderr.read()  # --verbose 1: the runtime going and coming back
+    assert f"unix:{sock}: describe: NERR_FAIL: no runtime answers at unix:{sock}" in told
+    assert f"a new runtime (pid {daemon.pid}) answers" in told
+    assert "Traceback" not in told
 
 
 def test_in_process_monitor_counts_each_period_once(daemon: DaemonProcess) -> None:

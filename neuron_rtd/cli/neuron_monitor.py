@@ -40,7 +40,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description=(__doc__ or "").split("\n\n")[0].strip(),
+        description=(__doc__ or "").split("\n\n")[0].strip().replace("`", ""),
         epilog="The configuration format: see README.md, section neuron-monitor.",
     )
     source = parser.add_mutually_exclusive_group()

@@ -35,7 +35,9 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=(__doc__ or "").split("\n\n")[0].replace("`", "")
+    )
     parser.add_argument(
         "-p", "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})"
     )

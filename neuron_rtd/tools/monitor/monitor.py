@@ -4,7 +4,10 @@ and the report that puts them together (the original's JSON layout).
 Each metric group has its own period and keeps what it saw at the start of it (a
 snapshot, the daemon's counters, the devices' counters), so a report says what happened
 during the period. A group seen for the first time, or of a daemon that started again
-(another pid or start time), counts from the daemon's start. A runtime that does not
+(another pid or start time), counts from the daemon's start; the devices' health
+counters, which outlive daemons, from the device's making. An NC's busy time starts
+again when its device is reset, so a period with a reset counts only the busy time
+after it. A runtime that does not
 answer gives its groups an `error` and keeps their starting point: when the same daemon
 answers again, the next report covers the whole time in between.
 """
@@ -88,7 +91,7 @@ class RuntimeWatch:
             for start in self.starts.values():  # count from its start; device counts go on
                 start.snapshot, start.counters = None, None
                 start.since_ns = described.start_time_ns
-        if self.error:
+        elif self.error:
             self.log(1, f"{self.address}: the runtime answers again (pid {described.pid})")
         self.daemon, self.described, self.error = daemon, described, ""
         report = {kind: self._group(kind, described, snapshot, counters, now_ns) for kind in due}
