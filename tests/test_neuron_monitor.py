@@ -18,7 +18,7 @@ from neuron_rtd.cli import neuron_monitor
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.tools.monitor.config import ConfigError, from_document, parse_period
+from neuron_rtd.tools.monitor.config import ConfigError, everything, from_document, parse_period
 from neuron_rtd.tools.monitor.monitor import Monitor
 
 # --- the configuration ------------------------------------------------------------------
@@ -291,3 +291,40 @@ def test_in_process_monitor_counts_each_period_once(daemon: DaemonProcess) -> No
     assert first["inference_summary"]["completed"] >= 3  # since the daemon started
     assert second["inference_summary"]["completed"] == 1
     assert second["period"] < first["period"]
+
+
+def test_each_group_on_its_own_period() -> None:
+    now = [100.0]
+    cfg = from_document(
+        {
+            "system_metrics": [
+                {"type": "vcpu_usage", "period": "1s"},
+                {"type": "memory_info", "period": "2s"},
+            ]
+        }
+    )
+    monitor = Monitor(cfg, clock=lambda: now[0])
+    taken = []
+    for _ in range(5):
+        report = validate(monitor.collect())
+        taken.append(sorted(report["system_data"]))
+        now[0] += monitor.seconds_to_next()
+    both, vcpu = ["memory_info", "vcpu_usage"], ["vcpu_usage"]
+    assert taken == [both, vcpu, both, vcpu, both]
+
+
+def test_several_runtimes_each_in_its_entry(daemon: DaemonProcess, tmp_path: Path) -> None:
+    absent = f"unix:{tmp_path}/absent.sock"
+    monitor = Monitor(everything([daemon.address, absent]), timeout_s=2)
+    try:
+        report = validate(monitor.collect())
+    finally:
+        monitor.close()
+    here, gone = _entry(report, 0), _entry(report, 1)
+    assert (here["address"], here["error"], here["pid"]) == (daemon.address, "", daemon.pid)
+    assert (gone["address"], gone["pid"]) == (absent, None)
+    assert f"no runtime answers at {absent}" in gone["error"]
+    assert {k: g["error"] for k, g in gone["report"].items()} == dict.fromkeys(
+        ALL_RUNTIME_GROUPS, gone["error"]
+    )
+    assert report["neuron_hardware_info"]["neuron_device_count"] == 4  # the one that answers

@@ -119,6 +119,7 @@ def test_reports_in_metrics_out(
         == report["system_data"]["memory_info"]["memory_total_bytes"]
     )
     assert value(got, "instance_info", instance_type="inf1.6xlarge") == 1
+    assert value(got, "neuron_hardware_info", neuron_device_count="4") == 1
 
     # counters add up the periods; a runtime gone takes its gauges with it
     later = json.loads(json.dumps(report))

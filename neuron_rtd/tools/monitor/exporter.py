@@ -14,6 +14,7 @@ script (neuron-monitor-prometheus.py, neuron-rtd era) gave them:
     system_memory_{total,used}_bytes      gauge
     system_swap_{total,used}_bytes        gauge
     instance_info                         info     the report's instance_data
+    neuron_hardware_info                  info     neuron_hardware_info (a later companion's)
 
 and ours, where the original has none: `inference_device_latency_seconds` (device_latency),
 `hardware_error_events_total` (nc_errors, nc_hangs, dma_timeouts, init_failures) and
@@ -116,6 +117,7 @@ class Exporter:
             for stat in ("total_bytes", "used_bytes")
         }
         self.instance = Info("instance", "Instance information", registry=r)
+        self.hardware = Info("neuron_hardware", "Neuron devices and NeuronCores", registry=r)
         self._handlers: dict[str, Callable[[tuple[str, str], dict], None]] = {
             "neuroncore_counters": self._neuroncore_counters,
             "memory_used": self._memory_used,
@@ -141,9 +143,13 @@ class Exporter:
             if memory and not memory["error"]:
                 for key, metric in self.memory.items():
                     metric.set(memory[key])
-            instance = report.get("instance_data")
-            if isinstance(instance, Mapping):
-                self.instance.info({k: str(v) for k, v in instance.items() if k != "error"})
+            for info, key in (
+                (self.instance, "instance_data"),
+                (self.hardware, "neuron_hardware_info"),
+            ):
+                found = report.get(key)
+                if isinstance(found, Mapping) and not found.get("error"):
+                    info.info({k: str(v) for k, v in found.items() if k != "error"})
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ReportError(f"a report not as neuron-monitor writes it: {exc!r}") from None
         return told
