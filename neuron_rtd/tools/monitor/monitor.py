@@ -105,7 +105,9 @@ class RuntimeWatch:
             made = groups.hw_counters(seconds, start.hw, described)
             start.hw = groups.hw_counts(described)
             return made
-        before = start.snapshot or origin(described.start_time_ns, snapshot)
+        before = start.snapshot
+        if before is None:  # the daemon's start
+            before = origin(described.start_time_ns, snapshot)
         iv = interval(before, snapshot)
         start.snapshot = snapshot
         if kind == "neuroncore_counters":
