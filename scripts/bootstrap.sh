@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what neuron-rtd needs on a fresh Debian-like machine: the Debian packages
-# systemd-python builds against (and systemd-analyze for the unit tests), then a virtual
-# environment .venv with the project and its test tools. Safe to run again.
+# systemd-python builds against (and systemd-analyze for the unit tests, prometheus for the
+# exporter's), then a virtual environment .venv with the project and its test tools.
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,13 +11,21 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -e /usr/include/systemd/sd-daemon.h ] || need+=(libsystemd-dev)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+updated=""
+apt_install() {  # apt_install [apt-get install options] PACKAGE...
+    echo "bootstrap: apt-get install $*"
+    [ -n "$updated" ] || $sudo apt-get update -qq
+    updated=1
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 if [ ${#need[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    echo "bootstrap: apt-get install ${need[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+    apt_install "${need[@]}"
 fi
+# the Prometheus server that scrapes neuron-monitor-prometheus in its test; it runs without
+# systemd, and needs none of its recommends (a node exporter service)
+command -v prometheus >/dev/null 2>&1 || apt_install --no-install-recommends prometheus
 
 python=${PYTHON:-python3}
 "$python" -c 'import sys; assert sys.version_info >= (3, 11), "neuron-rtd needs Python 3.11+"'

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_rtd.client import NrtClientError
-from neuron_rtd.client.observe import Watch, interval, percentiles
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.client.observe import Watch, interval, origin, percentiles
+from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import ext_pb
 from neuron_rtd.runtime import LATENCY_BOUNDS_US, Histogram
 
@@ -62,3 +64,27 @@ def test_a_watch_of_no_daemon_says_so(tmp_path: object) -> None:
     no_daemon = pytest.raises(NrtClientError, match=r"no runtime answers at unix:.*none\.sock")
     with Watch(f"unix:{tmp_path}/none.sock", timeout_s=1) as watch, no_daemon:
         watch.snapshot()
+
+
+def test_an_interval_from_the_origin_is_the_time_since_the_start() -> None:
+    now = snap(12.0, [1000, 0], completed=4, cpu_s=1.0)
+    now.latency.CopyFrom(histogram([100.0, 200.0]))
+    got = interval(origin(10_000_000_000, now), now)
+    assert got.seconds == pytest.approx(2.0)
+    assert got.nc_utilization == pytest.approx({0: 50.0, 1: 0.0})
+    assert got.model_tallies[10001]["completed"] == 4
+    assert (got.vcpu_user, got.vcpu_system) == pytest.approx((50.0, 25.0))
+    assert got.latency_us is not None and got.latency_us["p100"] == pytest.approx(200.0, rel=0.09)
+    assert got.nc_latency_us is None
+
+
+def test_a_watch_reads_the_daemons_counters(daemon: DaemonProcess) -> None:
+    sample = build_mlp((16, 8), name="counted")
+    with Watch(daemon.address) as watch, Client(daemon.address) as client:
+        model = client.load(sample.neff)
+        before = watch.counters().infer_count
+        model.infer(sample.random_inputs(0))
+        model.infer(sample.random_inputs(1))
+        after = watch.counters()
+    assert after.infer_count == before + 2
+    assert after.model_load_count >= 1

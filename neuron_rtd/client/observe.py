@@ -17,7 +17,7 @@ import grpc
 
 from neuron_rtd.client.errors import NrtClientError
 from neuron_rtd.errors import Nerr
-from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 
 # neuron-monitor's latency percentiles, by their names in its reports
 PERCENTILES = (("p0", 0.0), ("p1", 1.0), ("p25", 25.0), ("p50", 50.0), ("p75", 75.0),
@@ -52,6 +52,18 @@ def percentiles(before: Any | None, after: Any) -> dict[str, float] | None:
         share = (rank - below) / counts[bucket]
         result[name] = low + (high - low) * share
     return result
+
+
+def origin(start_time_ns: int, like: Any) -> Any:
+    """The daemon as it was at its start (`start_time_ns`, from `describe`): nothing run,
+    counted or spent yet, in histograms of the buckets of snapshot `like`. `interval(
+    origin(...), now)` is the time since the daemon started."""
+    empty = [0] * len(like.latency.counts)
+    return ext_pb.snapshot_response(
+        time_ns=start_time_ns,
+        latency=ext_pb.ext_histogram(bounds_us=like.latency.bounds_us, counts=empty),
+        nc_latency=ext_pb.ext_histogram(bounds_us=like.nc_latency.bounds_us, counts=empty),
+    )
 
 
 def tally_of(model: Any) -> dict[str, int]:
@@ -101,14 +113,15 @@ def interval(before: Any, after: Any) -> Interval:
 
 
 class Watch:
-    """One daemon watched: `describe()` and `snapshot()` answer its messages, or raise
-    NrtClientError (no daemon answers, or it answered an error)."""
+    """One daemon watched: `describe()`, `snapshot()` and `counters()` answer its messages,
+    or raise NrtClientError (no daemon answers, or it answered an error)."""
 
     def __init__(self, address: str, *, timeout_s: float = 5.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = ext_pb_grpc.nmgr_extStub(self._channel)
+        self._nmgr = pb_grpc.nmgr_v1Stub(self._channel)
 
     def __enter__(self) -> Watch:
         return self
@@ -119,9 +132,9 @@ class Watch:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, stub: Any = None) -> Any:
         try:
-            response = getattr(self._stub, method)(request, timeout=self.timeout_s)
+            response = getattr(stub or self._stub, method)(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             raise NrtClientError(
                 Nerr.FAIL,
@@ -129,7 +142,7 @@ class Watch:
                 "(is neuron-rtd running there? see `systemctl status neuron-rtd`)",
                 method,
             ) from None
-        if response.status_code != Nerr.OK:
+        if getattr(response, "status_code", Nerr.OK) != Nerr.OK:
             raise NrtClientError(response.status_code, response.details, method)
         return response
 
@@ -138,3 +151,8 @@ class Watch:
 
     def snapshot(self) -> Any:
         return self._call("snapshot", ext_pb.snapshot_request())
+
+    def counters(self) -> Any:
+        """The daemon's `nmgr_counters` (read_inference_counters): how its inferences
+        ended and their error subtypes, counted since it started; reading takes nothing."""
+        return self._call("read_inference_counters", pb.empty(), self._nmgr).nmgr_counters

@@ -1,0 +1,124 @@
+"""`neuron-monitor`: the runtimes' and the system's metrics as JSON reports on stdout,
+one a line: the first at once, then whenever a metric group's period has passed.
+
+    neuron-monitor                      every metric group of $NEURON_RTD_ADDRESS
+                                        (else unix:/run/neuron.sock) and of the system,
+                                        every 5 seconds
+    neuron-monitor -c monitor.conf      what the configuration file says
+    neuron-monitor -a ADDR -a ADDR2     every metric group of several runtimes
+
+A runtime that does not answer shows an `error` in its entry and in its groups; the
+monitor keeps going and reports it again when it answers. Exit codes: 0 when stopped
+(SIGINT, SIGTERM, stdout closed), 2 for usage errors (a bad configuration names its key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from types import FrameType
+from typing import TextIO
+
+from neuron_rtd.tools.monitor import config as monitor_config
+from neuron_rtd.tools.monitor.monitor import Log, Monitor
+
+PROG = "neuron-monitor"
+
+
+class _Stop(Exception):
+    """A signal asked the monitor to stop."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(__doc__ or "").split("\n\n")[0].strip().replace("`", ""),
+        epilog="The configuration format: see README.md, section neuron-monitor.",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "-c", "--config-file", metavar="FILE", help="a neuron-monitor JSON configuration file"
+    )
+    source.add_argument(
+        "-a",
+        "--address",
+        action="append",
+        metavar="ADDRESS",
+        help="watch the runtime at this gRPC address with every metric group (repeat for "
+        "several; default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
+    )
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        choices=range(5),
+        metavar="0-4",
+        help="what to tell on stderr: 0 nothing, 1 runtimes coming and going, "
+        "2 each report, 3 the time each runtime took to answer",
+    )
+    return parser.parse_args(argv)
+
+
+def _logger(verbosity: int, err: TextIO) -> Log:
+    def log(level: int, message: str) -> None:
+        if level <= verbosity:
+            print(f"{PROG}: {message}", file=err, flush=True)
+
+    return log
+
+
+def run(monitor: Monitor, out: TextIO, *, reports: int | None = None) -> None:
+    """Write reports to `out` until stopped (or `reports` of them)."""
+    written = 0
+    while reports is None or written < reports:
+        out.write(json.dumps(monitor.collect()) + "\n")
+        out.flush()
+        written += 1
+        if reports is None or written < reports:
+            time.sleep(monitor.seconds_to_next())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.config_file:
+            cfg = monitor_config.load(args.config_file)
+        else:
+            addresses = args.address or [
+                os.environ.get("NEURON_RTD_ADDRESS") or monitor_config.DEFAULT_ADDRESS
+            ]
+            cfg = monitor_config.everything(addresses)
+    except monitor_config.ConfigError as exc:
+        where = f"{args.config_file}: " if args.config_file else ""
+        print(f"{PROG}: error: {where}{exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    monitor = Monitor(cfg, log=_logger(args.verbose, sys.stderr))
+    try:
+        run(monitor, sys.stdout)
+    except (_Stop, KeyboardInterrupt):
+        pass
+    except BrokenPipeError:
+        # stdout's reader went away: no more reports, and no error at exit either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        monitor.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`neuron-monitor-prometheus`: serves neuron-monitor's reports, read on stdin, as
+Prometheus metrics on http://HOST:PORT/metrics.
+
+    neuron-monitor | neuron-monitor-prometheus --port 8000
+
+It serves until its input ends (or SIGINT, SIGTERM). A line that is not a report is told
+on stderr and skipped; so are the errors a report carries. Exit codes: 0 at the end of
+the input, 1 when the port cannot be served, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterable
+from types import FrameType
+from typing import TextIO
+
+from prometheus_client import start_http_server
+
+from neuron_rtd.tools.monitor.exporter import Exporter, ReportError
+
+PROG = "neuron-monitor-prometheus"
+DEFAULT_PORT = 8000
+
+
+class _Stop(Exception):
+    """A signal asked the exporter to stop."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=(__doc__ or "").split("\n\n")[0].replace("`", "")
+    )
+    parser.add_argument(
+        "-p", "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})"
+    )
+    parser.add_argument(
+        "--listen-address",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="address to serve on (default 0.0.0.0: every interface)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="do not tell the reports' errors on stderr"
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port: {args.port} is not a TCP port (0-65535)")
+    return args
+
+
+def feed(exporter: Exporter, lines: Iterable[str], err: TextIO, *, quiet: bool = False) -> int:
+    """Give each report line to `exporter`; returns how many were taken."""
+    taken = 0
+    told: set[str] = set()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            errors = exporter.update(json.loads(line))
+        except (json.JSONDecodeError, ReportError) as exc:
+            print(f"{PROG}: line {number} skipped: {exc}", file=err, flush=True)
+            continue
+        taken += 1
+        for message in errors:
+            if not quiet and message not in told:  # each error once, while it lasts
+                print(f"{PROG}: {message}", file=err, flush=True)
+        told = set(errors)
+    return taken
+
+
+def main(argv: list[str] | None = None, stdin: TextIO | None = None) -> int:
+    args = parse_args(argv)
+    exporter = Exporter()
+    try:
+        server, _thread = start_http_server(
+            args.port, addr=args.listen_address, registry=exporter.registry
+        )
+    except OSError as exc:
+        print(
+            f"{PROG}: cannot serve {args.listen_address}:{args.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        feed(exporter, stdin or sys.stdin, sys.stderr, quiet=args.quiet)
+    except (_Stop, KeyboardInterrupt):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""neuron-monitor-prometheus: real reports in on stdin, /metrics out over HTTP, read by
+prometheus-client's parser and by a real Prometheus server when one is installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from monitor_helpers import command, config, free_port, http_get, stop, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client
+from neuron_rtd.client.observe import Watch
+from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.tools.monitor.config import everything
+from neuron_rtd.tools.monitor.monitor import Monitor
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of /metrics: (name, labels) -> value."""
+    text = http_get(f"http://127.0.0.1:{port}/metrics")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The one sample of `name` whose labels include `labels` (None: none)."""
+    found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) <= 1, f"{name} {labels}: {len(found)} samples"
+    return found[0] if found else None
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        command("neuron_monitor_prometheus", "--port", str(port), "--listen-address", "127.0.0.1"),
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield proc, port
+    stop(proc)
+
+
+def test_reports_in_metrics_out(
+    daemon: DaemonProcess, exporter: tuple[subprocess.Popen[str], int]
+) -> None:
+    proc, port = exporter
+    assert proc.stdin is not None and proc.stderr is not None
+    sample = build_mlp((64, 32, 10), name="exported")
+    monitor = Monitor(everything([daemon.address]))
+    try:
+        with Client(daemon.address) as client:
+            model = client.load(sample.neff)
+            for seed in range(5):
+                model.infer(sample.random_inputs(seed))
+            report = monitor.collect()
+    finally:
+        monitor.close()
+    (entry,) = report["neuron_runtime_data"]
+    (vnc,) = [
+        nc
+        for nc, c in entry["report"]["neuroncore_counters"]["neuroncores_in_use"].items()
+        if c["loaded_models"]
+    ]
+    proc.stdin.write(json.dumps(report) + "\n")
+    proc.stdin.write("not json\n")  # told and skipped
+    proc.stdin.flush()
+    runtime = {"runtime_index": "0", "runtime_address": daemon.address}
+
+    got = wait_for(
+        lambda: (s := scrape(port)) and value(s, "neuron_runtime_up", **runtime) == 1 and s,
+        "the report's metrics",
+    )
+    utilization = value(got, "neuroncore_utilization_ratio", neuroncore=vnc, **runtime)
+    assert utilization is not None and 0 < utilization <= 1
+    assert value(got, "neuroncore_utilization_ratio", neuroncore="15", **runtime) == 0
+    completed = value(got, "inference_status_total", status_type="completed", **runtime)
+    assert completed is not None and completed >= 5
+    assert value(got, "inference_errors_total", error_type="hardware", **runtime) == 0
+    p50 = value(got, "inference_latency_seconds", percentile="p50", **runtime)
+    p99 = value(got, "inference_latency_seconds", percentile="p99", **runtime)
+    assert p50 is not None and p99 is not None and 0 < p50 <= p99 < 1
+    assert value(got, "inference_device_latency_seconds", percentile="p50", **runtime) is not None
+    device_bytes = value(
+        got, "neuron_runtime_memory_used_bytes", memory_location="neuron_device", **runtime
+    )
+    assert (
+        device_bytes
+        == entry["report"]["memory_used"]["neuron_runtime_used_bytes"]["neuron_device"]
+        > 0
+    )
+    assert (
+        value(
+            got,
+            "hardware_ecc_events_total",
+            neuron_device_index="3",
+            event_type="mem_ecc_uncorrected",
+            **runtime,
+        )
+        == 0
+    )
+    assert value(got, "system_vcpu_count") == len(report["system_data"]["vcpu_usage"]["usage_data"])
+    assert (
+        value(got, "system_memory_total_bytes")
+        == report["system_data"]["memory_info"]["memory_total_bytes"]
+    )
+    assert value(got, "instance_info", instance_type="inf1.6xlarge") == 1
+    assert value(got, "neuron_hardware_info", neuron_device_count="4") == 1
+
+    # counters add up the periods; a runtime gone takes its gauges with it
+    later = json.loads(json.dumps(report))
+    stats = later["neuron_runtime_data"][0]["report"]["inference_stats"]
+    stats["inference_summary"]["completed"] = 7
+    gone = {
+        **later,
+        "neuron_runtime_data": [{**entry, "error": "no runtime answers", "report": {}}],
+    }
+    proc.stdin.write(json.dumps(later) + "\n" + json.dumps(gone) + "\n")
+    proc.stdin.flush()
+    after = wait_for(
+        lambda: (s := scrape(port)) and value(s, "neuron_runtime_up", **runtime) == 0 and s,
+        "the runtime's error",
+    )
+    assert (
+        value(after, "inference_status_total", status_type="completed", **runtime) == completed + 7
+    )
+    assert value(after, "neuroncore_utilization_ratio", neuroncore=vnc, **runtime) is None
+
+    proc.stdin.close()  # the end of the input ends it
+    assert proc.wait(20) == 0
+    err = proc.stderr.read()
+    assert "line 2 skipped" in err and "no runtime answers" in err and "Traceback" not in err
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="no prometheus binary (Debian's `prometheus` package; scripts/bootstrap.sh installs it)",
+)
+def test_a_real_prometheus_scrapes_the_neuroncores(daemon: DaemonProcess, work: Path) -> None:
+    """neuron-monitor | neuron-monitor-prometheus, scraped by Prometheus, asked by its API."""
+    assert PROMETHEUS is not None
+    exporter_port, prometheus_port = free_port(), free_port()
+    conf = config(work / "monitor.conf", [daemon.address])
+    (work / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n"
+        "scrape_configs:\n  - job_name: neuron\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n"
+    )
+    sample = build_mlp((256, 256, 10), batch=8, name="scraped")
+    running = threading.Event()
+    running.set()
+    procs: list[subprocess.Popen[str]] = []
+    with Client(daemon.address) as client:
+        model = client.load(sample.neff)
+        with Watch(daemon.address) as watch:
+            (vnc,) = [m.vncs[0] for m in watch.snapshot().models if m.id == model.id]
+
+        def infer() -> None:  # the NC stays busy until Prometheus has seen it
+            seed = 0
+            while running.is_set():
+                model.infer(sample.random_inputs(seed))
+                seed += 1
+
+        worker = threading.Thread(target=infer)
+        worker.start()
+        try:
+            monitor = subprocess.Popen(
+                command("neuron_monitor", "-c", str(conf)), stdout=subprocess.PIPE, text=True
+            )
+            procs.append(monitor)
+            procs.append(
+                subprocess.Popen(
+                    command(
+                        "neuron_monitor_prometheus",
+                        "--port",
+                        str(exporter_port),
+                        "--listen-address",
+                        "127.0.0.1",
+                    ),
+                    stdin=monitor.stdout,
+                    text=True,
+                )
+            )
+            assert monitor.stdout is not None
+            monitor.stdout.close()  # the exporter's now
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PROMETHEUS,
+                        f"--config.file={work / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={work / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=(work / "prometheus.log").open("w"),
+                    text=True,
+                )
+            )
+            query = urllib.parse.quote('neuroncore_utilization_ratio{job="neuron"} > 0')
+            url = f"http://127.0.0.1:{prometheus_port}/api/v1/query?query={query}"
+
+            def busy_ncs() -> list[dict]:
+                answer = json.loads(http_get(url))
+                assert answer["status"] == "success", answer
+                return list(answer["data"]["result"])
+
+            found = wait_for(
+                busy_ncs, "a busy NeuronCore through Prometheus's query API", timeout_s=90
+            )
+        finally:
+            running.clear()
+            worker.join(30)
+            for proc in reversed(procs):  # Prometheus, the exporter, the monitor
+                stop(proc)
+    (series,) = found
+    assert series["metric"]["runtime_address"] == daemon.address
+    assert series["metric"]["neuroncore"] == str(vnc)
+    assert 0 < float(series["value"][1]) <= 1
