@@ -331,11 +331,11 @@ class NeuronTop(App[int]):
         self._threads: list[threading.Thread] = []
 
     def compose(self) -> ComposeResult:
-        yield Static(title(self.states[0]), id="title")
+        yield Static(Text(title(self.states[0])), id="title")
         yield Tabs(*(Tab(tab_label(i, p.address), id=f"daemon-{i}")
                      for i, p in enumerate(self.pollers)))  # fmt: skip
         with VerticalScroll(id="body"):
-            yield Static(f"asking {self.pollers[0].address}...", id="message", classes="section")
+            yield Static(Text(f"asking {self.pollers[0].address}..."), id="message", classes="section")
             for name in ("util", "vcpu", "models", "devices"):
                 yield Static("", id=name, classes="section")
         yield Footer()
@@ -374,13 +374,13 @@ class NeuronTop(App[int]):
 
     def redraw(self) -> None:
         state = self.states[self.selected]
-        self.query_one("#title", Static).update(title(state))
+        self.query_one("#title", Static).update(Text(title(state)))
         message = self.query_one("#message", Static)
         sections = [self.query_one(f"#{n}", Static) for n in ("util", "vcpu", "models", "devices")]
         if state.error is not None:
             message.update(not_answering(state))
         elif state.snapshot is None:
-            message.update(f"asking {state.address}...")
+            message.update(Text(f"asking {state.address}..."))
         message.display = state.error is not None or state.snapshot is None
         shown = frame(state) if state.error is None and state.snapshot is not None else []
         for widget, renderable in zip(sections, shown, strict=False):
