@@ -256,7 +256,8 @@ def terminals() -> Iterator[Callable[[Sequence[str]], Terminal]]:
     made: list[Terminal] = []
 
     def make(args: Sequence[str]) -> Terminal:
-        env = ["env", "-u", "NEURON_RTD_ADDRESS", "TERM=xterm-256color"]
+        # COLUMNS and LINES (set under pytest) would fix the size textual draws at
+        env = ["env", "-u", "NEURON_RTD_ADDRESS", "-u", "COLUMNS", "-u", "LINES"]
         made.append(Terminal([*env, *NEURON_TOP, *args]))
         return made[-1]
 

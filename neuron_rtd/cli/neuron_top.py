@@ -335,7 +335,8 @@ class NeuronTop(App[int]):
         yield Tabs(*(Tab(tab_label(i, p.address), id=f"daemon-{i}")
                      for i, p in enumerate(self.pollers)))  # fmt: skip
         with VerticalScroll(id="body"):
-            yield Static(Text(f"asking {self.pollers[0].address}..."), id="message", classes="section")
+            asking = Text(f"asking {self.pollers[0].address}...")
+            yield Static(asking, id="message", classes="section")
             for name in ("util", "vcpu", "models", "devices"):
                 yield Static("", id=name, classes="section")
         yield Footer()
