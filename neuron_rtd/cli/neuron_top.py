@@ -37,7 +37,7 @@ from neuron_rtd import __version__
 from neuron_rtd.client import DEFAULT_ADDRESS, NrtClientError
 from neuron_rtd.client.observe import Interval, Watch, interval
 
-BAR_WIDTH = 12
+BAR_WIDTH = 10
 TALLY_ERRORS = ("completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input",
                 "failed_to_queue")  # fmt: skip
 
