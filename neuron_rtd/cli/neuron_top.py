@@ -312,6 +312,7 @@ class NeuronTop(App[int]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", show=False, priority=True),
         Binding("right", "next_daemon", "Next daemon", priority=True),
         Binding("left", "previous_daemon", "Previous daemon", priority=True),
         Binding("tab", "next_daemon", show=False, priority=True),
@@ -342,6 +343,7 @@ class NeuronTop(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#body", VerticalScroll).focus()  # up/down/page keys scroll it
         if not self._poll:
             return
         for index, poller in enumerate(self.pollers):
@@ -357,7 +359,10 @@ class NeuronTop(App[int]):
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                state = poller.poll()
+                try:
+                    state = poller.poll()
+                except Exception as exc:  # shown in its tab, never a traceback over the view
+                    state = DaemonState(poller.address, error=f"reading it failed: {exc!r}")
                 if self._stop.is_set() or not self.post_message(Polled(index, state)):
                     return
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
@@ -440,7 +445,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="A live view of neuron-rtd daemons: NeuronCore utilization, loaded "
         "models per NCG with state and inference rate, the daemon's vCPU and memory, "
         "device DRAM. One tab per daemon.",
-        epilog="Keys: left/right or tab/shift+tab switch daemons, 1-9 pick one, q quits. "
+        epilog="Keys: left/right or tab/shift+tab switch daemons, 1-9 pick one, up/down and "
+        "page up/down scroll, q (or ctrl+c) quits. "
         "A daemon that does not answer shows 'no runtime answers at ADDRESS' in its tab "
         "and is asked again every interval; the view starts even when none answers. "
         "With --once, or when stdout is not a terminal, one frame is printed instead and "
