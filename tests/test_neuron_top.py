@@ -98,17 +98,25 @@ def answering(address: str = "unix:/a.sock") -> DaemonState:
     before = snapshot(10.0, [0, 0, 0, 0], completed=100)
     after = snapshot(12.0, [1500, 0, 0, 0], completed=300)  # NC 0 busy 75%, 100 inf/s
     return DaemonState(
-        address, describe(address=address), after, interval(before, after), None,
+        address,
+        describe(address=address),
+        after,
+        interval(before, after),
+        None,
         SystemCpu(40.0, 10.0, 2),
-    )  # fmt: skip
+    )
 
 
 def test_a_frame_shows_utilization_models_per_ncg_vcpu_and_memory() -> None:
     util, vcpu, models, devices = (text_of(section) for section in frame(answering()))
     row = next(line for line in util.splitlines() if line.startswith("nd0"))
     cells = re.findall(r"NC(\d) [█░]+ +([\d.]+)% (ncg \d|free)", row)
-    assert cells == [("0", "75.0", "ncg 1"), ("1", "0.0", "ncg 2"), ("2", "0.0", "ncg 3"),
-                     ("3", "0.0", "free")]  # fmt: skip
+    assert cells == [
+        ("0", "75.0", "ncg 1"),
+        ("1", "0.0", "ncg 2"),
+        ("2", "0.0", "ncg 3"),
+        ("3", "0.0", "free"),
+    ]
     assert "last 2.0 s" in util
     assert re.search(r"Runtime vCPU +user +25\.0% +system +12\.5%", vcpu)
     assert re.search(r"System vCPU +user +40\.0% +system +10\.0% +\(of 2 vCPUs\)", vcpu)
@@ -205,8 +213,15 @@ def test_help_usage_errors_and_once_without_a_daemon(work: Path) -> None:
     helped = neuron_top("--help")
     assert helped.returncode == 0
     text = " ".join(helped.stdout.split())  # as argparse wraps it
-    for option in ("ADDRESS", "--address", "--interval", "--once", "q (or ctrl+c) quits",
-                   "exit status is 1", "the view starts even when none answers"):  # fmt: skip
+    for option in (
+        "ADDRESS",
+        "--address",
+        "--interval",
+        "--once",
+        "q (or ctrl+c) quits",
+        "exit status is 1",
+        "the view starts even when none answers",
+    ):
         assert option in text, option
     for bad in (["--interval", "0"], ["--interval", "soon"], ["--frobnicate"]):
         done = neuron_top(*bad)
@@ -405,6 +420,10 @@ def test_once_prints_a_frame_of_a_daemon(daemon: DaemonProcess) -> None:
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith("neuron-top ") and f"pid {daemon.pid}" in first
-    for section in ("NeuronCore Utilization (last", "vCPU and Memory", "Loaded Models",
-                    "Neuron Devices"):  # fmt: skip
+    for section in (
+        "NeuronCore Utilization (last",
+        "vCPU and Memory",
+        "Loaded Models",
+        "Neuron Devices",
+    ):
         assert section in done.stdout

@@ -38,8 +38,13 @@ from neuron_rtd.client import DEFAULT_ADDRESS, NrtClientError
 from neuron_rtd.client.observe import Interval, Watch, interval
 
 BAR_WIDTH = 10
-TALLY_ERRORS = ("completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input",
-                "failed_to_queue")  # fmt: skip
+TALLY_ERRORS = (
+    "completed_with_err",
+    "completed_with_num_err",
+    "timed_out",
+    "incorrect_input",
+    "failed_to_queue",
+)
 
 
 # --- what one poll of a daemon found ----------------------------------------------------
@@ -162,11 +167,22 @@ def not_answering(state: DaemonState) -> Text:
     )
 
 
+def section(name: str, *, header: bool = False) -> Table:
+    """One section of the view: a borderless table under its name."""
+    return Table(
+        title=name,
+        title_justify="left",
+        show_header=header,
+        header_style="bold",
+        box=None,
+        padding=(0, 2, 0, 0),
+    )
+
+
 def utilization(state: DaemonState) -> Table:
     snap, span = state.snapshot, state.span
     seconds = f"last {span.seconds:.1f} s" if span is not None else "measuring..."
-    table = Table(title=f"NeuronCore Utilization ({seconds})", title_justify="left",
-                  show_header=False, box=None, padding=(0, 2, 0, 0))  # fmt: skip
+    table = section(f"NeuronCore Utilization ({seconds})")
     if snap is None:
         return table
     by_device: dict[int, list[Any]] = {}
@@ -178,16 +194,18 @@ def utilization(state: DaemonState) -> Table:
             pct = span.nc_utilization.get(nc.vnc) if span is not None else None
             shown = f"{pct:5.1f}%" if pct is not None else "   --%"
             holder = f"ncg {nc.ncg_id}" if nc.ncg_id else "free"
-            cells.append(Text.assemble(f"NC{nc.nc_index} ", bar(pct or 0.0),
-                                       f" {shown} ", (f"{holder:<7}", "cyan")))  # fmt: skip
+            cells.append(
+                Text.assemble(
+                    f"NC{nc.nc_index} ", bar(pct or 0.0), f" {shown} ", (f"{holder:<7}", "cyan")
+                )
+            )
         table.add_row(*cells)
     return table
 
 
 def vcpu_memory(state: DaemonState) -> Table:
     snap, span = state.snapshot, state.span
-    table = Table(title="vCPU and Memory", title_justify="left", show_header=False, box=None,
-                  padding=(0, 2, 0, 0))  # fmt: skip
+    table = section("vCPU and Memory")
     if snap is None:
         return table
     if span is not None:
@@ -202,19 +220,22 @@ def vcpu_memory(state: DaemonState) -> Table:
         )
     device_bytes = sum(m.device_bytes for m in snap.models)
     host_bytes = sum(m.host_bytes for m in snap.models)
-    table.add_row("Runtime memory", f"host RSS {size(snap.rss_bytes)}  "
-                  f"(models: host {size(host_bytes)}, device {size(device_bytes)})")  # fmt: skip
+    table.add_row(
+        "Runtime memory",
+        f"host RSS {size(snap.rss_bytes)}  "
+        f"(models: host {size(host_bytes)}, device {size(device_bytes)})",
+    )
     latency = span.latency_us if span is not None else None
     if latency is not None:
-        table.add_row("Latency", f"p50 {latency['p50'] / 1000:.2f} ms  "
-                      f"p99 {latency['p99'] / 1000:.2f} ms")  # fmt: skip
+        table.add_row(
+            "Latency", f"p50 {latency['p50'] / 1000:.2f} ms  p99 {latency['p99'] / 1000:.2f} ms"
+        )
     return table
 
 
 def models(state: DaemonState) -> Table:
     snap, span = state.snapshot, state.span
-    table = Table(title="Loaded Models", title_justify="left", box=None, padding=(0, 2, 0, 0),
-                  header_style="bold")  # fmt: skip
+    table = section("Loaded Models", header=True)
     for column in ("NCG", "NCS", "MODEL ID", "NAME", "STATE", "IN FLIGHT"):
         table.add_column(column)
     for column in ("INFER/S", "ERRORS", "DEVICE MEM", "HOST MEM"):
@@ -224,15 +245,19 @@ def models(state: DaemonState) -> Table:
     by_id = {m.id: m for m in snap.models}
     listed: set[int] = set()
     for ncg in sorted(snap.ncgs, key=lambda g: g.id):
-        ncs = f"{ncg.vnc_start}-{ncg.vnc_start + ncg.nc_count - 1}" if ncg.nc_count > 1 else (
-            str(ncg.vnc_start))  # fmt: skip
+        ncs = (
+            f"{ncg.vnc_start}-{ncg.vnc_start + ncg.nc_count - 1}"
+            if ncg.nc_count > 1
+            else (str(ncg.vnc_start))
+        )
         group = [by_id[i] for i in sorted(ncg.model_ids) if i in by_id]
         if not group:
             table.add_row(str(ncg.id), ncs, "-", "(no model)", *[""] * 6)
         for k, model in enumerate(group):
             listed.add(model.id)
-            table.add_row(*model_cells(model, span, str(ncg.id) if k == 0 else "",
-                                       ncs if k == 0 else ""))  # fmt: skip
+            table.add_row(
+                *model_cells(model, span, str(ncg.id) if k == 0 else "", ncs if k == 0 else "")
+            )
     for model in sorted(snap.models, key=lambda m: m.id):
         if model.id not in listed:  # an NCG the snapshot did not list (should not happen)
             table.add_row(*model_cells(model, span, str(model.ncg_id), ""))
@@ -266,20 +291,30 @@ def model_cells(model: Any, span: Interval | None, ncg: str, ncs: str) -> list[R
 
 
 def devices(state: DaemonState) -> Table:
-    table = Table(title="Neuron Devices", title_justify="left", box=None, padding=(0, 2, 0, 0),
-                  header_style="bold")  # fmt: skip
-    for column in ("DEVICE", "BDF", "NCS", "DRAM USED", "", "ERRORS"):
+    table = section("Neuron Devices", header=True)
+    for column in ("DEVICE", "BDF", "NCS", "DRAM USED", "", "HW ERRORS"):
         table.add_column(column)
     if state.describe is None or state.snapshot is None:
         return table
     for d in state.describe.devices:
         pct = 100 * d.memory_used / d.memory_bytes if d.memory_bytes else 0.0
         hw = d.hw_counters
-        errors = (hw.mem_ecc_uncorr + hw.sram_ecc_uncorr + hw.nc_errors + hw.nc_hangs
-                  + hw.dma_timeouts + hw.init_failures)  # fmt: skip
-        table.add_row(f"nd{d.index}", d.bdf, str(d.nc_count),
-                      f"{size(d.memory_used)} / {size(d.memory_bytes)}", bar(pct),
-                      str(errors))  # fmt: skip
+        errors = (
+            hw.mem_ecc_uncorr
+            + hw.sram_ecc_uncorr
+            + hw.nc_errors
+            + hw.nc_hangs
+            + hw.dma_timeouts
+            + hw.init_failures
+        )
+        table.add_row(
+            f"nd{d.index}",
+            d.bdf,
+            str(d.nc_count),
+            f"{size(d.memory_used)} / {size(d.memory_bytes)}",
+            bar(pct),
+            str(errors),
+        )
     return table
 
 
@@ -320,8 +355,9 @@ class NeuronTop(App[int]):
         *(Binding(str(k), f"select_daemon({k - 1})", show=False) for k in range(1, 10)),
     ]
 
-    def __init__(self, pollers: Sequence[Poller], *, interval_s: float = 1.0,
-                 poll: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, pollers: Sequence[Poller], *, interval_s: float = 1.0, poll: bool = True
+    ) -> None:
         super().__init__()
         self.pollers = list(pollers)
         self.interval_s = interval_s
@@ -333,8 +369,9 @@ class NeuronTop(App[int]):
 
     def compose(self) -> ComposeResult:
         yield Static(Text(title(self.states[0])), id="title")
-        yield Tabs(*(Tab(tab_label(i, p.address), id=f"daemon-{i}")
-                     for i, p in enumerate(self.pollers)))  # fmt: skip
+        yield Tabs(
+            *(Tab(tab_label(i, p.address), id=f"daemon-{i}") for i, p in enumerate(self.pollers))
+        )
         with VerticalScroll(id="body"):
             asking = Text(f"asking {self.pollers[0].address}...")
             yield Static(asking, id="message", classes="section")
@@ -347,8 +384,12 @@ class NeuronTop(App[int]):
         if not self._poll:
             return
         for index, poller in enumerate(self.pollers):
-            thread = threading.Thread(target=self._poll_loop, args=(index, poller),
-                                      name=f"neuron-top-poll-{index}", daemon=True)  # fmt: skip
+            thread = threading.Thread(
+                target=self._poll_loop,
+                args=(index, poller),
+                name=f"neuron-top-poll-{index}",
+                daemon=True,
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -459,17 +500,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"daemons to watch (default: $NEURON_RTD_ADDRESS, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
-        "-a", "--address", action="append", default=[], metavar="ADDRESS",
+        "-a",
+        "--address",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
         help="a daemon to watch (repeatable; with the positional ones)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "-i", "--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
+        "-i",
+        "--interval",
+        type=positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
         help="refresh period and measuring interval (default: 1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--once", action="store_true",
+        "--once",
+        action="store_true",
         help="print one frame (measured over one interval) and exit",
-    )  # fmt: skip
+    )
     parser.add_argument("--version", action="version", version=f"neuron-top {__version__}")
     return parser.parse_args(argv)
 
