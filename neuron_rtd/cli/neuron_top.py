@@ -103,12 +103,12 @@ class Poller:
         self._describe, self._before = describe, snapshot
         return DaemonState(self.address, describe, snapshot, span, system_cpu=cpu)
 
-    def _system_cpu(self) -> SystemCpu:
+    def _system_cpu(self) -> SystemCpu | None:
         now = psutil.cpu_times()
         before, self._cpu_before = self._cpu_before, now
         total = sum(now) - sum(before)
-        if total <= 0:
-            return SystemCpu(0.0, 0.0, psutil.cpu_count() or 1)
+        if total < 0.05:  # too short a time to say (the first poll comes at once)
+            return None
         return SystemCpu(
             user=100 * (now.user + now.nice - before.user - before.nice) / total,
             system=100 * (now.system - before.system) / total,
