@@ -104,11 +104,11 @@ class Poller:
         return DaemonState(self.address, describe, snapshot, span, system_cpu=cpu)
 
     def _system_cpu(self) -> SystemCpu | None:
-        now = psutil.cpu_times()
-        before, self._cpu_before = self._cpu_before, now
+        now, before = psutil.cpu_times(), self._cpu_before
         total = sum(now) - sum(before)
         if total < 0.05:  # too short a time to say (the first poll comes at once)
             return None
+        self._cpu_before = now
         return SystemCpu(
             user=100 * (now.user + now.nice - before.user - before.nice) / total,
             system=100 * (now.system - before.system) / total,
