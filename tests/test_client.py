@@ -6,6 +6,7 @@ NEURONCORE_GROUP_SIZES, async inference, and errors."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client import DEFAULT_ADDRESS, Client, NrtClientError
+from neuron_rtd.client import DEFAULT_ADDRESS, Client, NrtClientError, NrtConnectionError
 from neuron_rtd.client import default_address as default_address_exported
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
@@ -245,13 +246,13 @@ def test_unavailable_is_retried_once_and_only_once(fake: Fake) -> None:
     with Client(fake.unix) as client:
         assert client.version() == "9.8.7"
         assert fake.servicer.calls["get_version"] == 2
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(NrtConnectionError) as info:
             client.list_ncgs()
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert info.value.grpc_code == grpc.StatusCode.UNAVAILABLE
         assert fake.servicer.calls["list_egs"] == 2  # one try, one retry, no more
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(NrtConnectionError) as info:
             client.unload_all()
-        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.grpc_code == grpc.StatusCode.INTERNAL
         assert fake.servicer.calls["unload_all"] == 1  # only UNAVAILABLE is retried
         assert client.ping()  # `start` of model 0: only the gRPC status counts
 
@@ -560,3 +561,22 @@ def test_async_errors_and_client_side_checks(
                 model(x=x)  # unloaded: refused here, its buffers are gone
             assert info.value.nerr == Nerr.INVALID_HANDLE
         assert daemon_shm(daemon.pid) == set() and leftover_names() == []
+
+
+def test_no_daemon_is_an_nrt_client_error_naming_the_address(tmp_path: Path) -> None:
+    missing = f"unix:{tmp_path}/none.sock"
+    stale = tmp_path / "stale.sock"  # a socket file nobody listens on (a dead daemon's)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(stale))
+    listener.close()
+    for address, reason in ((missing, "No such file or directory"), (f"unix:{stale}", "refused")):
+        with Client(address, timeout_s=5) as client:
+            with pytest.raises(NrtClientError) as info:
+                client.version()
+            assert isinstance(info.value, NrtConnectionError)
+            assert info.value.nerr is Nerr.FAIL and info.value.method == "get_version"
+            text = str(info.value)
+            assert f"no runtime answers at {address} (" in text and reason in text
+            assert "is neuron-rtd running there?" in text and "NEURON_RTD_ADDRESS" in text
+            with pytest.raises(NrtConnectionError, match=f"no runtime answers at {address}"):
+                client.load(build_mlp((4, 4)).neff)

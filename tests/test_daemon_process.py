@@ -20,7 +20,7 @@ from test_wire import load_stream
 import driver_sim
 from neuron_rtd import __version__
 from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError, NotifyListener
-from neuron_rtd.client import Client
+from neuron_rtd.client import Client, NrtConnectionError
 from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.proto import pb, pb_grpc
 
@@ -170,8 +170,8 @@ def test_a_daemon_killed_under_load_restarts_on_its_socket(work: Path) -> None:
             try:
                 model.infer(inputs)
                 slot[0] += 1
-            except grpc.RpcError as exc:  # the kill: a transport failure (see client.errors)
-                errors.append(str(exc.code()) if isinstance(exc, grpc.Call) else "?")
+            except NrtConnectionError as exc:  # the kill: a transport failure
+                errors.append(str(exc.grpc_code))
                 return
 
     counts = [[0] for _ in range(4)]

@@ -452,7 +452,7 @@ def test_no_daemon_is_one_line_and_exit_1(work: Path) -> None:
     assert failed(neuron_cli(None, "-a", nobody, "list-model")) == (
         f"neuron-cli: no runtime answers at {nobody} (No such file or directory): is "
         "neuron-rtd running there? "
-        "(systemctl status neuron-rtd; -a ADDRESS or NEURON_RTD_ADDRESS for another)"
+        "(systemctl status neuron-rtd; NEURON_RTD_ADDRESS names another address)"
     )
 
 

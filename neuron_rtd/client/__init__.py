@@ -7,7 +7,7 @@ as a dict of numpy arrays.
 
 from neuron_rtd.client._config import DEFAULT_ADDRESS, default_address
 from neuron_rtd.client.client import Client
-from neuron_rtd.client.errors import NrtClientError
+from neuron_rtd.client.errors import NrtClientError, NrtConnectionError
 from neuron_rtd.client.model import Model
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "Client",
     "Model",
     "NrtClientError",
+    "NrtConnectionError",
     "default_address",
 ]

@@ -19,10 +19,11 @@ from neuron_rtd.client._shm import ShmBuffer
 from neuron_rtd.client.errors import (
     RECONNECT_OPTIONS,
     NrtClientError,
+    NrtConnectionError,
     check,
-    code_of,
     retry_unavailable,
     settle_before_close,
+    transport_errors,
 )
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
@@ -66,16 +67,19 @@ class Connection:
 
     # --- calls ----------------------------------------------------------------------
     def unary(self, method: str, request: Any) -> Any:
-        """Call `method`; retried once when the daemon is UNAVAILABLE."""
+        """Call `method`; retried once when the daemon is UNAVAILABLE. NrtConnectionError
+        when no daemon answers."""
         call: Callable[..., Any] = getattr(self.stub, method)
-        return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
+        with transport_errors(method, self.address, self.timeout_s):
+            return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
         stream loads nothing)."""
-        return retry_unavailable(
-            lambda: self.stub.load(stream(), timeout=self.timeout_s), self.channel
-        )
+        with transport_errors("load", self.address, self.timeout_s):
+            return retry_unavailable(
+                lambda: self.stub.load(stream(), timeout=self.timeout_s), self.channel
+            )
 
     def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
         """`start`, `stop` or `unload` of one model, its status checked."""
@@ -89,7 +93,10 @@ class Connection:
         """The daemon's ext snapshot (its NCs, NCGs and models now), its status checked."""
         call = self.ext.snapshot
         request = ext_pb.snapshot_request()
-        response = retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
+        with transport_errors("snapshot", self.address, self.timeout_s):
+            response = retry_unavailable(
+                lambda: call(request, timeout=self.timeout_s), self.channel
+            )
         if response.status_code != Nerr.OK:
             raise NrtClientError(response.status_code, response.details, "snapshot")
         return response
@@ -105,7 +112,8 @@ class Connection:
             return False
         if self.session is not None and not self.session.ended:
             return False
-        self.session = Session(self.channel, timeout_s=self.timeout_s)
+        with transport_errors("session_monitor", self.address, self.timeout_s):
+            self.session = Session(self.channel, timeout_s=self.timeout_s)
         return True
 
     def session_id(self) -> int:
@@ -151,11 +159,14 @@ class Connection:
                     buffer.unlink()  # the daemon has it open (or never will)
                 check("shm_map", response.status)
                 mapped.append(buffer)
-        except (grpc.RpcError, NrtClientError) as exc:
+        except NrtClientError as exc:
             self.unshare(mapped)
             for buffer in buffers:
                 buffer.close()
-            if isinstance(exc, grpc.RpcError) and code_of(exc) != grpc.StatusCode.UNIMPLEMENTED:
+            if (
+                isinstance(exc, NrtConnectionError)  # not the daemon saying no: none answered
+                and exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED
+            ):
                 raise
             self.shm_failed(str(exc))
             return False
@@ -167,7 +178,7 @@ class Connection:
         for buffer in buffers:
             if unmap and not buffer.closed:
                 request = pb.shm_unmap_request(path=buffer.path, mmap_prot=PROT_READ_WRITE)
-                with contextlib.suppress(grpc.RpcError, ValueError):
+                with contextlib.suppress(NrtClientError, ValueError):
                     self.unary("shm_unmap", request)
             buffer.close()
 

@@ -178,12 +178,12 @@ class Client:
             self._models.clear()
         for model in models:
             if release and model.id not in self._attached:
-                with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
+                with contextlib.suppress(NrtClientError, ValueError):
                     self.connection.model_call("unload", pb.unload_request, model.id)
             model.release_buffers(unmap=not tracked)
         if release:
             for ncg_id in sorted(self._ncgs):
-                with contextlib.suppress(grpc.RpcError, NrtClientError, ValueError):
+                with contextlib.suppress(NrtClientError, ValueError):
                     self.destroy_ncg(ncg_id)
         if session is not None and not session.close():
             log.warning("the daemon did not end session %d in time", session.id)
@@ -240,7 +240,7 @@ class Client:
                 gates.append(NcgGate(*self._create_eg(size)))
         except BaseException:
             for gate in gates:
-                with contextlib.suppress(grpc.RpcError, NrtClientError):
+                with contextlib.suppress(NrtClientError):
                     self.destroy_ncg(gate.id)
             raise
         return gates
@@ -308,7 +308,7 @@ class Client:
             elif start:
                 self.start(model_id)
         except BaseException:
-            with contextlib.suppress(grpc.RpcError, NrtClientError):
+            with contextlib.suppress(NrtClientError):
                 self.unload(model_id)
             raise
         return model

@@ -1,14 +1,15 @@
-"""The client's exceptions: a daemon answer other than success, with its nerr code; and
-the one retry of a call the daemon was UNAVAILABLE for.
-
-Transport failures (no daemon, a deadline passed) stay `grpc.RpcError`s.
+"""The client's exceptions: a daemon answer other than success, with its nerr code
+(`NrtClientError`); a daemon not reached or not answering in time (`NrtConnectionError`,
+one too, naming the address and what to do); and the one retry of a call the daemon was
+UNAVAILABLE for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -37,6 +38,48 @@ class NrtClientError(Exception):
             return Nerr(self.code)
         except ValueError:
             return None
+
+
+class NrtConnectionError(NrtClientError):
+    """No daemon answered `method` at `address` (NERR_FAIL), or none in time (NERR_TIMEOUT):
+    a transport failure. `grpc_code` is gRPC's status code for it."""
+
+    def __init__(
+        self, method: str, address: str, exc: grpc.RpcError, timeout_s: float | None
+    ) -> None:
+        self.address = address
+        self.grpc_code = code_of(exc)
+        late = self.grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
+        code = Nerr.TIMEOUT if late else Nerr.FAIL
+        super().__init__(code, transport_message(exc, address, timeout_s), method)
+
+
+def transport_message(exc: grpc.RpcError, address: str, timeout_s: float | None) -> str:
+    """What a transport failure means, and what to do."""
+    code = code_of(exc)
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        # gRPC's details end with the system's reason, e.g. "... error: Connection refused"
+        _, marker, reason = (details or "").rpartition("error: ")
+        why = f" ({reason.strip()})" if marker and reason.strip() else ""
+        return (
+            f"no runtime answers at {address}{why}: is neuron-rtd running there? "
+            "(systemctl status neuron-rtd; NEURON_RTD_ADDRESS names another address)"
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        within = f" within {timeout_s:g} s" if timeout_s else " in time"
+        return f"the runtime at {address} did not answer{within}"
+    name = code.name if code is not None else "error"
+    return f"the runtime at {address} failed the call ({name}): {details}"
+
+
+@contextlib.contextmanager
+def transport_errors(method: str, address: str, timeout_s: float | None) -> Iterator[None]:
+    """A gRPC transport failure in the block becomes an NrtConnectionError."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise NrtConnectionError(method, address, exc, timeout_s) from None
 
 
 def check(method: str, status: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from neuron_rtd.client.errors import NrtClientError
+from neuron_rtd.client.errors import NrtClientError, transport_errors
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 
@@ -133,15 +133,8 @@ class Watch:
         self._channel.close()
 
     def _call(self, method: str, request: Any, stub: Any = None) -> Any:
-        try:
+        with transport_errors(method, self.address, self.timeout_s):
             response = getattr(stub or self._stub, method)(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            raise NrtClientError(
-                Nerr.FAIL,
-                f"no runtime answers at {self.address}: {exc.details()} "
-                "(is neuron-rtd running there? see `systemctl status neuron-rtd`)",
-                method,
-            ) from None
         if getattr(response, "status_code", Nerr.OK) != Nerr.OK:
             raise NrtClientError(response.status_code, response.details, method)
         return response

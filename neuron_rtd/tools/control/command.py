@@ -16,9 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from neuron_rtd.client import Client, NrtClientError, default_address
+from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
 from neuron_rtd.errors import Nerr, NrtError
 
 PROG = "neuron-cli"
@@ -83,10 +81,10 @@ class Command:
         try:
             with client:
                 answer = self.execute(args, client)
+        except NrtConnectionError as exc:
+            return fail(exc.details)
         except NrtClientError as exc:
             return fail(explain(exc, self.hints))
-        except grpc.RpcError as exc:
-            return fail(unreachable(exc, address))
         except (Failure, NrtError, OSError) as exc:
             return fail(str(exc))
         if args.json:
@@ -139,20 +137,3 @@ def explain(exc: NrtClientError, hints: Mapping[int, str] | None = None) -> str:
     hint = (hints or {}).get(exc.code, hint)
     words = daemon_words(exc.details)
     return f"{words} ({name}): {hint}" if hint else f"{words} ({name})"
-
-
-def unreachable(exc: grpc.RpcError, address: str) -> str:
-    code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        # gRPC's details end with the system's reason, e.g. "... error: Connection refused"
-        _, marker, reason = details.rpartition("error: ")
-        why = f" ({reason.strip()})" if marker and reason.strip() else ""
-        return (
-            f"no runtime answers at {address}{why}: is neuron-rtd running there? "
-            "(systemctl status neuron-rtd; -a ADDRESS or NEURON_RTD_ADDRESS for another)"
-        )
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"the runtime at {address} did not answer within {CALL_TIMEOUT_S:g} s"
-    name = code.name if code is not None else "error"
-    return f"the runtime at {address} failed the call ({name}): {details}"

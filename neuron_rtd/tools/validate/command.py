@@ -14,8 +14,8 @@ bool outputs), the SQNR in dB, the largest absolute error and, for a classifier'
 (a float matrix from a Softmax, LogSoftmax, Gemm or MatMul), the top-1 agreement.
 
 Exit codes: 0 every output meets the thresholds, 1 some output does not (the report says
-which and why), 2 usage errors (a bad file or npz, arguments that do not fit the model,
-no daemon at the address).
+which and why) or no daemon answers at the address, 2 usage errors (a bad file or npz,
+arguments that do not fit the model).
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
 from neuron_rtd import onnxrt
-from neuron_rtd.client.client import Client, NrtClientError, default_address
+from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
@@ -248,8 +247,8 @@ def run_neff(
     with Client(address, timeout_s=timeout_s) as client:
         try:
             model = client.load(neff_path, timeout_s=timeout_s)
-        except grpc.RpcError as exc:
-            raise UsageError(_rpc_message(exc, address)) from None
+        except NrtConnectionError:
+            raise
         except NrtClientError as exc:
             raise UsageError(f"the daemon at {address} cannot load {neff_path}: {exc}") from None
         try:
@@ -259,10 +258,10 @@ def run_neff(
             }
             try:
                 data = client.infer_raw(model.id, raw)
+            except NrtConnectionError:
+                raise
             except NrtClientError as exc:
                 return NeffRun({}, error=f"the daemon failed to run the NEFF: {exc}")
-            except grpc.RpcError as exc:
-                raise UsageError(_rpc_message(exc, address)) from None
             return NeffRun(
                 {
                     spec.name: _output_array(spec, data[spec.name], reference.get(spec.name))
@@ -273,17 +272,8 @@ def run_neff(
         finally:
             try:
                 model.unload()
-            except (grpc.RpcError, NrtClientError) as exc:
+            except NrtClientError as exc:
                 print(f"{PROG}: warning: could not unload model {model.id}: {exc}", file=sys.stderr)
-
-
-def _rpc_message(exc: grpc.RpcError, address: str) -> str:
-    code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the daemon at {address}: {details}"
-    name = code.name if code is not None else "error"
-    return f"the daemon at {address} failed the call ({name}): {details}"
 
 
 # --- the command ---------------------------------------------------------------------
@@ -295,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except NrtConnectionError as exc:  # no daemon answers: a failure, as in every tool
+        print(f"{PROG}: error: {exc.details}", file=sys.stderr)
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:
