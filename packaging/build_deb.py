@@ -12,6 +12,10 @@ What it holds:
   and started where systemd runs, and remove/purge that leave nothing behind.
 
     python packaging/build_deb.py [--out DIR] [--python PYTHON]
+    python packaging/build_deb.py --install ROOT    (packaging/install.sh: no dpkg)
+
+`--install ROOT` lays the same tree out under ROOT instead of packing it (config files
+already there are kept) and, when ROOT is /, does what the package's postinst does.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def build_venv(stage: Path, python: str) -> Path:
     """The virtual environment with the project installed, at stage + PREFIX."""
     venv = stage / PREFIX.lstrip("/")
     run(python, "-m", "venv", venv)
-    pip = [venv / "bin" / "python", "-m", "pip"]
+    pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip"]
     # systemd-python is built here, against this Python (a wheel cached from another
     # Python's build would carry that Python's library path)
     run(
@@ -109,13 +113,16 @@ def packaged_config(source: Path) -> str:
 
 
 def lay_out(stage: Path, version: str) -> list[str]:
-    """Everything beside the venv; the conffiles' paths."""
+    """Everything beside the venv (config files already there are kept); the conffiles'
+    paths."""
     scripts = project()["scripts"]
     assert isinstance(scripts, dict)
     bin_dir = stage / "usr" / "bin"
-    bin_dir.mkdir(parents=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
     for command in sorted(scripts):
-        (bin_dir / command).symlink_to(f"{PREFIX}/bin/{command}")
+        link = bin_dir / command
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"{PREFIX}/bin/{command}")
     units = stage / UNIT_DIR
     for unit in sorted((ROOT / "systemd").glob("*.service")):
         install_file(unit, units / unit.name)
@@ -128,10 +135,12 @@ def lay_out(stage: Path, version: str) -> list[str]:
     ]:
         relative = source.relative_to(ROOT / "config")
         target = etc / relative
+        conffiles.append(f"/etc/neuron-rtd/{relative}")
+        if target.exists():
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(packaged_config(source))
         target.chmod(0o644)
-        conffiles.append(f"/etc/neuron-rtd/{relative}")
     doc = stage / "usr" / "share" / "doc" / "neuron-rtd"
     install_file(ROOT / "README.md", doc / "README.md")
     install_file(PACKAGING / "copyright", doc / "copyright")
@@ -193,11 +202,39 @@ def build(out: Path, python: str) -> Path:
     return deb
 
 
+def install(root: Path, python: str) -> None:
+    """The package's tree laid out under `root` (packaging/install.sh), configured as the
+    package's postinst does when `root` is /."""
+    root = root.resolve()
+    shutil.rmtree(root / PREFIX.lstrip("/"), ignore_errors=True)  # a fresh environment
+    venv = build_venv(root, python)
+    if root != Path("/"):
+        relocate(venv)
+    tidy(venv)
+    lay_out(root, str(project()["version"]))
+    if root == Path("/"):
+        run("sh", PACKAGING / "postinst", "configure")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="build_deb.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the .deb goes")
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python of the venv")
+    parser.add_argument(
+        "--install", type=Path, metavar="ROOT", help="lay the tree out under ROOT instead"
+    )
     args = parser.parse_args(argv)
+    if subprocess.run([args.python, "-c", "import ensurepip"], capture_output=True).returncode:
+        print(
+            f"build_deb.py: {args.python} cannot make virtual environments (on Debian: "
+            "apt-get install python3-venv)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.install is not None:
+        install(args.install, args.python)
+        print(f"installed neuron-rtd under {args.install}")
+        return 0
     if shutil.which("dpkg-deb") is None:
         print("build_deb.py: dpkg-deb is not installed (apt-get install dpkg)", file=sys.stderr)
         return 1

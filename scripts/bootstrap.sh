@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what neuron-rtd needs on a fresh Debian-like machine: the Debian packages
 # systemd-python builds against (and systemd-analyze for the unit tests, prometheus for the
-# exporter's), then a virtual environment .venv with the project and its test tools.
+# exporter's, the system Python's venv and headers for the Debian package's), then a
+# virtual environment .venv with the project and its test tools.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,14 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -e /usr/include/systemd/sd-daemon.h ] || need+=(libsystemd-dev)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
+# the Debian package's environment is built on the system's Python (make deb, its test):
+# its venv module and its headers (systemd-python is compiled against them)
+if [ -x /usr/bin/python3 ]; then
+    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+    [ -e "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] ||
+        need+=(python3-dev)
+fi
+command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""

@@ -76,17 +76,47 @@ def test_control_conffiles_and_maintainer_scripts(deb: Path, tmp_path: Path) -> 
 
 def test_contents_name_the_installed_place_only(deb: Path, tmp_path: Path) -> None:
     dpkg_deb("-x", str(deb), str(tmp_path))
+    check_tree(tmp_path)
+    config = json.loads((tmp_path / "etc" / "neuron-rtd" / "neuron-rtd.json").read_text())
+    assert (config["socket_group"], config["socket_mode"]) == ("neuron", "0660")
+
+
+def test_install_sh_lays_the_same_tree_out_under_destdir(tmp_path: Path) -> None:
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("no system Python")
+    mine = tmp_path / "etc" / "neuron-rtd" / "neuron-rtd.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"log_level": "debug"}\n')  # a config the user wrote: kept
+    done = subprocess.run(
+        ["bash", str(ROOT / "packaging" / "install.sh")],
+        env={**os.environ, "DESTDIR": str(tmp_path), "PYTHON": "/usr/bin/python3"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_tree(tmp_path)
+    assert mine.read_text() == '{"log_level": "debug"}\n'
+    assert (tmp_path / "etc" / "neuron-rtd" / "instances" / "group0.json").is_file()
+
+
+def check_tree(root: Path) -> None:
+    """The installed tree under `root`: what names the install's place, and only it."""
+    tmp_path = root
     venv = tmp_path / PREFIX.lstrip("/")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for command in scripts:  # every console command, in /usr/bin
         link = tmp_path / "usr" / "bin" / command
         assert os.readlink(link) == f"{PREFIX}/bin/{command}"
         assert (venv / "bin" / command).read_text().startswith(f"#!{PREFIX}/bin/python")
-    staged = [p for p in venv.rglob("*") if p.is_file() and b"neuron-rtd-deb-" in p.read_bytes()]
-    assert staged == []  # nothing names the staging directory it was built in
+    markers = (b"neuron-rtd-deb-", str(root).encode())  # the deb's staging dir, DESTDIR
+    staged = [
+        p
+        for p in venv.rglob("*")
+        if p.is_file() and not p.is_symlink() and any(m in p.read_bytes() for m in markers)
+    ]
+    assert staged == []  # nothing names the directory it was laid out in
     assert not list(venv.rglob("__pycache__"))  # compiled by postinst, where installed
-    config = json.loads((tmp_path / "etc" / "neuron-rtd" / "neuron-rtd.json").read_text())
-    assert (config["socket_group"], config["socket_mode"]) == ("neuron", "0660")
     units = tmp_path / "lib" / "systemd" / "system"
     assert (units / "neuron-rtd.service").read_text() == (
         ROOT / "systemd" / "neuron-rtd.service"
