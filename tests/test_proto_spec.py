@@ -8,6 +8,7 @@ type is a scalar type name or the full name of a message/enum type.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -721,3 +722,13 @@ def test_servicer_registration(add: Any, servicer_class: Any, service: str, shor
         name: (bool(h.request_streaming), bool(h.response_streaming))
         for name, h in handlers.items()
     } == {name: (m[2], m[3]) for name, m in methods.items()}
+
+
+def test_the_docs_page_names_every_method() -> None:
+    page = (Path(__file__).parents[1] / "docs" / "wire-api.md").read_text()
+    for file in (pb.DESCRIPTOR, ext_pb.DESCRIPTOR):
+        for service in file.services_by_name.values():
+            assert f"`{service.full_name}`" in page, service.full_name
+            for method in service.methods:
+                assert f"`{method.name}`" in page, f"{service.full_name}.{method.name}"
+    assert "../shared" not in page
