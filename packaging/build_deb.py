@@ -216,6 +216,29 @@ def install(root: Path, python: str) -> None:
         run("sh", PACKAGING / "postinst", "configure")
 
 
+PREREQUISITES = (  # (check run by the venv's Python, what is missing, the Debian package)
+    ("import ensurepip", "cannot make virtual environments", "python3-venv"),
+    (
+        "import os, sysconfig; "
+        "assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))",
+        "has no C headers (systemd-python is compiled against them)",
+        "python3-dev",
+    ),
+)
+
+
+def missing_prerequisite(python: str) -> str | None:
+    """What the Python the environment is made from lacks, and how to get it."""
+    if shutil.which(python) is None:
+        return f"there is no Python {python} (--python, or PYTHON= for install.sh)"
+    for check, what, package in PREREQUISITES:
+        if subprocess.run([python, "-c", check], capture_output=True).returncode:
+            return f"{python} {what} (on Debian: apt-get install {package})"
+    if not Path("/usr/include/systemd/sd-daemon.h").exists():
+        return "libsystemd's headers are missing (on Debian: apt-get install libsystemd-dev)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="build_deb.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the .deb goes")
@@ -224,12 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         "--install", type=Path, metavar="ROOT", help="lay the tree out under ROOT instead"
     )
     args = parser.parse_args(argv)
-    if subprocess.run([args.python, "-c", "import ensurepip"], capture_output=True).returncode:
-        print(
-            f"build_deb.py: {args.python} cannot make virtual environments (on Debian: "
-            "apt-get install python3-venv)",
-            file=sys.stderr,
-        )
+    missing = missing_prerequisite(args.python)
+    if missing:
+        print(f"build_deb.py: {missing}", file=sys.stderr)
         return 1
     if args.install is not None:
         install(args.install, args.python)
