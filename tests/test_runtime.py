@@ -88,6 +88,11 @@ def test_implicit_load_runs_and_matches_numpy(runtime: Runtime) -> None:
     np.testing.assert_allclose(probs, sample.reference(inputs)["probs"], rtol=1e-5, atol=1e-6)
     ncg = runtime.ncg(model.ncg_id)
     assert ncg.implicit
+    # it goes with its model: no other model may load there (it would lose its NCs)
+    with pytest.raises(
+        InvalidError, match=rf"NCG {ncg.id} was made for model {model.id} and goes with it"
+    ):
+        runtime.load(read_neff(sample.neff), ncg_id=ncg.id)
     runtime.unload(model.id)
     assert runtime.list_ncgs() == []
 

@@ -370,6 +370,12 @@ class Runtime:
                 )
             else:
                 ncg = self._ncgs.get(ncg_id)
+                if ncg.implicit:  # it goes with its model: another there would lose its NCs
+                    owner = ", ".join(map(str, ncg.models))
+                    raise InvalidError(
+                        f"NCG {ncg.id} was made for model {owner} and goes with it: load into "
+                        "an NCG made with create_eg, or with no NCG"
+                    )
                 limit = self.options.models_per_ncg
                 if limit and len(ncg.models) >= limit:
                     raise ResourceError(
