@@ -1,0 +1,290 @@
+"""TFRecord files: records framed as the format defines them, every CRC checked.
+
+A record on disk is
+
+    uint64 length (little-endian) | uint32 masked CRC32C of those 8 bytes
+    | length bytes of data        | uint32 masked CRC32C of the data
+
+where a masked CRC is the CRC32C rotated right by 15 bits plus 0xa282ead8 (mod 2**32).
+Files may be compressed whole with GZIP or ZLIB (`compression`, or guessed from the name:
+.gz, .zz/.zlib). A corrupt record (a CRC that does not match, a frame cut short) is never
+passed on silently: under `on_corrupt="fail"` it raises CorruptRecord naming the file and
+offset; under "skip" it is counted in `ReadStats` and logged, and reading goes on (after a
+bad length, by finding the next frame whose length CRC holds). Offsets are those of the
+uncompressed stream, so that an index of them (`build_index`, or the `.index` file the
+`tfrecord` package's tfrecord2idx writes: "offset length" per line) serves to resume and to
+shard.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, BinaryIO, Literal
+
+import crc32c
+
+log = logging.getLogger("neuron_rtd.stream")
+
+Compression = Literal["none", "gzip", "zlib"]
+OnCorrupt = Literal["fail", "skip"]
+
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
+_FOOTER = struct.Struct("<I")  # masked CRC of the data
+_MASK_DELTA = 0xA282EAD8
+MAX_RECORD_BYTES = 1 << 31  # a larger length is corruption, not a record to allocate
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+class CorruptRecord(Exception):
+    """A record whose frame or CRC is wrong, at `offset` of `path`."""
+
+    def __init__(self, path: str, offset: int, why: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.why = why
+        super().__init__(f"{path}: corrupt record at offset {offset}: {why}")
+
+
+@dataclass(frozen=True)
+class Record:
+    data: bytes
+    path: str
+    offset: int  # of its frame, in the uncompressed stream
+
+    @property
+    def key(self) -> str:
+        """Where it came from, as output records name their input: `path@offset`."""
+        return f"{self.path}@{self.offset}"
+
+
+@dataclass
+class ReadStats:
+    records: int = 0
+    bytes: int = 0  # of record data
+    skipped: int = 0  # corrupt records passed over under on_corrupt="skip"
+    corrupt: list[tuple[str, int, str]] = field(default_factory=list)  # (path, offset, why)
+
+
+def guess_compression(name: str) -> Compression:
+    lowered = name.lower()
+    if lowered.endswith(".gz") or lowered.endswith(".gzip"):
+        return "gzip"
+    if lowered.endswith(".zz") or lowered.endswith(".zlib"):
+        return "zlib"
+    return "none"
+
+
+class _Zlib(io.RawIOBase):
+    """A readable stream of a zlib-compressed one."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._inflate = zlib.decompressobj()
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                self._pending = self._inflate.flush()
+                if not self._pending:
+                    return 0
+                break
+            self._pending = self._inflate.decompress(chunk)
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+
+def open_stream(raw: IO[bytes], compression: Compression) -> BinaryIO:
+    """The uncompressed bytes of `raw`, buffered."""
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if compression == "zlib":
+        return io.BufferedReader(_Zlib(raw), 1 << 16)
+    return raw  # type: ignore[return-value]
+
+
+class _Cursor:
+    """Reads `count` bytes at a time from a stream, remembering the offset."""
+
+    def __init__(self, stream: BinaryIO, offset: int = 0) -> None:
+        self.stream = stream
+        self.offset = offset
+        self._back = b""  # bytes given back by a resync
+
+    def read(self, count: int) -> bytes:
+        data = self._back[:count]
+        self._back = self._back[count:]
+        if len(data) < count:
+            data += self.stream.read(count - len(data))
+        self.offset += len(data)
+        return data
+
+    def unread(self, data: bytes) -> None:
+        self._back = data + self._back
+        self.offset -= len(data)
+
+
+def read_records(
+    stream: BinaryIO,
+    path: str,
+    *,
+    on_corrupt: OnCorrupt = "fail",
+    stats: ReadStats | None = None,
+    start: int = 0,
+) -> Iterator[Record]:
+    """The records of an uncompressed TFRecord `stream` (positioned at offset `start`)."""
+    stats = stats if stats is not None else ReadStats()
+    cursor = _Cursor(stream, start)
+
+    def corrupt(offset: int, why: str) -> None:
+        if on_corrupt == "fail":
+            raise CorruptRecord(path, offset, why)
+        stats.skipped += 1
+        stats.corrupt.append((path, offset, why))
+        log.warning("%s: skipped a corrupt record at offset %d: %s", path, offset, why)
+
+    while True:
+        offset = cursor.offset
+        header = cursor.read(_HEADER.size)
+        if not header:
+            return
+        if len(header) < _HEADER.size:
+            corrupt(offset, f"the file ends inside a record's header ({len(header)} of 12 bytes)")
+            return
+        length, length_crc = _HEADER.unpack(header)
+        if masked_crc(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
+            corrupt(offset, "the length's CRC does not match")
+            # skip: look for the next frame whose length CRC holds, one byte further on
+            cursor.unread(header[1:])
+            if not _resync(cursor):
+                return
+            continue
+        data = cursor.read(length)
+        footer = cursor.read(_FOOTER.size)
+        if len(data) < length or len(footer) < _FOOTER.size:
+            corrupt(offset, f"the file ends inside a record of {length} bytes")
+            return
+        if masked_crc(data) != _FOOTER.unpack(footer)[0]:
+            corrupt(offset, "the data's CRC does not match")
+            continue
+        stats.records += 1
+        stats.bytes += length
+        yield Record(data, path, offset)
+
+
+def _resync(cursor: _Cursor) -> bool:
+    """Advance `cursor` to the next offset that starts a plausible frame header; False at
+    the end of the stream."""
+    window = cursor.read(_HEADER.size)
+    while len(window) == _HEADER.size:
+        length, length_crc = _HEADER.unpack(window)
+        if length <= MAX_RECORD_BYTES and masked_crc(window[:8]) == length_crc:
+            cursor.unread(window)
+            return True
+        window = window[1:] + cursor.read(1)
+    return False
+
+
+def read_file(
+    path: str | Path,
+    *,
+    compression: Compression | None = None,
+    on_corrupt: OnCorrupt = "fail",
+    stats: ReadStats | None = None,
+    start: int = 0,
+) -> Iterator[Record]:
+    """The records of a local TFRecord file, from uncompressed offset `start` on."""
+    name = str(path)
+    kind = compression or guess_compression(name)
+    with open(name, "rb") as raw:
+        stream = open_stream(raw, kind)
+        if start:
+            if kind == "none":
+                stream.seek(start)
+            else:  # a compressed stream is read up to the offset
+                _skip(stream, start)
+        yield from read_records(stream, name, on_corrupt=on_corrupt, stats=stats, start=start)
+
+
+def _skip(stream: BinaryIO, count: int) -> None:
+    while count > 0:
+        chunk = stream.read(min(count, 1 << 20))
+        if not chunk:
+            return
+        count -= len(chunk)
+
+
+def frame(data: bytes) -> bytes:
+    """One record's bytes on disk."""
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc(length)) + data + _FOOTER.pack(masked_crc(data))
+
+
+class Writer:
+    """Writes records to a TFRecord file (GZIP when the name ends in .gz)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._file: IO[bytes] = raw
+        if guess_compression(self.path) == "gzip":
+            self._file = gzip.GzipFile(fileobj=raw, mode="wb")  # type: ignore[assignment]
+        self._raw = raw
+        self.records = 0
+
+    def write(self, data: bytes) -> None:
+        self._file.write(frame(data))
+        self.records += 1
+
+    def close(self) -> None:
+        self._file.close()
+        if self._raw is not self._file:
+            self._raw.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_index(
+    path: str | Path, *, compression: Compression | None = None
+) -> list[tuple[int, int]]:
+    """(offset, frame length) of every record of a file, corrupt ones failing."""
+    return [
+        (record.offset, _HEADER.size + len(record.data) + _FOOTER.size)
+        for record in read_file(path, compression=compression)
+    ]
+
+
+def read_index(path: str | Path) -> list[tuple[int, int]]:
+    """An `.index` file: one "offset length" line per record (tfrecord2idx's format)."""
+    entries = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            offset, length = int(parts[0]), int(parts[1])
+        except (IndexError, ValueError):
+            raise ValueError(f"{path}:{number}: expected 'offset length', got {line!r}") from None
+        entries.append((offset, length))
+    return entries

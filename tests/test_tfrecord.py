@@ -1,0 +1,135 @@
+"""TFRecord framing: round trips, files from an independent writer (the `tfrecord`
+package, test data only), corruption at random offsets in fail and skip modes, truncation,
+GZIP and ZLIB, resuming at an offset, and the index."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neuron_rtd.tools.stream.tfrecord import (
+    CorruptRecord,
+    ReadStats,
+    Writer,
+    build_index,
+    frame,
+    masked_crc,
+    read_file,
+    read_index,
+)
+
+
+def payloads(count: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [rng.bytes(int(rng.integers(0, 300))) for _ in range(count)]
+
+
+def write(path: Path, records: list[bytes]) -> Path:
+    with Writer(path) as writer:
+        for data in records:
+            writer.write(data)
+    return path
+
+
+def test_masked_crc_of_known_values() -> None:
+    # CRC32C("123456789") is 0xE3069283 (the standard check value), masked as the format does
+    crc = 0xE3069283
+    assert masked_crc(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_round_trip_with_offsets_and_index(tmp_path: Path) -> None:
+    records = payloads(40)
+    path = write(tmp_path / "a.tfrecord", records)
+    stats = ReadStats()
+    got = list(read_file(path, stats=stats))
+    assert [r.data for r in got] == records
+    assert (stats.records, stats.bytes, stats.skipped) == (40, sum(map(len, records)), 0)
+    index = build_index(path)
+    assert [offset for offset, _ in index] == [r.offset for r in got]
+    assert sum(length for _, length in index) == path.stat().st_size
+    resumed = list(read_file(path, start=index[25][0]))  # resume at the 26th record
+    assert [r.data for r in resumed] == records[25:]
+    assert resumed[0].key == f"{path}@{index[25][0]}"
+
+
+def test_files_of_an_independent_writer_read_and_index_alike(tmp_path: Path) -> None:
+    tfrecord = pytest.importorskip("tfrecord")
+    from tfrecord import example_pb2
+    from tfrecord.tools.tfrecord2idx import create_index
+
+    path = tmp_path / "theirs.tfrecord"
+    writer = tfrecord.TFRecordWriter(str(path))
+    rows = [(f"image-{i}".encode(), [float(i), i / 2]) for i in range(30)]
+    for name, values in rows:
+        writer.write({"name": (name, "byte"), "values": (values, "float")})
+    writer.close()
+    got = list(read_file(path))
+    assert len(got) == 30
+    for record, (name, values) in zip(got, rows, strict=True):
+        example = example_pb2.Example()
+        example.ParseFromString(record.data)
+        features = example.features.feature
+        assert features["name"].bytes_list.value == [name]
+        assert list(features["values"].float_list.value) == pytest.approx(values)
+    create_index(str(path), str(tmp_path / "theirs.index"))
+    assert read_index(tmp_path / "theirs.index") == build_index(path)
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip"])
+def test_corruption_at_random_offsets_is_caught(tmp_path: Path, mode: str) -> None:
+    records = payloads(20, seed=1)
+    clean = write(tmp_path / "clean.tfrecord", records).read_bytes()
+    index = build_index(tmp_path / "clean.tfrecord")
+    rng = np.random.default_rng(2)
+    for trial in range(60):
+        at = int(rng.integers(0, len(clean)))
+        broken = bytearray(clean)
+        broken[at] ^= 1 << int(rng.integers(0, 8))
+        path = tmp_path / f"broken{trial}.tfrecord"
+        path.write_bytes(broken)
+        hit = max(i for i, (offset, _) in enumerate(index) if offset <= at)
+        if mode == "fail":
+            with pytest.raises(CorruptRecord) as caught:
+                list(read_file(path))
+            assert caught.value.offset == index[hit][0] and caught.value.path == str(path)
+        else:
+            stats = ReadStats()
+            got = [r.data for r in read_file(path, on_corrupt="skip", stats=stats)]
+            assert got == records[:hit] + records[hit + 1 :], (trial, at, hit)
+            assert stats.skipped == 1 and stats.corrupt[0][:2] == (str(path), index[hit][0])
+
+
+def test_a_truncated_file_is_corrupt_not_short(tmp_path: Path) -> None:
+    records = payloads(10, seed=3)
+    data = write(tmp_path / "t.tfrecord", records).read_bytes()
+    index = build_index(tmp_path / "t.tfrecord")
+    cut = index[7][0] + 5  # inside the 8th record's header
+    (tmp_path / "cut.tfrecord").write_bytes(data[:cut])
+    with pytest.raises(CorruptRecord, match="ends inside a record's header"):
+        list(read_file(tmp_path / "cut.tfrecord"))
+    stats = ReadStats()
+    got = list(read_file(tmp_path / "cut.tfrecord", on_corrupt="skip", stats=stats))
+    assert [r.data for r in got] == records[:7] and stats.skipped == 1
+
+
+def test_gzip_and_zlib_files(tmp_path: Path) -> None:
+    records = payloads(25, seed=4)
+    write(tmp_path / "a.tfrecord.gz", records)
+    assert gzip.decompress((tmp_path / "a.tfrecord.gz").read_bytes())[:12] == frame(records[0])[:12]
+    plain = b"".join(frame(r) for r in records)
+    (tmp_path / "a.tfrecord.zz").write_bytes(zlib.compress(plain))
+    for name in ("a.tfrecord.gz", "a.tfrecord.zz"):
+        got = list(read_file(tmp_path / name))
+        assert [r.data for r in got] == records
+        offsets = [r.offset for r in got]  # in the uncompressed stream: resumable
+        assert [r.data for r in read_file(tmp_path / name, start=offsets[20])] == records[20:]
+
+
+def test_a_malformed_index_names_its_line(tmp_path: Path) -> None:
+    (tmp_path / "x.index").write_text("0 20\n20\n")
+    with pytest.raises(ValueError, match=r"x.index:2: expected 'offset length'"):
+        read_index(tmp_path / "x.index")
