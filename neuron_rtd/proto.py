@@ -5,6 +5,8 @@ nothing else imports them directly, so a change of layout touches this file only
 
 - ``pb`` / ``pb_grpc``: package ``nrt`` (proto/nrt/nmgr.proto), the original API.
 - ``ext_pb`` / ``ext_pb_grpc``: package ``nrt.ext`` (proto/nrt/ext.proto), our additions.
+- ``tf_pb``: package ``nrt.tf`` (proto/nrt/tf_example.proto), the Example records of
+  TFRecord data sets, byte for byte as TensorFlow's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from neuron_rtd._generated.nrt import ext_pb2 as ext_pb
 from neuron_rtd._generated.nrt import ext_pb2_grpc as ext_pb_grpc
 from neuron_rtd._generated.nrt import nmgr_pb2 as pb
 from neuron_rtd._generated.nrt import nmgr_pb2_grpc as pb_grpc
+from neuron_rtd._generated.nrt import tf_example_pb2 as tf_pb
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -24,6 +27,7 @@ __all__ = [
     "ext_pb_grpc",
     "pb",
     "pb_grpc",
+    "tf_pb",
 ]
 
 # Every channel and server of the wire API: no message size limits (tensors and NEFFs

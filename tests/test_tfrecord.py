@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.tfrecord import (
     CorruptRecord,
     ReadStats,
@@ -70,11 +71,14 @@ def test_files_of_an_independent_writer_read_and_index_alike(tmp_path: Path) -> 
     got = list(read_file(path))
     assert len(got) == 30
     for record, (name, values) in zip(got, rows, strict=True):
-        example = example_pb2.Example()
+        example = tf_pb.Example()  # our schema reads their Example's bytes
         example.ParseFromString(record.data)
         features = example.features.feature
         assert features["name"].bytes_list.value == [name]
         assert list(features["values"].float_list.value) == pytest.approx(values)
+        theirs = example_pb2.Example()  # and theirs reads ours, unchanged
+        theirs.ParseFromString(example.SerializeToString())
+        assert theirs.features.feature["name"].bytes_list.value == [name]
     create_index(str(path), str(tmp_path / "theirs.index"))
     assert read_index(tmp_path / "theirs.index") == build_index(path)
 
