@@ -5,13 +5,16 @@ GZIP and ZLIB, resuming at an offset, and the index."""
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from neuron_rtd.proto import tf_pb
+from neuron_rtd.tools.stream.features import DecodeError, decode_record, example_of, parse_feature
 from neuron_rtd.tools.stream.tfrecord import (
     CorruptRecord,
     ReadStats,
@@ -137,3 +140,69 @@ def test_a_malformed_index_names_its_line(tmp_path: Path) -> None:
     (tmp_path / "x.index").write_text("0 20\n20\n")
     with pytest.raises(ValueError, match=r"x.index:2: expected 'offset length'"):
         read_index(tmp_path / "x.index")
+
+
+# --- features: Example -> model inputs -------------------------------------------------
+
+
+def test_feature_specs_parse_or_say_what_is_wrong() -> None:
+    spec = parse_feature("image:uint8:32,32,3:image")
+    assert (spec.name, spec.dtype, spec.shape, spec.decode) == (
+        "image",
+        np.dtype("uint8"),
+        (32, 32, 3),
+        "image",
+    )
+    assert parse_feature("x:float32:4").decode == "raw"
+    for bad, why in (
+        ("x:float32", "expected NAME:DTYPE"),
+        ("x:floaty:4", "not a dtype"),
+        ("x:float32:4,a", "is not D0,D1"),
+        ("x:float32:0", "positive sizes"),
+        ("x:float32:4:zip", "decode 'zip'"),
+        ("x:uint8:4:image", "HxW or HxWxC"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            parse_feature(bad)
+
+
+def test_raw_list_and_image_features_decode_to_the_model_inputs() -> None:
+    rng = np.random.default_rng(5)
+    pixels = rng.integers(0, 256, (8, 6, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    example = tf_pb.Example()
+    features = example.features.feature
+    features["x"].bytes_list.value.append(x.tobytes())
+    features["ids"].int64_list.value.extend([3, 1, 4, 1])
+    features["img"].bytes_list.value.append(png.getvalue())
+    specs = [
+        parse_feature("x:float32:2,3"),
+        parse_feature("ids:int32:4:list"),
+        parse_feature("img:float32:8,6,3:image"),
+    ]
+    got = decode_record(example.SerializeToString(), "f@0", specs)
+    np.testing.assert_array_equal(got["x"], x)
+    assert got["ids"].dtype == np.int32 and got["ids"].tolist() == [3, 1, 4, 1]
+    np.testing.assert_array_equal(got["img"], pixels.astype(np.float32))
+    for spec, why in (
+        ("y:float32:2", r"f@0: no feature 'y' \(the record has ids, img, x\)"),
+        ("x:float32:7", "has 24 bytes, not 28"),
+        ("ids:int32:5:list", "has 4 values, not 5"),
+        ("x:float32:2,3:list", "is a bytes_list, not a float or int64 list"),
+        ("img:uint8:4,4,3:image", r"the image is \(8, 6, 3\), not \(4, 4, 3\)"),
+        ("x:uint8:2,3:image", "not an image Pillow reads"),
+    ):
+        with pytest.raises(DecodeError, match=why):
+            decode_record(example.SerializeToString(), "f@0", [parse_feature(spec)])
+    with pytest.raises(DecodeError, match=r"f@9: not a tf\.train\.Example"):
+        decode_record(b"\xff\xff\xff", "f@9", specs)
+
+
+def test_an_output_example_carries_its_input_key() -> None:
+    out = example_of({"probs": np.array([0.25, 0.75], np.float32), "top": np.array([1])}, "a@12")
+    features = tf_pb.Example.FromString(out.SerializeToString()).features.feature
+    assert features["key"].bytes_list.value == [b"a@12"]
+    assert list(features["probs"].float_list.value) == [0.25, 0.75]
+    assert list(features["top"].int64_list.value) == [1]

@@ -1,0 +1,152 @@
+"""From a record's tf.train.Example to a model's input arrays, by a spec per input.
+
+A spec is `NAME:DTYPE:D0,D1,...[:DECODE]` (`--feature`): the feature NAME of the Example
+becomes an input of that name, dtype and shape (of one record; the batch axis comes in
+front), decoded as
+- `raw` (default): the feature's one bytes value holds the array's bytes;
+- `list`: its float or int64 list holds the values;
+- `image`: its one bytes value is an encoded image (PNG, JPEG, ... as Pillow reads them),
+  HxWxC (or HxW for a shape of two dimensions).
+A record whose feature is missing, of another kind, or of another size raises
+DecodeError naming the record and the feature.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from neuron_rtd.proto import tf_pb
+
+Decode = Literal["raw", "list", "image"]
+DECODES: tuple[Decode, ...] = ("raw", "list", "image")
+
+
+class DecodeError(ValueError):
+    """A record that does not fit the feature specs."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]  # of one record
+    decode: Decode = "raw"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def parse_feature(text: str) -> FeatureSpec:
+    """`NAME:DTYPE:D0,D1,...[:raw|list|image]`; ValueError saying what is wrong."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not parts[0]:
+        raise ValueError(
+            f"expected NAME:DTYPE:D0,D1,...[:raw|list|image], e.g. image:uint8:224,224,3:image, "
+            f"got {text!r}"
+        )
+    name, dtype_text, dims = parts[:3]
+    decode = parts[3] if len(parts) == 4 else "raw"
+    try:
+        dtype = np.dtype(dtype_text)
+    except TypeError:
+        raise ValueError(
+            f"feature {name!r}: {dtype_text!r} is not a dtype (e.g. float32)"
+        ) from None
+    if dtype.kind not in "biuf":
+        raise ValueError(f"feature {name!r}: {dtype_text!r} is not a number dtype")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise ValueError(f"feature {name!r}: shape {dims!r} is not D0,D1,...") from None
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"feature {name!r}: shape {dims!r} needs positive sizes")
+    if decode not in DECODES:
+        raise ValueError(f"feature {name!r}: decode {decode!r} is not one of {', '.join(DECODES)}")
+    if decode == "image" and len(shape) not in (2, 3):
+        raise ValueError(f"feature {name!r}: an image is HxW or HxWxC, not {dims}")
+    return FeatureSpec(name, dtype, shape, decode)
+
+
+def parse_example(data: bytes, key: str) -> tf_pb.Example:
+    example = tf_pb.Example()
+    try:
+        example.ParseFromString(data)
+    except Exception:  # the protobuf runtime's DecodeError
+        raise DecodeError(f"{key}: not a tf.train.Example") from None
+    return example
+
+
+def decode(example: tf_pb.Example, spec: FeatureSpec, key: str) -> np.ndarray:
+    """One input of one record, shaped `spec.shape`."""
+    features = example.features.feature
+    if spec.name not in features:
+        known = ", ".join(sorted(features)) or "none"
+        raise DecodeError(f"{key}: no feature {spec.name!r} (the record has {known})")
+    feature = features[spec.name]
+    kind = feature.WhichOneof("kind")
+    where = f"{key}: feature {spec.name!r}"
+    if spec.decode == "list":
+        if kind == "float_list":
+            values = np.asarray(feature.float_list.value, np.float32)
+        elif kind == "int64_list":
+            values = np.asarray(feature.int64_list.value, np.int64)
+        else:
+            raise DecodeError(f"{where} is a {kind}, not a float or int64 list")
+        count = int(np.prod(spec.shape))
+        if values.size != count:
+            raise DecodeError(f"{where} has {values.size} values, not {count} for {spec.shape}")
+        return values.astype(spec.dtype).reshape(spec.shape)
+    if kind != "bytes_list" or len(feature.bytes_list.value) != 1:
+        raise DecodeError(f"{where} is not one bytes value ({kind})")
+    data = feature.bytes_list.value[0]
+    if spec.decode == "raw":
+        if len(data) != spec.nbytes:
+            raise DecodeError(f"{where} has {len(data)} bytes, not {spec.nbytes} for {spec.shape}")
+        return np.frombuffer(data, spec.dtype).reshape(spec.shape)
+    return _image(data, spec, where)
+
+
+def _image(data: bytes, spec: FeatureSpec, where: str) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            mode = "L" if len(spec.shape) == 2 or spec.shape[2] == 1 else "RGB"
+            if len(spec.shape) == 3 and spec.shape[2] == 4:
+                mode = "RGBA"
+            pixels = np.asarray(image.convert(mode))
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DecodeError(f"{where}: not an image Pillow reads: {exc}") from None
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    if len(spec.shape) == 2:
+        pixels = pixels[:, :, 0]
+    if pixels.shape != spec.shape:
+        raise DecodeError(f"{where}: the image is {pixels.shape}, not {spec.shape}")
+    return pixels.astype(spec.dtype)
+
+
+def decode_record(data: bytes, key: str, specs: Sequence[FeatureSpec]) -> Mapping[str, np.ndarray]:
+    """Every input of one record."""
+    example = parse_example(data, key)
+    return {spec.name: decode(example, spec, key) for spec in specs}
+
+
+def example_of(arrays: Mapping[str, np.ndarray], key: str | None = None) -> tf_pb.Example:
+    """An Example holding arrays as float or int64 lists (an output record), and the key
+    of the input record it answers."""
+    example = tf_pb.Example()
+    features = example.features.feature
+    if key is not None:
+        features["key"].bytes_list.value.append(key.encode())
+    for name, array in arrays.items():
+        flat = np.asarray(array).reshape(-1)
+        if flat.dtype.kind == "f":
+            features[name].float_list.value.extend(flat.astype(np.float32).tolist())
+        else:
+            features[name].int64_list.value.extend(flat.astype(np.int64).tolist())
+    return example
