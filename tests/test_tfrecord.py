@@ -6,18 +6,30 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 from PIL import Image
 
 from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.features import DecodeError, decode_record, example_of, parse_feature
+from neuron_rtd.tools.stream.sources import (
+    Interleave,
+    Shard,
+    epoch_order,
+    expand,
+    read_manifest,
+    shard_records,
+)
 from neuron_rtd.tools.stream.tfrecord import (
     CorruptRecord,
     ReadStats,
+    Record,
     Writer,
     build_index,
     frame,
@@ -206,3 +218,88 @@ def test_an_output_example_carries_its_input_key() -> None:
     assert features["key"].bytes_list.value == [b"a@12"]
     assert list(features["probs"].float_list.value) == [0.25, 0.75]
     assert list(features["top"].int64_list.value) == [1]
+
+
+# --- sources: shards, epochs, manifests, weighted interleave ----------------------------
+
+
+def test_shards_from_paths_globs_and_fsspec_urls(tmp_path: Path) -> None:
+    records = payloads(12, seed=6)
+    for i in range(3):
+        write(tmp_path / f"part-{i}.tfrecord", records[i * 4 : i * 4 + 4])
+    shards = expand([str(tmp_path / "part-*.tfrecord")])
+    assert [Path(s.url).name for s in shards] == [f"part-{i}.tfrecord" for i in range(3)]
+    got = [r.data for s in shards for r in shard_records(s)]
+    assert got == records
+    fs = fsspec.filesystem("memory")  # a URL, read through fsspec in ranged requests
+    fs.pipe("/bucket/a.tfrecord.gz", gzip.compress(b"".join(frame(r) for r in records)))
+    (remote,) = expand(["memory://bucket/*.tfrecord.gz"])
+    assert [r.data for r in shard_records(remote, read_ahead=64)] == records
+    offset = next(r.offset for i, r in enumerate(shard_records(remote)) if i == 5)
+    assert [r.data for r in shard_records(remote, start=offset)] == records[5:]
+    with pytest.raises(ValueError, match=r"--input .*nothing-\*: no file there"):
+        expand([str(tmp_path / "nothing-*")])
+
+
+def test_epochs_shuffle_shards_repeatably() -> None:
+    shards = [Shard(f"s{i}") for i in range(10)]
+    assert epoch_order(shards, None, 3) == shards  # no seed: as given
+    one, two = epoch_order(shards, 7, 0), epoch_order(shards, 7, 1)
+    assert (
+        one == epoch_order(shards, 7, 0)
+        and one != two
+        and sorted(one, key=lambda s: s.url) == sorted(shards, key=lambda s: s.url)
+    )
+
+
+def test_manifests_in_both_styles(tmp_path: Path) -> None:
+    write(tmp_path / "cat.tfrecord", payloads(2))
+    write(tmp_path / "dog.tfrecord", payloads(2))
+    (tmp_path / "m.json").write_text(
+        json.dumps(
+            {
+                "classes": {
+                    "cat": {"weight": 3, "shards": [str(tmp_path / "cat.tfrecord")]},
+                    "dog": {"shards": [str(tmp_path / "dog.tfrecord")]},
+                }
+            }
+        )
+    )
+    manifest = read_manifest(tmp_path / "m.json")
+    assert manifest.weights == {"cat": 3.0, "dog": 1.0}
+    assert manifest.shards["dog"] == [Shard(str(tmp_path / "dog.tfrecord"), "dog")]
+    lines = [
+        {"source-ref": str(tmp_path / "cat.tfrecord"), "class": "cat", "weight": 0.5},
+        {"source-ref": str(tmp_path / "dog.tfrecord"), "class": "dog"},
+    ]
+    (tmp_path / "m.manifest").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert read_manifest(tmp_path / "m.manifest").weights == {"cat": 0.5, "dog": 1.0}
+    (tmp_path / "bad.manifest").write_text('{"source-ref": 3}\n')
+    with pytest.raises(ValueError, match=r"bad.manifest:1: expected \{\"source-ref\""):
+        read_manifest(tmp_path / "bad.manifest")
+
+
+def endless(label: str) -> Iterator[Record]:
+    count = 0
+    while True:
+        yield Record(label.encode(), label, count)
+        count += 1
+
+
+def test_interleave_follows_the_weights_and_a_changed_weight() -> None:
+    weights = {"a": 3.0, "b": 1.0}
+    mixed = Interleave({"a": endless("a"), "b": endless("b")}, lambda: weights, seed=1)
+    drawn = iter(mixed)
+    first = [next(drawn).path for _ in range(4000)]
+    share = first.count("a") / len(first)
+    # binomial: 4000 draws at p = 0.75 have a standard deviation of 0.0068; 5 of them
+    assert abs(share - 0.75) < 0.035, share
+    weights["a"], weights["b"] = 1.0, 4.0  # boosting b mid-run: read again between batches
+    later = [next(drawn).path for _ in range(4000)][100:]  # after the next re-read
+    assert abs(later.count("b") / len(later) - 0.8) < 0.035
+    finite = Interleave(
+        {"a": iter([Record(b"1", "a", 0)]), "b": iter([Record(b"2", "b", 0)] * 3)},
+        lambda: {"a": 1.0, "b": 1.0},
+        seed=2,
+    )
+    assert sorted(r.path for r in finite) == ["a", "b", "b", "b"]  # a class ends, b goes on

@@ -1,0 +1,216 @@
+"""Where records come from: shards named by paths, globs or fsspec URLs, read in ranged
+requests with read-ahead (a shard is never downloaded whole first), in an order shuffled
+per epoch, and classes of shards interleaved by weights that may change during a run.
+
+- `expand(inputs)`: local paths and globs (`data/*.tfrecord`), and any fsspec URL
+  (`s3://bucket/train-*.tfrecord` through s3fs, `memory://...`); sorted, each a `Shard`.
+- `shard_records(shard, ...)`: a shard's records (GZIP/ZLIB by its name), from an offset.
+- `epoch_order(shards, seed, epoch)`: the shards of one epoch, shuffled with `seed` and
+  the epoch number (the same order for the same run), or as given with no seed.
+- A manifest names shards per class with weights: JSON `{"classes": {"cats": {"weight":
+  2, "shards": [...]}, ...}}`, or augmented-manifest JSON lines, one shard a line:
+  `{"source-ref": "s3://.../a.tfrecord", "class": "cats", "weight": 2}`.
+- `Interleave`: records of each class's stream, drawn at random in proportion to the
+  weights `weights()` gives now (read again every `reweigh_every` records: a callback,
+  or the manifest file read again, for dynamic boosting); a finished class drops out.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import fsspec
+
+from neuron_rtd.tools.stream.tfrecord import (
+    OnCorrupt,
+    ReadStats,
+    Record,
+    guess_compression,
+    open_stream,
+    read_records,
+)
+
+READ_AHEAD_BYTES = 8 << 20  # each ranged read of a remote shard, and what it reads ahead
+
+
+@dataclass(frozen=True)
+class Shard:
+    url: str  # a local path or an fsspec URL
+    label: str = ""  # its class, from a manifest
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text
+
+
+def expand(inputs: Sequence[str], label: str = "") -> list[Shard]:
+    """The shards the inputs name, each input's sorted; ValueError for one naming none."""
+    shards: list[Shard] = []
+    for text in inputs:
+        if _is_url(text):
+            fs, _, paths = fsspec.get_fs_token_paths(text)
+            protocol = text.split("://", 1)[0]
+            found = sorted(f"{protocol}://{p}" for p in paths if fs.isfile(p))
+        elif glob.has_magic(text):
+            found = sorted(p for p in glob.glob(text) if Path(p).is_file())
+        else:
+            found = [text] if Path(text).is_file() else []
+        if not found:
+            raise ValueError(f"--input {text}: no file there")
+        shards.extend(Shard(url, label) for url in found)
+    return shards
+
+
+def open_shard(shard: Shard, read_ahead: int = READ_AHEAD_BYTES) -> IO[bytes]:
+    """The shard's raw bytes: a local file, or a remote one read in ranged requests of
+    `read_ahead` bytes."""
+    if not _is_url(shard.url):
+        return open(shard.url, "rb")
+    opened: IO[bytes] = fsspec.open(
+        shard.url, "rb", block_size=read_ahead, cache_type="readahead"
+    ).open()
+    return opened
+
+
+def shard_records(
+    shard: Shard,
+    *,
+    on_corrupt: OnCorrupt = "fail",
+    stats: ReadStats | None = None,
+    start: int = 0,
+    read_ahead: int = READ_AHEAD_BYTES,
+) -> Iterator[Record]:
+    """The records of one shard, from uncompressed offset `start` on."""
+    with open_shard(shard, read_ahead) as raw:
+        stream = open_stream(raw, guess_compression(shard.url))
+        if start:
+            _skip_to(stream, start, compressed=guess_compression(shard.url) != "none")
+        yield from read_records(stream, shard.url, on_corrupt=on_corrupt, stats=stats, start=start)
+
+
+def _skip_to(stream: IO[bytes], offset: int, *, compressed: bool) -> None:
+    if not compressed:
+        stream.seek(offset)
+        return
+    while offset > 0:
+        chunk = stream.read(min(offset, 1 << 20))
+        if not chunk:
+            return
+        offset -= len(chunk)
+
+
+def epoch_order(shards: Sequence[Shard], seed: int | None, epoch: int) -> list[Shard]:
+    """The shards of one epoch: shuffled by (seed, epoch), or as given without a seed."""
+    order = list(shards)
+    if seed is not None:
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
+
+
+# --- manifests and weights -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    shards: dict[str, list[Shard]]  # class -> its shards
+    weights: dict[str, float]  # class -> weight
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """A manifest file (see the module doc); ValueError naming what is wrong."""
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and "classes" in doc:
+        return _classes_manifest(doc, str(path))
+    return _augmented_manifest(text, str(path))
+
+
+def _weight(value: object, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where}: weight must be a number >= 0, not {value!r}")
+    return float(value)
+
+
+def _classes_manifest(doc: dict[str, object], path: str) -> Manifest:
+    classes = doc.get("classes")
+    if not isinstance(classes, dict) or not classes:
+        raise ValueError(
+            f'{path}: expected {{"classes": {{NAME: {{"weight": W, "shards": [...]}}}}}}'
+        )
+    shards: dict[str, list[Shard]] = {}
+    weights: dict[str, float] = {}
+    for name, entry in classes.items():
+        where = f"{path}: class {name!r}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list):
+            raise ValueError(f'{where}: expected {{"weight": W, "shards": [...]}}')
+        weights[name] = _weight(entry.get("weight", 1), where)
+        shards[name] = expand([str(s) for s in entry["shards"]], name)
+    return Manifest(shards, weights)
+
+
+def _augmented_manifest(text: str, path: str) -> Manifest:
+    shards: dict[str, list[Shard]] = {}
+    weights: dict[str, float] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON: {exc.msg}") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("source-ref"), str):
+            raise ValueError(f'{where}: expected {{"source-ref": URL, "class": NAME}}')
+        label = str(entry.get("class", ""))
+        shards.setdefault(label, []).extend(expand([entry["source-ref"]], label))
+        if "weight" in entry:
+            weights[label] = _weight(entry["weight"], where)
+        weights.setdefault(label, 1.0)
+    if not shards:
+        raise ValueError(f"{path}: names no shard")
+    return Manifest(shards, weights)
+
+
+class Interleave:
+    """Records of several classes' streams, drawn in proportion to their weights."""
+
+    def __init__(
+        self,
+        streams: Mapping[str, Iterator[Record]],
+        weights: Callable[[], Mapping[str, float]],
+        *,
+        seed: int | None = None,
+        reweigh_every: int = 64,
+    ) -> None:
+        self._streams = dict(streams)
+        self._weights = weights
+        self._rng = random.Random(seed)
+        self._reweigh_every = reweigh_every
+        self.drawn: dict[str, int] = dict.fromkeys(self._streams, 0)
+
+    def __iter__(self) -> Iterator[Record]:
+        current = dict(self._weights())
+        count = 0
+        while self._streams:
+            if count and count % self._reweigh_every == 0:
+                current = dict(self._weights())
+            names = [n for n in self._streams if current.get(n, 0.0) > 0]
+            if not names:
+                return  # every class left has weight 0
+            name = self._rng.choices(names, [current[n] for n in names])[0]
+            record = next(self._streams[name], None)
+            if record is None:
+                del self._streams[name]
+                continue
+            self.drawn[name] += 1
+            count += 1
+            yield record
