@@ -1,0 +1,170 @@
+"""`neuron-batch`: stream TFRecord shards through a model on the daemon, outputs in order.
+
+    neuron-batch --neff MODEL.neff --input 'data/train-*.tfrecord' \\
+        --feature image:float32:3,224,224 --output out/ [--ncgs 2] [--resume]
+
+Exit codes: 0 every record answered (or skipped under --on-corrupt skip), 1 the data or the
+daemon failed the run (a corrupt record under fail; say which and where), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from neuron_rtd.client import NrtClientError, default_address
+from neuron_rtd.errors import NrtError
+from neuron_rtd.help_format import PlainHelp
+from neuron_rtd.tools.stream.features import DecodeError, parse_feature
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline
+from neuron_rtd.tools.stream.sources import expand
+from neuron_rtd.tools.stream.tfrecord import CorruptRecord
+
+PROG = "neuron-batch"
+
+
+def _feature(text: str) -> object:
+    try:
+        return parse_feature(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Stream TFRecord shards (local paths, globs or fsspec URLs such as "
+        "s3://) through a model loaded on M NeuronCore Groups of the daemon, and write the "
+        "outputs in order, each with its input record's key. A run is resumable.",
+        formatter_class=PlainHelp,
+    )
+    p.add_argument("--neff", required=True, help="the compiled model")
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="PATH|GLOB|URL",
+        help="TFRecord shards (repeatable; .gz and .zz are decompressed)",
+    )
+    p.add_argument(
+        "--feature",
+        action="append",
+        required=True,
+        type=_feature,
+        metavar="NAME:DTYPE:D0,D1,...[:raw|list|image]",
+        help="an Example feature to a model input of one record's shape (repeatable)",
+    )
+    p.add_argument("--output", required=True, type=Path, help="the directory of the outputs")
+    p.add_argument(
+        "--format",
+        choices=("tfrecord", "npy"),
+        default="tfrecord",
+        help="of the outputs (default tfrecord: Examples with the input's key; npy: an npz "
+        "per shard)",
+    )
+    p.add_argument(
+        "--ncgs", type=_positive, default=1, help="copies of the model, one NCG each (default 1)"
+    )
+    p.add_argument("--channels", type=_positive, default=2, help="shards read at once (default 2)")
+    p.add_argument(
+        "--ninfer", type=_positive, default=4, help="batches in flight per NCG (default 4)"
+    )
+    p.add_argument("--batch", type=_positive, help="records a batch (default: the model's batch)")
+    p.add_argument(
+        "--on-corrupt",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a record whose CRC or frame is wrong fails the run, or is skipped, counted "
+        "and logged (default fail)",
+    )
+    p.add_argument(
+        "--shuffle", type=int, metavar="SEED", help="shuffle the shards each epoch with this seed"
+    )
+    p.add_argument("--epochs", type=_positive, default=1, help="passes over the data (default 1)")
+    p.add_argument("--resume", action="store_true", help="skip the shards a killed run finished")
+    p.add_argument("--json", action="store_true", help="progress as JSON lines on stdout")
+    p.add_argument(
+        "-a",
+        "--address",
+        help="the daemon (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not Path(args.neff).is_file():
+        print(f"{PROG}: error: --neff {args.neff}: no such file", file=sys.stderr)
+        return 2
+    try:
+        shards = expand(args.input)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    options = Options(
+        neff=args.neff,
+        shards=shards,
+        features=args.feature,
+        output=args.output,
+        address=args.address or default_address(),
+        format=args.format,
+        ncgs=args.ncgs,
+        channels=args.channels,
+        ninfer=args.ninfer,
+        batch=args.batch,
+        on_corrupt=args.on_corrupt,
+        shuffle=args.shuffle,
+        epochs=args.epochs,
+        resume=args.resume,
+    )
+
+    def report(figures: dict[str, float]) -> None:
+        if args.json:
+            print(json.dumps(figures), flush=True)
+        elif sys.stderr.isatty():
+            print(
+                f"\r{figures['records']:.0f} records  {figures['records_per_s']:.0f}/s  "
+                f"{figures['mb_per_s']:.1f} MB/s  waiting on storage "
+                f"{figures['storage_wait_share']:.0%}, on the NCs {figures['nc_wait_share']:.0%}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    try:
+        totals = Pipeline(options, report).run()
+    except (CorruptRecord, DecodeError) as exc:
+        print(f"\n{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except NrtClientError as exc:
+        print(f"\n{PROG}: error: the daemon: {exc}", file=sys.stderr)
+        return 1
+    except (NrtError, OSError) as exc:
+        print(f"\n{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    if not args.json:
+        figures = totals.snapshot()
+        print(
+            f"{PROG}: {figures['records']:.0f} records in {figures['seconds']:.1f} s "
+            f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s), "
+            f"{figures['skipped']:.0f} skipped; {figures['units_done']:.0f} shard(s) written to "
+            f"{args.output}, {figures['units_skipped']:.0f} done before",
+            file=sys.stderr if sys.stderr.isatty() else sys.stdout,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

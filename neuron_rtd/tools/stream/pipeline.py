@@ -1,0 +1,326 @@
+"""Streaming batch inference: shards in, one model on M NCGs, outputs out, in order.
+
+The work is cut into units, one per shard and epoch. `channels` threads each take a unit,
+read its records (the storage), decode them by the feature specs and batch them, and send
+each batch to the next of the M copies of the model (data parallel, `ninfer` in flight on
+each, tensors through shared memory); the unit's outputs are written in the order of its
+records, to a file named after the unit, under a temporary name renamed into place when the
+unit is whole. Then the unit is recorded done in the checkpoint (`.checkpoint.json`,
+replaced atomically): a run started again with `resume` skips the units done, so that no
+output is missing and none is written twice, whatever point the run was killed at.
+
+Time is accounted as the channels see it: waiting on the storage (reading records) or on
+the NCs (waiting for a batch's answer); `Progress` reports it with records/s and MB/s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from neuron_rtd.client import Client, Model
+from neuron_rtd.tools.stream.features import FeatureSpec, decode_record, example_of
+from neuron_rtd.tools.stream.sources import Shard, epoch_order, shard_records
+from neuron_rtd.tools.stream.tfrecord import OnCorrupt, ReadStats, Record, Writer
+
+OutputFormat = Literal["tfrecord", "npy"]
+CHECKPOINT = ".checkpoint.json"
+
+
+@dataclass(frozen=True)
+class Unit:
+    epoch: int
+    shard: Shard
+
+    @property
+    def name(self) -> str:
+        """Stable across runs: the epoch and the shard's URL."""
+        digest = hashlib.sha1(self.shard.url.encode()).hexdigest()[:8]
+        base = Path(self.shard.url.split("://", 1)[-1]).name
+        for suffix in (".gz", ".zz", ".zlib", ".tfrecord", ".tfrecords"):
+            base = base.removesuffix(suffix)
+        return f"e{self.epoch:03d}-{digest}-{base}"
+
+
+@dataclass
+class Options:
+    neff: str
+    shards: Sequence[Shard]
+    features: Sequence[FeatureSpec]
+    output: Path
+    address: str | None = None
+    format: OutputFormat = "tfrecord"
+    ncgs: int = 1
+    channels: int = 2
+    ninfer: int = 4
+    batch: int | None = None  # default: the model's batch (its inputs' first axis)
+    on_corrupt: OnCorrupt = "fail"
+    shuffle: int | None = None
+    epochs: int = 1
+    resume: bool = False
+
+
+@dataclass
+class Totals:
+    """What a run did; updated by the channels, read by `Progress`."""
+
+    records: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    units_done: int = 0
+    units_skipped: int = 0  # done by an earlier run (resume)
+    storage_s: float = 0.0
+    nc_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            seconds = max(time.monotonic() - self.started, 1e-9)
+            waited = self.storage_s + self.nc_s
+            return {
+                "seconds": round(seconds, 3),
+                "records": self.records,
+                "skipped": self.skipped,
+                "units_done": self.units_done,
+                "units_skipped": self.units_skipped,
+                "records_per_s": round(self.records / seconds, 1),
+                "mb_per_s": round(self.bytes / seconds / 1e6, 2),
+                "storage_wait_share": round(self.storage_s / waited, 3) if waited else 0.0,
+                "nc_wait_share": round(self.nc_s / waited, 3) if waited else 0.0,
+            }
+
+
+class Checkpoint:
+    """The units done, in `output/.checkpoint.json`, each write atomic."""
+
+    def __init__(self, output: Path, *, resume: bool) -> None:
+        self.path = output / CHECKPOINT
+        self._lock = threading.Lock()
+        self.done: set[str] = set()
+        if resume and self.path.exists():
+            self.done = set(json.loads(self.path.read_text())["done"])
+
+    def mark(self, unit: Unit) -> None:
+        with self._lock:
+            self.done.add(unit.name)
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"done": sorted(self.done)}))
+            os.replace(temporary, self.path)
+
+
+class _Outputs:
+    """One unit's outputs, written in order under a temporary name."""
+
+    def __init__(self, output: Path, unit: Unit, fmt: OutputFormat) -> None:
+        suffix = ".tfrecord" if fmt == "tfrecord" else ".npz"
+        self.final = output / f"{unit.name}{suffix}"
+        self.temporary = output / f".{unit.name}{suffix}.partial"
+        self.fmt = fmt
+        self._writer = Writer(self.temporary) if fmt == "tfrecord" else None
+        self._keys: list[str] = []
+        self._arrays: dict[str, list[np.ndarray]] = {}
+
+    def add(self, keys: Sequence[str], outputs: dict[str, np.ndarray]) -> None:
+        for row, key in enumerate(keys):
+            if self._writer is not None:
+                one = {name: array[row] for name, array in outputs.items()}
+                self._writer.write(example_of(one, key).SerializeToString())
+            else:
+                self._keys.append(key)
+                for name, array in outputs.items():
+                    self._arrays.setdefault(name, []).append(array[row])
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        else:
+            arrays: dict[str, np.ndarray] = {
+                name: np.stack(rows) for name, rows in self._arrays.items()
+            }
+            arrays["keys"] = np.array(self._keys)
+            with open(self.temporary, "wb") as file:
+                np.savez(file, **arrays)  # type: ignore[arg-type]
+        os.replace(self.temporary, self.final)
+
+    def abandon(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.temporary.unlink()
+
+
+def model_batch(model: Model) -> int:
+    """The batch a model takes: its first input's first axis."""
+    shape = model.inputs[0].shape
+    return int(shape[0]) if shape else 1
+
+
+class Pipeline:
+    def __init__(self, options: Options, report: Callable[[dict[str, float]], None]) -> None:
+        self.options = options
+        self.report = report
+        self.totals = Totals()
+        self._failed: BaseException | None = None
+        self._stop = threading.Event()
+
+    def units(self) -> list[Unit]:
+        o = self.options
+        return [
+            Unit(epoch, shard)
+            for epoch in range(o.epochs)
+            for shard in epoch_order(o.shards, o.shuffle, epoch)
+        ]
+
+    def run(self) -> Totals:
+        """Run to the end; the first failure (a corrupt record under `fail`, the daemon)
+        stops every channel and is raised, its unit left undone."""
+        o = self.options
+        o.output.mkdir(parents=True, exist_ok=True)
+        checkpoint = Checkpoint(o.output, resume=o.resume)
+        units = self.units()
+        todo = [u for u in units if u.name not in checkpoint.done]
+        self.totals.units_skipped = len(units) - len(todo)
+        pending: deque[Unit] = deque(todo)
+        workers = max(1, o.ncgs * o.ninfer)
+        with Client(o.address, async_workers=workers) as client:
+            models = [client.load(o.neff, ninfer=o.ninfer) for _ in range(o.ncgs)]
+            batch = o.batch or model_batch(models[0])
+            turn = _RoundRobin(models)
+            ticker = threading.Thread(target=self._tick, daemon=True)
+            ticker.start()
+            with ThreadPoolExecutor(o.channels, thread_name_prefix="channel") as channels:
+                lock = threading.Lock()
+
+                def channel() -> None:
+                    while not self._stop.is_set():
+                        with lock:
+                            if not pending:
+                                return
+                            unit = pending.popleft()
+                        try:
+                            self._unit(unit, turn, batch, checkpoint)
+                        except BaseException as exc:
+                            if self._failed is None:
+                                self._failed = exc
+                            self._stop.set()
+                            return
+
+                for _ in range(o.channels):
+                    channels.submit(channel)
+            self._stop.set()
+            ticker.join()
+        self.report(self.totals.snapshot())
+        if self._failed is not None:
+            raise self._failed
+        return self.totals
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self.report(self.totals.snapshot())
+
+    def _unit(self, unit: Unit, turn: _RoundRobin, batch: int, checkpoint: Checkpoint) -> None:
+        o = self.options
+        out = _Outputs(o.output, unit, o.format)
+        window: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]] = deque()
+        limit = max(2, o.ncgs * o.ninfer)
+        stats = ReadStats()
+        try:
+            for keys, inputs, count in self._batches(unit, batch, stats):
+                if self._stop.is_set():
+                    raise _Stopped
+                window.append((keys, count, turn.next().infer_async(inputs)))
+                while len(window) >= limit:
+                    self._drain_one(window, out)
+            while window:
+                self._drain_one(window, out)
+            out.finish()
+        except BaseException:
+            for _, _, future in window:
+                future.cancel()
+            out.abandon()
+            raise
+        checkpoint.mark(unit)
+        with self.totals.lock:
+            self.totals.units_done += 1
+            self.totals.skipped += stats.skipped
+
+    def _drain_one(
+        self,
+        window: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]],
+        out: _Outputs,
+    ) -> None:
+        keys, count, future = window.popleft()
+        began = time.monotonic()
+        outputs = future.result()
+        waited = time.monotonic() - began
+        out.add(keys, {name: array[:count] for name, array in outputs.items()})
+        with self.totals.lock:
+            self.totals.nc_s += waited
+
+    def _batches(
+        self, unit: Unit, batch: int, stats: ReadStats
+    ) -> Iterator[tuple[list[str], dict[str, np.ndarray], int]]:
+        """The unit's records decoded and stacked in batches of `batch` (the last one
+        padded with zeros to the model's batch): (keys, inputs, real count)."""
+        o = self.options
+        records = shard_records(unit.shard, on_corrupt=o.on_corrupt, stats=stats)
+        keys: list[str] = []
+        rows: list[dict[str, np.ndarray]] = []
+        while True:
+            began = time.monotonic()
+            record: Record | None = next(records, None)
+            with self.totals.lock:
+                self.totals.storage_s += time.monotonic() - began
+            if record is not None:
+                keys.append(f"{record.key}#{unit.epoch}" if o.epochs > 1 else record.key)
+                rows.append(dict(decode_record(record.data, record.key, o.features)))
+                with self.totals.lock:
+                    self.totals.records += 1
+                    self.totals.bytes += len(record.data)
+            if rows and (len(rows) == batch or record is None):
+                yield keys, _stack(rows, o.features, batch), len(rows)
+                keys, rows = [], []
+            if record is None:
+                return
+
+
+def _stack(
+    rows: list[dict[str, np.ndarray]], specs: Sequence[FeatureSpec], batch: int
+) -> dict[str, np.ndarray]:
+    stacked = {}
+    for spec in specs:
+        array = np.zeros((batch, *spec.shape), spec.dtype)
+        for i, row in enumerate(rows):
+            array[i] = row[spec.name]
+        stacked[spec.name] = array
+    return stacked
+
+
+class _RoundRobin:
+    def __init__(self, models: Sequence[Model]) -> None:
+        self._models = list(models)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> Model:
+        with self._lock:
+            model = self._models[self._next % len(self._models)]
+            self._next += 1
+            return model
+
+
+class _Stopped(Exception):
+    """Another channel failed: this one stops, its unit undone."""

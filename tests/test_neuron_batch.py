@@ -1,0 +1,228 @@
+"""neuron-batch against the real daemon: every record answered once, in order, with its key;
+corrupt records under fail and skip; npz outputs; resume after SIGKILL giving exactly the
+full output; usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.neff.samples import SampleModel, build_mlp
+from neuron_rtd.proto import tf_pb
+from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
+
+pytestmark = pytest.mark.daemon
+
+BATCH = 4
+FEATURE = "x:float32:16"
+
+
+@pytest.fixture(scope="module")
+def model(module_work: Path) -> tuple[SampleModel, Path]:
+    sample = build_mlp((16, 32, 8), batch=BATCH, seed=9)
+    path = module_work / "mlp.neff"
+    path.write_bytes(sample.neff)
+    return sample, path
+
+
+def make_shards(folder: Path, shards: int, per_shard: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Shards of Examples with a raw float32 feature `x` of 16; each record's x by key."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    xs: dict[str, np.ndarray] = {}
+    for s in range(shards):
+        path = folder / f"part-{s:02d}.tfrecord"
+        with Writer(path) as writer:
+            for _ in range(per_shard):
+                x = rng.standard_normal(16).astype(np.float32)
+                example = tf_pb.Example()
+                example.features.feature["x"].bytes_list.value.append(x.tobytes())
+                writer.write(example.SerializeToString())
+        for (offset, _), _record in zip(build_index(path), range(per_shard), strict=True):
+            xs[f"{path}@{offset}"] = rng_x(path, offset)
+    return xs
+
+
+def rng_x(path: Path, offset: int) -> np.ndarray:
+    for record in read_file(path, start=offset):
+        example = tf_pb.Example.FromString(record.data)
+        return np.frombuffer(example.features.feature["x"].bytes_list.value[0], np.float32)
+    raise AssertionError("no record there")
+
+
+def batch_cmd(daemon: DaemonProcess, neff: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "neuron_rtd.cli.neuron_batch",
+        "--neff",
+        str(neff),
+        "--feature",
+        FEATURE,
+        "-a",
+        daemon.address,
+        *args,
+    ]
+
+
+def outputs_of(folder: Path) -> dict[str, np.ndarray]:
+    """Every output record's probs by its input key; a key seen twice fails."""
+    found: dict[str, np.ndarray] = {}
+    for path in sorted(folder.glob("*.tfrecord")):
+        for record in read_file(path):
+            features = tf_pb.Example.FromString(record.data).features.feature
+            key = features["key"].bytes_list.value[0].decode()
+            assert key not in found, f"{key} written twice"
+            found[key] = np.array(features["probs"].float_list.value, np.float32)
+    return found
+
+
+def test_every_record_is_answered_in_order_with_its_key(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    sample, neff = model
+    xs = make_shards(work / "in", shards=3, per_shard=10)  # 10: the last batch is padded
+    out = work / "out"
+    done = subprocess.run(
+        batch_cmd(
+            daemon,
+            neff,
+            "--input",
+            str(work / "in" / "*.tfrecord"),
+            "--output",
+            str(out),
+            "--ncgs",
+            "2",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    final = json.loads(done.stdout.splitlines()[-1])
+    assert (final["records"], final["units_done"], final["skipped"]) == (30, 3, 0)
+    got = outputs_of(out)
+    assert set(got) == set(xs)
+    for key, probs in got.items():  # each answer is the model's on that record's x
+        want = sample.reference({"x": np.tile(xs[key], (BATCH, 1))})["probs"][0]
+        np.testing.assert_allclose(probs, want, rtol=1e-4, atol=1e-6)
+    for path in out.glob("*.tfrecord"):  # in the order of the shard's records
+        offsets = [int(k.rsplit("@", 1)[1]) for k in outputs_of_file(path)]
+        assert offsets == sorted(offsets)
+    assert not list(out.glob(".*.partial"))
+
+
+def outputs_of_file(path: Path) -> list[str]:
+    return [
+        tf_pb.Example.FromString(r.data).features.feature["key"].bytes_list.value[0].decode()
+        for r in read_file(path)
+    ]
+
+
+def test_corrupt_records_fail_or_are_skipped_and_npz_outputs(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    _, neff = model
+    make_shards(work / "in", shards=2, per_shard=8)
+    victim = work / "in" / "part-01.tfrecord"
+    data = bytearray(victim.read_bytes())
+    data[build_index(victim)[3][0] + 20] ^= 0xFF  # inside the 4th record's data
+    victim.write_bytes(data)
+    args = ["--input", str(work / "in" / "*.tfrecord"), "--format", "npy"]
+    failed = subprocess.run(
+        batch_cmd(daemon, neff, *args, "--output", str(work / "fail")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert failed.returncode == 1
+    assert (
+        f"{victim}: corrupt record at offset {build_index_clean_offset(work, 3)}" in failed.stderr
+    )
+    assert "Traceback" not in failed.stderr
+    skipped = subprocess.run(
+        batch_cmd(
+            daemon, neff, *args, "--output", str(work / "skip"), "--on-corrupt", "skip", "--json"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    final = json.loads(skipped.stdout.splitlines()[-1])
+    assert (final["records"], final["skipped"]) == (15, 1)
+    keys: Counter[str] = Counter()
+    for path in (work / "skip").glob("*.npz"):
+        with np.load(path) as npz:
+            assert npz["probs"].shape == (len(npz["keys"]), 8)
+            keys.update(str(k) for k in npz["keys"])
+    assert sum(keys.values()) == 15 and max(keys.values()) == 1
+
+
+def build_index_clean_offset(work: Path, index: int) -> int:
+    return build_index(work / "in" / "part-00.tfrecord")[index][0]  # same layout: same sizes
+
+
+def test_a_killed_run_resumes_to_exactly_the_full_output(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    _, neff = model
+    xs = make_shards(work / "in", shards=8, per_shard=12, seed=3)
+    out = work / "out"
+    args = ["--input", str(work / "in" / "*.tfrecord"), "--output", str(out), "--channels", "1"]
+    inject = Path(daemon.sim_root) / "neuron0" / "inject"
+    inject.write_text("nc_delay_ms=40\n")  # slow enough to be killed mid-run
+    try:
+        run = subprocess.Popen(
+            batch_cmd(daemon, neff, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        checkpoint = out / ".checkpoint.json"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if checkpoint.exists() and len(json.loads(checkpoint.read_text())["done"]) >= 2:
+                break
+            time.sleep(0.05)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        done_before = len(json.loads(checkpoint.read_text())["done"])
+        assert 2 <= done_before < 8, done_before
+    finally:
+        inject.write_text("nc_delay_ms=0\n")
+    resumed = subprocess.run(
+        batch_cmd(daemon, neff, *args, "--resume", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads(resumed.stdout.splitlines()[-1])
+    assert final["units_skipped"] == done_before and final["units_done"] == 8 - done_before
+    assert set(outputs_of(out)) == set(xs)  # none missing, none twice (outputs_of checks)
+    assert not list(out.glob(".*.partial"))
+
+
+def test_usage_errors_exit_2(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    _, neff = model
+    for args, why in (
+        (["--input", str(work / "none-*"), "--output", str(work / "o")], "no file there"),
+        (["--input", "x", "--output", "o", "--feature", "x:float32"], "expected NAME:DTYPE"),
+        (["--input", "x", "--output", "o", "--ncgs", "0"], "positive integer"),
+    ):
+        done = subprocess.run(
+            batch_cmd(daemon, neff, *args), capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
