@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +229,74 @@ def test_usage_errors_exit_2(
         )
         assert done.returncode == 2 and why in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def s3(work: Path) -> Iterator[dict[str, str]]:
+    """A local S3-compatible server (moto's server mode); the environment that points
+    fsspec's s3 (s3fs) at it."""
+    server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    if not Path(server).exists():
+        pytest.skip("moto's server is not installed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(work / "moto.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"moto_server did not listen on {port}: {(work / 'moto.log').read_text()}")
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def test_shards_streamed_from_s3(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path, s3: dict[str, str]
+) -> None:
+    _, neff = model
+    xs = make_shards(work / "in", shards=2, per_shard=9, seed=5)
+    env = {**os.environ, **s3}
+    upload = (
+        "import sys, fsspec, gzip, pathlib\n"
+        "fs = fsspec.filesystem('s3'); fs.mkdir('data')\n"
+        "for p in map(pathlib.Path, sys.argv[1:]):\n"
+        "    fs.pipe('data/' + p.name + '.gz', gzip.compress(p.read_bytes()))\n"
+    )
+    shards = sorted(str(p) for p in (work / "in").glob("*.tfrecord"))
+    subprocess.run([sys.executable, "-c", upload, *shards], env=env, check=True, timeout=120)
+    done = subprocess.run(
+        batch_cmd(
+            daemon,
+            neff,
+            "--input",
+            "s3://data/part-*.tfrecord.gz",
+            "--output",
+            str(work / "out"),
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = outputs_of(work / "out")
+    assert len(got) == 18
+    # the keys name the s3 objects; offsets are those of the uncompressed stream
+    local = {k.rsplit("/", 1)[1] for k in xs}
+    assert {k.rsplit("/", 1)[1].replace(".tfrecord.gz@", ".tfrecord@") for k in got} == local

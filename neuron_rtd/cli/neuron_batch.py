@@ -93,6 +93,13 @@ def parser() -> argparse.ArgumentParser:
         "--shuffle", type=int, metavar="SEED", help="shuffle the shards each epoch with this seed"
     )
     p.add_argument("--epochs", type=_positive, default=1, help="passes over the data (default 1)")
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=60,
+        metavar="SECONDS",
+        help="how long one batch's inference may take (default 60)",
+    )
     p.add_argument("--resume", action="store_true", help="skip the shards a killed run finished")
     p.add_argument("--json", action="store_true", help="progress as JSON lines on stdout")
     p.add_argument(
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         shuffle=args.shuffle,
         epochs=args.epochs,
         resume=args.resume,
+        timeout_s=args.timeout,
     )
 
     def report(figures: dict[str, float]) -> None:

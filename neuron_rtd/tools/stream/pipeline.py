@@ -70,6 +70,7 @@ class Options:
     shuffle: int | None = None
     epochs: int = 1
     resume: bool = False
+    timeout_s: float = 60.0  # one batch's inference (the daemon's default is 2 s)
 
 
 @dataclass
@@ -196,7 +197,9 @@ class Pipeline:
         pending: deque[Unit] = deque(todo)
         workers = max(1, o.ncgs * o.ninfer)
         with Client(o.address, async_workers=workers) as client:
-            models = [client.load(o.neff, ninfer=o.ninfer) for _ in range(o.ncgs)]
+            models = [
+                client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
+            ]
             batch = o.batch or model_batch(models[0])
             turn = _RoundRobin(models)
             ticker = threading.Thread(target=self._tick, daemon=True)

@@ -72,9 +72,8 @@ def open_shard(shard: Shard, read_ahead: int = READ_AHEAD_BYTES) -> IO[bytes]:
     `read_ahead` bytes."""
     if not _is_url(shard.url):
         return open(shard.url, "rb")
-    opened: IO[bytes] = fsspec.open(
-        shard.url, "rb", block_size=read_ahead, cache_type="readahead"
-    ).open()
+    fs, path = fsspec.core.url_to_fs(shard.url)
+    opened: IO[bytes] = fs.open(path, "rb", block_size=read_ahead, cache_type="readahead")
     return opened
 
 
