@@ -20,7 +20,7 @@ from driver_sim.errors import (
     KernelError,
     MachineMismatch,
 )
-from driver_sim.execute import DynamicBuffer, execute_program
+from driver_sim.execute import DynamicBuffer, InstrProfile, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
 from driver_sim.machine import DeviceInfo, Machine
 from driver_sim.ops import KERNELS, Kernel, supported_ops
@@ -60,6 +60,7 @@ __all__ = [
     "InitFailed",
     "InstancePreset",
     "Instr",
+    "InstrProfile",
     "Kernel",
     "KernelError",
     "LoadedProgram",

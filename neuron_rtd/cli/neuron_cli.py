@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from neuron_rtd.tools import profile
 from neuron_rtd.tools.validate import command as validate
 
 Handler = Callable[[argparse.Namespace], int]
@@ -29,6 +30,14 @@ def parser() -> argparse.ArgumentParser:
     )
     validate.add_arguments(cmd)
     cmd.set_defaults(handler=validate.run)
+    cmd = commands.add_parser(
+        "profile",
+        help="per-op profile of a model: run order, top ops, by op type, per NC (MACE style)",
+        description=(profile.__doc__ or "").split("\n\n", 1)[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    profile.add_arguments(cmd)
+    cmd.set_defaults(handler=profile.run)
     return top
 
 

@@ -138,3 +138,8 @@ class Watch:
 
     def snapshot(self) -> Any:
         return self._call("snapshot", ext_pb.snapshot_request())
+
+    def profile(self, model_id: int, last: int = 0) -> Any:
+        """The per-op profiles of a model loaded with profiling (its last `last`
+        inferences, 0: all the daemon kept)."""
+        return self._call("profile", ext_pb.profile_request(model_id=model_id, last=last))
