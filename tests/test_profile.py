@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -71,7 +73,7 @@ def test_profiled_model_records_every_instruction(local: LocalRuntime) -> None:
         assert [i.index for i in step.instrs] == list(range(len(program)))
     instrs = [i for s in inference.steps for i in s.instrs]
     matmuls = [i for i in instrs if i.op == "MatMul"]
-    widths = list(zip(SIZES, SIZES[1:], strict=False))
+    widths = list(itertools.pairwise(SIZES))
     assert [i.input_shapes for i in matmuls] == [((1, a), (a, b)) for a, b in widths]
     assert [i.output_shapes for i in matmuls] == [((1, b),) for _, b in widths]
     assert [i.macs for i in matmuls] == [a * b for a, b in widths]
@@ -246,7 +248,7 @@ def test_cli_profile_of_a_loaded_model(
         "Add",
         "cpu-node",
     ]
-    assert report["total_macs"] == sum(a * b for a, b in zip(SIZES, SIZES[1:], strict=False))
+    assert report["total_macs"] == sum(a * b for a, b in itertools.pairwise(SIZES))
     assert {t["track"] for t in report["by_track"]} == {"NC 0", "NC 1", "CPU softmax"}
     by_type = {t["op"]: t for t in report["by_type"]}
     assert by_type["MatMul"]["count"] == 3 and by_type["MatMul"]["macs"] == report["total_macs"]
@@ -265,7 +267,8 @@ def test_cli_profile_of_a_neff(daemon: DaemonProcess, tmp_path: Path) -> None:
     neff_path = tmp_path / "mlp.neff"
     neff_path.write_bytes(_mlp())
     inputs = tmp_path / "in.npz"
-    np.savez(inputs, **{read_neff(_mlp()).inputs[0].name: _x()})
+    arrays: dict[str, Any] = {read_neff(_mlp()).inputs[0].name: _x()}
+    np.savez(inputs, **arrays)
     done = neuron_cli(neff_path, "--inputs", inputs, "--runs", "3", "-a", daemon.address, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
