@@ -251,9 +251,9 @@ class Model:
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
-        # Profiling is chosen once, here: an unprofiled model runs `_execute` untouched.
+        # Profiling is chosen once, here: an unprofiled model runs `_execute` untouched
+        # (the one test on `profiler` in `run` is all it costs).
         self.profiler = Profiler() if self.params.profile else None
-        self._run_steps = self._execute if self.profiler is None else self._execute_profiled
 
     @property
     def dram_bytes(self) -> int:
@@ -359,12 +359,13 @@ class Model:
 
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
+        execute = self._execute if self.profiler is None else self._execute_profiled
         try:
             if self.mode is LoadMode.SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
-                    self._run_steps(job)
+                    execute(job)
             else:
-                self._run_steps(job)
+                execute(job)
         except NrtError as exc:
             job.error = exc
         except Exception as exc:  # a bug, not the client's fault: still answer
