@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     cmd = commands.add_parser(
         "profile",
         help="per-op profile of a model: run order, top ops, by op type, per NC (MACE style)",
-        description=(profile.__doc__ or "").split("\n\n", 1)[1].strip(),
+        description=(profile.__doc__ or "").split("\n\n", 1)[1].strip("\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     profile.add_arguments(cmd)

@@ -8,7 +8,8 @@ type, time, MACs, GMAC/s and output shape), the top 10 by time, a summary by op 
 the totals of each NC and CPU node. Times are averages over the profiled inferences
 shown. Two clocks: "host ms" is wall time on the daemon's host (a profiled model runs its
 NC programs on the reference kernels, one instruction at a time, to time them); "NC us"
-is simulated NeuronCore time, the cost model's cycles at the NC clock (CPU nodes have
+is simulated NeuronCore time, the cost model's cycles on the op's engine at the NC clock
+(the engines run side by side, so a stage takes its busiest engine's time; CPU nodes have
 none). GMAC/s is MACs per host second.
 
 `--trace FILE` writes Chrome trace-event JSON (Perfetto, chrome://tracing): one track
@@ -373,7 +374,8 @@ def render(report: Mapping[str, Any]) -> str:
         f"Inference: {report['inference_host_ms']:.3f} ms host wall, "
         f"{report['inference_nc_us']:.3f} us simulated NC; {report['total_macs']} MACs\n"
         "host ms: wall time on the host (reference kernels, op by op, averaged); "
-        f"NC us: cost-model cycles at {report['nc_clock_hz'] / 1e9:g} GHz\n\n",
+        f"NC us: the op's engine cycles at {report['nc_clock_hz'] / 1e9:g} GHz (engines run "
+        "side by side: a stage takes its busiest engine's time)\n\n",
         "Run order\n",
         _table(op_headers, _op_lines(report["run_order"], total_ms), right),
         f"\nTop {TOP} by host time\n",
