@@ -16,7 +16,13 @@ import numpy as np
 
 from driver_sim import blas
 from driver_sim.errors import DriverError
-from driver_sim.execute import bind_inputs, copy_outputs, run_steps
+from driver_sim.execute import (
+    InstrProfile,
+    bind_inputs,
+    copy_outputs,
+    run_steps,
+    run_steps_profiled,
+)
 from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
@@ -57,11 +63,13 @@ class NeuronCore:
             self._counters = slots[nc_slots(self.index)]
             self._cycles = slots[cycle_slots(self.index)]
 
-    def load(self, program: NcProgram) -> LoadedProgram:
-        """Validate and resolve `program` for this core; KernelError if it is bad."""
+    def load(self, program: NcProgram, *, reference: bool = False) -> LoadedProgram:
+        """Validate and resolve `program` for this core; KernelError if it is bad.
+        `reference`: it runs on the reference kernels whatever the core's engine (a
+        profiled program, timed instruction by instruction)."""
         self._device.check_owned()
         loaded = load_program(self, program)
-        if self.engine == "fast":
+        if self.engine == "fast" and not reference:
             loaded.fast = FastProgram.of(loaded, self.threads, program.opset)
         return loaded
 
@@ -88,6 +96,32 @@ class NeuronCore:
                 if len(fast.costs) < MAX_CACHED_COSTS:
                     fast.costs[key] = cost
             return self._count(cost, start)
+
+    def run_profiled(
+        self,
+        program: LoadedProgram,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray],
+    ) -> tuple[int, list[InstrProfile]]:
+        """`run` on the reference kernels, one instruction at a time, each timed and
+        costed: the run's cycles and a record per instruction. The counters count it as
+        any run."""
+        if program.owner is not self:
+            raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
+        with self.lock:
+            start = time.perf_counter_ns()
+            self._device.before_run(self.index)
+            env = program.template.copy()
+            key = bind_inputs(program, inputs, env)
+            use_rng(self.rng)
+            blas.run_starts()
+            try:
+                freed, records = run_steps_profiled(program, env)
+            finally:
+                blas.run_ends()
+                use_rng(None)
+            copy_outputs(program, env, outputs)
+            return self._count(program.cost_of(key, env, freed), start), records
 
     def _run_reference(
         self,

@@ -6,11 +6,14 @@ is the bare form, for the host (CPU nodes run the same kernels, counting nothing
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from driver_sim.cost import engine_cycles
 from driver_sim.errors import KernelError
 from driver_sim.ops import Shape
 from driver_sim.program import LoadedProgram
@@ -101,6 +104,71 @@ def run_steps(program: LoadedProgram, env: list[Any]) -> dict[int, Shape]:
         op = program.kernels[index].op
         raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
     return freed
+
+
+@dataclass(frozen=True, slots=True)
+class InstrProfile:
+    """One instruction of a profiled run: what it read and wrote, when it started and
+    how long it took on the host (perf_counter ns), and what the cost model counts for it."""
+
+    index: int
+    op: str
+    engine: str
+    input_shapes: tuple[Shape, ...]
+    output_shapes: tuple[Shape, ...]
+    start_ns: int
+    host_ns: int
+    macs: int
+    cycles: int
+
+
+def run_steps_profiled(
+    program: LoadedProgram, env: list[Any]
+) -> tuple[dict[int, Shape], list[InstrProfile]]:
+    """`run_steps`, timing each instruction and costing it as `LoadedProgram.cost_of`
+    does (the same shapes, so the MACs and cycles add up to the run's counters)."""
+    index = 0
+    freed: dict[int, Shape] = {}
+    records: list[InstrProfile] = []
+    release = program.release
+    clock = time.perf_counter_ns
+    try:
+        with np.errstate(all="ignore"):
+            for index, (fn, ins, outs, multi) in enumerate(program.steps):
+                args = [env[i] for i in ins]
+                begin = clock()
+                result = fn(*args)
+                end = clock()
+                if not multi:
+                    env[outs[0]] = result
+                else:
+                    for slot, value in zip(outs, result, strict=False):
+                        env[slot] = value
+                kern = program.kernels[index]
+                in_shapes = tuple(tuple(np.shape(a)) if a is not None else () for a in args)
+                out_shapes = tuple(tuple(np.shape(env[s])) for s in outs)
+                macs = kern.macs(list(in_shapes), list(out_shapes), program.attrs[index])
+                elements = sum(int(np.prod(shape)) for shape in out_shapes)
+                records.append(
+                    InstrProfile(
+                        index,
+                        kern.op,
+                        kern.engine.name,
+                        in_shapes,
+                        out_shapes,
+                        begin,
+                        end - begin,
+                        int(macs),
+                        engine_cycles(kern.engine, macs, elements),
+                    )
+                )
+                for slot in release[index]:
+                    freed[slot] = np.shape(env[slot])
+                    env[slot] = None
+    except _KERNEL_FAILURES as exc:
+        op = program.kernels[index].op
+        raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
+    return freed, records
 
 
 def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, Any]) -> None:

@@ -13,6 +13,7 @@ from neuron_rtd.runtime import (
     DramBuffer,
     NcCounters,
     NeuronCoreApi,
+    ProfiledRunFn,
     RunFn,
     SimDevice,
 )
@@ -26,6 +27,9 @@ class WrappedCore:
 
     def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
         return self._device.wrap_run(self.index, self._core.load(program, inputs))
+
+    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
+        return self._core.load_profiled(program, inputs)
 
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)

@@ -477,12 +477,56 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (10, "status_code", "int32", S, None),
         (11, "details", "string", S, None),
     ],
+    "profile_request": [
+        (1, "model_id", "uint32", S, None),
+        (2, "last", "uint32", S, None),
+    ],
+    "profile_shape": [(1, "dims", "int64", R, None)],
+    "profile_instr": [
+        (1, "index", "uint32", S, None),
+        (2, "op", "string", S, None),
+        (3, "engine", "string", S, None),
+        (4, "input_shapes", "nrt.ext.profile_shape", R, None),
+        (5, "output_shapes", "nrt.ext.profile_shape", R, None),
+        (6, "start_ns", "uint64", S, None),
+        (7, "host_ns", "uint64", S, None),
+        (8, "macs", "uint64", S, None),
+        (9, "cycles", "uint64", S, None),
+    ],
+    "profile_step": [
+        (1, "node", "string", S, None),
+        (2, "stage", "uint32", S, None),
+        (3, "vnc", "int32", S, None),
+        (4, "start_ns", "uint64", S, None),
+        (5, "host_ns", "uint64", S, None),
+        (6, "cycles", "uint64", S, None),
+        (7, "instrs", "nrt.ext.profile_instr", R, None),
+        (8, "input_shapes", "nrt.ext.profile_shape", R, None),
+        (9, "output_shapes", "nrt.ext.profile_shape", R, None),
+    ],
+    "profile_inference": [
+        (1, "seq", "uint64", S, None),
+        (2, "time_ns", "uint64", S, None),
+        (3, "host_ns", "uint64", S, None),
+        (4, "cycles", "uint64", S, None),
+        (5, "steps", "nrt.ext.profile_step", R, None),
+    ],
+    "profile_response": [
+        (1, "status_code", "int32", S, None),
+        (2, "details", "string", S, None),
+        (3, "model_id", "uint32", S, None),
+        (4, "model_name", "string", S, None),
+        (5, "nc_clock_hz", "uint64", S, None),
+        (6, "recorded", "uint64", S, None),
+        (7, "inferences", "nrt.ext.profile_inference", R, None),
+    ],
 }
 
 EXT_SERVICES: dict[str, dict[str, Method]] = {
     "nmgr_ext": {
         "describe": ("nrt.ext.describe_request", "nrt.ext.describe_response", False, False),
         "snapshot": ("nrt.ext.snapshot_request", "nrt.ext.snapshot_response", False, False),
+        "profile": ("nrt.ext.profile_request", "nrt.ext.profile_response", False, False),
     },
 }
 

@@ -24,7 +24,7 @@ import inspect
 import sys
 from typing import Protocol
 
-from neuron_rtd.tools import control
+from neuron_rtd.tools import control, profile
 from neuron_rtd.tools.validate import command as validate
 
 
@@ -53,6 +53,11 @@ COMMANDS: tuple[tuple[str, str, Subcommand], ...] = (
         "validate",
         "run a NEFF on the daemon and its ONNX model on onnxruntime, compare the outputs",
         validate,
+    ),
+    (
+        "profile",
+        "per-op profile of a model: run order, top ops, by op type, per NC (MACE style)",
+        profile,
     ),
 )
 

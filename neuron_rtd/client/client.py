@@ -265,6 +265,7 @@ class Client:
         timeout_s: float | None = None,
         by_path: bool = False,
         start: bool | None = None,
+        profile: bool = False,
     ) -> Model:
         """Load a NEFF given as bytes, a path or a `Neff`.
 
@@ -273,7 +274,9 @@ class Client:
         or, with none, on an implicit NCG the daemon makes (and starts). `ninfer`: its
         queue depth (default: the client's, 4). `timeout` (or `timeout_s`): seconds one
         inference may take (default: the daemon's). `by_path`: the daemon reads the file
-        itself (`neff_file`); else the NEFF is streamed in 1 MiB chunks."""
+        itself (`neff_file`); else the NEFF is streamed in 1 MiB chunks. `profile`:
+        load it with `enable_node_profiling` (its inferences record each op, for the
+        ext `profile` RPC and `neuron-cli profile`)."""
         if timeout is not None and timeout_s is not None:
             raise TypeError("give timeout or timeout_s, not both")
         seconds = timeout if timeout is not None else timeout_s
@@ -283,6 +286,8 @@ class Client:
         gate = self._take_gate() if ncg is None else None
         target = gate.id if gate is not None else ncg
         params = pb.model_params(ninfer=pb.u32(data=depth))
+        if profile:
+            params.enable_node_profiling.data = 1
         if seconds is not None:
             params.timeout.data = max(1, math.ceil(seconds))
         response = self._load_stream(target, params, data, path if by_path else None)

@@ -149,3 +149,8 @@ class Watch:
         """The daemon's `nmgr_counters` (read_inference_counters): how its inferences
         ended and their error subtypes, counted since it started; reading takes nothing."""
         return self._call("read_inference_counters", pb.empty(), self._nmgr).nmgr_counters
+
+    def profile(self, model_id: int, last: int = 0) -> Any:
+        """The per-op profiles of a model loaded with profiling (its last `last`
+        inferences, 0: all the daemon kept)."""
+        return self._call("profile", ext_pb.profile_request(model_id=model_id, last=last))

@@ -29,6 +29,7 @@ from neuron_rtd.runtime.driver import (
     DramBuffer,
     NcCounters,
     NeuronCoreApi,
+    ProfiledRunFn,
     RunFn,
     SimDevice,
     acquire_sim,
@@ -36,6 +37,12 @@ from neuron_rtd.runtime.driver import (
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
+from neuron_rtd.runtime.profile import (
+    InferenceProfile,
+    InstrRecord,
+    ModelProfile,
+    StepRecord,
+)
 from neuron_rtd.runtime.runtime import (
     FIRST_MODEL_ID,
     Runtime,
@@ -64,12 +71,15 @@ __all__ = [
     "Histogram",
     "HwCounters",
     "InferResult",
+    "InferenceProfile",
     "Input",
+    "InstrRecord",
     "LoadMode",
     "LocalRuntime",
     "MetricSeries",
     "ModelInfo",
     "ModelParams",
+    "ModelProfile",
     "ModelState",
     "NcCounters",
     "NcUse",
@@ -77,6 +87,7 @@ __all__ = [
     "NeffFile",
     "NeuronCoreApi",
     "NmgrCounters",
+    "ProfiledRunFn",
     "RunFn",
     "Runtime",
     "RuntimeOptions",
@@ -85,6 +96,7 @@ __all__ = [
     "ShmOutputs",
     "SimDevice",
     "Snapshot",
+    "StepRecord",
     "SystemCounters",
     "Tally",
     "Topology",

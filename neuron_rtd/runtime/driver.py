@@ -26,10 +26,42 @@ from neuron_rtd.neff import Stage, TensorSpec
 
 # A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.
 RunFn = Callable[[Mapping[str, Any], Mapping[str, Any]], int]
+# A profiled run: the same, instruction by instruction: (cycles, a record per instruction).
+ProfiledRunFn = Callable[
+    [Mapping[str, Any], Mapping[str, Any]], tuple[int, Sequence["InstrSample"]]
+]
 # A CPU node's run: the same, counting nothing.
 HostFn = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
 
 DynamicBuffer = driver_sim.DynamicBuffer  # a tensor whose shape its producer decides
+
+
+class InstrSample(Protocol):
+    """One instruction of a profiled NC run (`driver_sim.InstrProfile`): its index in the
+    program, op, engine, shapes, start (perf_counter ns) and host time, and its MACs and
+    cycles as the cost model counts them."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def output_shapes(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def host_ns(self) -> int: ...
+    @property
+    def macs(self) -> int: ...
+    @property
+    def cycles(self) -> int: ...
+
+
+NC_CLOCK_HZ = driver_sim.NC_CLOCK_HZ  # the NC clock: simulated time is cycles / this
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,11 @@ class NeuronCoreApi(Protocol):
     def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
         """Check `program` (its weights already in this device's DRAM, `inputs` the specs
         of its input tensors) and prepare it; what runs it on this NC."""
+        ...
+
+    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
+        """`load`, for a run that times and costs each instruction (on the reference
+        kernels, whatever the NC's engine)."""
         ...
 
     def seed(self, seed: int, stream: int) -> None: ...
@@ -217,6 +254,11 @@ class SimCore:
     def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
         loaded = self._core.load(_nc_program(program, inputs))
         return functools.partial(self._core.run, loaded)
+
+    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
+        """Load `program` to run on the reference kernels, each instruction timed."""
+        loaded = self._core.load(_nc_program(program, inputs), reference=True)
+        return functools.partial(self._core.run_profiled, loaded)
 
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)

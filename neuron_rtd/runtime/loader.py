@@ -13,7 +13,7 @@ Tensors with a dynamic axis get DRAM at their planned bound, or none when unboun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,14 @@ import numpy as np
 
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Bucket, Neff, Stage
-from neuron_rtd.runtime.driver import DeviceApi, DramBuffer, DynamicBuffer, driver_errors
+from neuron_rtd.runtime.driver import (
+    DeviceApi,
+    DramBuffer,
+    DynamicBuffer,
+    ProfiledRunFn,
+    RunFn,
+    driver_errors,
+)
 from neuron_rtd.runtime.host import compile_host_stage
 from neuron_rtd.runtime.model import (
     HostRun,
@@ -167,6 +174,7 @@ def _load_steps(
     ncgs: NcgTable,
     devices: Sequence[DeviceApi],
     neff_name: str,
+    profile: bool = False,
 ) -> list[Step]:
     steps: list[Step] = []
     for node, vncs in zip(variant.nodes, placement, strict=True):
@@ -186,18 +194,36 @@ def _load_steps(
             weights = _place_weights(alloc, vnc, stage, tag)
             loc = ncgs.locate(vnc)
             core = devices[loc.device_slot].nc(loc.nc)
+            profiled = None
             with driver_errors(f"loading '{neff_name}' {tag} on NC {vnc}"):
                 specs = [variant.tensors[name] for name in stage.inputs]
-                run = core.load(dataclasses.replace(stage, weights=weights), specs)
+                placed = dataclasses.replace(stage, weights=weights)
+                if profile:
+                    profiled = core.load_profiled(placed, specs)
+                    run = _cycles_of(profiled)
+                else:
+                    run = core.load(placed, specs)
             steps.append(
                 StageRun(
                     vnc=vnc,
                     run=run,
                     inputs=tuple(stage.inputs),
                     outputs=tuple(stage.outputs),
+                    node=node.name,
+                    stage=j,
+                    profiled=profiled,
                 )
             )
     return steps
+
+
+def _cycles_of(profiled: ProfiledRunFn) -> RunFn:
+    """A profiled stage's run, as a plain run: its cycles only."""
+
+    def run(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
+        return profiled(inputs, outputs)[0]
+
+    return run
 
 
 def build_model(
@@ -218,7 +244,7 @@ def build_model(
     try:
         for bucket in neff.variants():
             placement = stage_vncs(bucket, ncg, mode)
-            steps = _load_steps(bucket, placement, alloc, ncgs, devices, neff.name)
+            steps = _load_steps(bucket, placement, alloc, ncgs, devices, neff.name, params.profile)
             homes = _tensor_homes(bucket, placement)
             slots = _alloc_slots(alloc, bucket, homes, params.ninfer)
             variants.append(Variant(bucket=bucket, steps=steps, slots=slots))

@@ -68,8 +68,11 @@ class LocalRuntime:
         ninfer: int = 1,
         timeout_s: float = 60.0,
         ncg_id: int | None = None,
+        profile: bool = False,
     ) -> ModelInfo:
-        return self.runtime.load(neff, ncg_id=ncg_id, timeout_s=timeout_s, ninfer=ninfer)
+        return self.runtime.load(
+            neff, ncg_id=ncg_id, timeout_s=timeout_s, ninfer=ninfer, profile=profile
+        )
 
     def infer(self, model: ModelInfo, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run `model` on numpy arrays in this thread; the outputs as arrays of their true

@@ -49,7 +49,15 @@ from neuron_rtd.errors import (
     QueueFull,
 )
 from neuron_rtd.neff import Bucket, Neff, TensorSpec
-from neuron_rtd.runtime.driver import DeviceApi, DramBuffer, HostFn, RunFn, driver_errors
+from neuron_rtd.runtime.driver import (
+    DeviceApi,
+    DramBuffer,
+    HostFn,
+    ProfiledRunFn,
+    RunFn,
+    driver_errors,
+)
+from neuron_rtd.runtime.profile import InferenceProfile, InstrRecord, Profiler, StepRecord
 from neuron_rtd.runtime.stats import Tally
 
 log = logging.getLogger("nrtd.NMGR")
@@ -73,6 +81,7 @@ class LoadMode(enum.Enum):
 class ModelParams:
     timeout_s: float
     ninfer: int
+    profile: bool = False  # enable_node_profiling: record each inference's ops
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,9 @@ class StageRun:
     run: RunFn
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    node: str = ""
+    stage: int = 0
+    profiled: ProfiledRunFn | None = None  # a model loaded with profiling: the timed run
 
 
 @dataclass(frozen=True)
@@ -239,6 +251,9 @@ class Model:
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
+        # Profiling is chosen once, here: an unprofiled model runs `_execute` untouched
+        # (the one test on `profiler` in `run` is all it costs).
+        self.profiler = Profiler() if self.params.profile else None
 
     @property
     def dram_bytes(self) -> int:
@@ -344,12 +359,13 @@ class Model:
 
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
+        execute = self._execute if self.profiler is None else self._execute_profiled
         try:
             if self.mode is LoadMode.SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
-                    self._execute(job)
+                    execute(job)
             else:
-                self._execute(job)
+                execute(job)
         except NrtError as exc:
             job.error = exc
         except Exception as exc:  # a bug, not the client's fault: still answer
@@ -391,6 +407,97 @@ class Model:
                 f"of {timeout_s:g} s"
             )
         job.code = self._numerical_code(job)
+
+    def _execute_profiled(self, job: Job) -> None:
+        """`_execute`, recording each step and each NC instruction (see `profile`)."""
+        profiler = self.profiler
+        assert profiler is not None
+        with self._cond:
+            job.state = JobState.RUNNING
+        started = job.started = time.monotonic()
+        wall = time.time_ns()
+        timeout_s = self.params.timeout_s
+        deadline = started + timeout_s
+        clock = time.perf_counter_ns
+        records: list[StepRecord] = []
+        origin = clock()
+        with self._driver_errors:
+            bound = job.variant.bound[job.slot]
+            for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
+                if job.cancel is not None:
+                    raise job.cancel
+                if time.monotonic() > deadline:
+                    raise InferTimeout(
+                        f"inference on model {self.id} ran past its timeout of {timeout_s:g} s"
+                    )
+                if type(step) is StageRun and step.profiled is not None:
+                    begin = clock()
+                    cycles, samples = step.profiled(ins, outs)
+                    took = clock() - begin
+                    job.cycles += cycles
+                    job.nc_ns += took
+                    instrs = tuple(
+                        InstrRecord(
+                            index=s.index,
+                            op=s.op,
+                            engine=s.engine,
+                            input_shapes=s.input_shapes,
+                            output_shapes=s.output_shapes,
+                            start_ns=s.start_ns - origin,
+                            host_ns=s.host_ns,
+                            macs=s.macs,
+                            cycles=s.cycles,
+                        )
+                        for s in samples
+                    )
+                    records.append(
+                        StepRecord(
+                            step.node, step.stage, step.vnc, begin - origin, took, cycles, instrs
+                        )
+                    )
+                elif type(step) is StageRun:  # not loaded for profiling: timed whole
+                    begin = clock()
+                    cycles = run(ins, outs) or 0
+                    took = clock() - begin
+                    job.cycles += cycles
+                    job.nc_ns += took
+                    records.append(
+                        StepRecord(step.node, step.stage, step.vnc, begin - origin, took, cycles)
+                    )
+                else:
+                    with self.host_pool:
+                        begin = clock()
+                        run(ins, outs)
+                        took = clock() - begin
+                    records.append(
+                        StepRecord(
+                            step.node,
+                            0,
+                            -1,
+                            begin - origin,
+                            took,
+                            0,
+                            input_shapes=tuple(np.shape(ins[n]) for n in step.inputs),
+                            output_shapes=tuple(np.shape(outs[n]) for n in step.outputs),
+                        )
+                    )
+        ended = clock()
+        elapsed = time.monotonic() - started
+        if elapsed > timeout_s:
+            raise InferTimeout(
+                f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
+                f"of {timeout_s:g} s"
+            )
+        job.code = self._numerical_code(job)
+        profiler.add(
+            InferenceProfile(
+                seq=profiler.next_seq(),
+                time_ns=wall,
+                host_ns=ended - origin,
+                cycles=sum(r.cycles for r in records),
+                steps=tuple(records),
+            )
+        )
 
     def _fail(self, error: NrtError) -> None:
         """An unrecoverable error: the model stops until it is started again."""

@@ -41,6 +41,7 @@ from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
 from neuron_rtd.runtime.shm import ShmTable, session_name
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
@@ -297,7 +298,34 @@ class Runtime:
         with self._lock:
             return [ModelInfo.of(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
 
-    def params(self, *, timeout_s: float | None = None, ninfer: int | None = None) -> ModelParams:
+    def profile(self, model_id: int, last: int = 0) -> ModelProfile:
+        """The per-op profiles a model loaded with `enable_node_profiling` kept of its
+        last inferences (the `last` most recent, 0: all kept), oldest first."""
+        model = self._model(model_id)
+        profiler = model.profiler
+        if profiler is None:
+            raise InvalidError(
+                f"model {model_id} ({model.name}) was not loaded with node profiling: load "
+                "it again with model_params.enable_node_profiling = 1 (neuron-cli profile "
+                "MODEL.neff, or Client.load(..., profile=True))"
+            )
+        kept = profiler.kept()
+        if not kept:
+            raise InvalidError(
+                f"model {model_id} ({model.name}) has no profiled inference yet: run an "
+                "inference first"
+            )
+        if last > 0:
+            kept = kept[-last:]
+        return ModelProfile(model.id, model.name, NC_CLOCK_HZ, profiler.recorded, kept)
+
+    def params(
+        self,
+        *,
+        timeout_s: float | None = None,
+        ninfer: int | None = None,
+        profile: bool = False,
+    ) -> ModelParams:
         timeout = self.options.default_timeout_s if timeout_s is None else timeout_s
         depth = self.options.default_ninfer if ninfer is None else ninfer
         if timeout <= 0:
@@ -306,7 +334,7 @@ class Runtime:
             raise InvalidError(
                 f"ninfer must be between 1 and {self.options.max_ninfer}, got {depth}"
             )
-        return ModelParams(timeout_s=float(timeout), ninfer=depth)
+        return ModelParams(timeout_s=float(timeout), ninfer=depth, profile=profile)
 
     def neff_buffer(self, size: int) -> memoryview:
         """A buffer for a NEFF of `size` bytes a client sends: admitted only while the
@@ -352,12 +380,14 @@ class Runtime:
         timeout_s: float | None = None,
         ninfer: int | None = None,
         session_id: int = 0,
+        profile: bool = False,
     ) -> ModelInfo:
         """Load `neff` (parsed, its bytes, or an absolute file path): on NCG `ncg_id`
-        (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None."""
+        (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None.
+        `profile` (enable_node_profiling): its inferences record each op (`profile`)."""
         self.ensure_ready()
         parsed = self._read_neff(neff)
-        params = self.params(timeout_s=timeout_s, ninfer=ninfer)
+        params = self.params(timeout_s=timeout_s, ninfer=ninfer, profile=profile)
         began = time.monotonic()
         with self._lock:
             self._check_session(session_id)

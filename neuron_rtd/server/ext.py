@@ -63,3 +63,11 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
             return wire.snapshot(self.runtime.snapshot())
         except NrtError as exc:
             return ext_pb.snapshot_response(status_code=int(exc.code), details=str(exc))
+
+    def profile(
+        self, request: ext_pb.profile_request, context: grpc.ServicerContext
+    ) -> ext_pb.profile_response:
+        try:
+            return wire.profile(self.runtime.profile(request.model_id, request.last))
+        except NrtError as exc:
+            return ext_pb.profile_response(status_code=int(exc.code), details=str(exc))

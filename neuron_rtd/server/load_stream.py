@@ -20,6 +20,7 @@ class LoadRequest:
     session_id: int
     timeout_s: float | None
     ninfer: int | None
+    profile: bool = False  # model_params.enable_node_profiling
 
 
 def _until_broken(requests: Iterator[pb.load_request]) -> Iterator[pb.load_request]:
@@ -40,6 +41,7 @@ def read_load_stream(
     session_id = 0
     timeout_s: float | None = None
     ninfer: int | None = None
+    profile = False
     size: int | None = None
     buffer: memoryview | None = None
     filled = 0
@@ -54,6 +56,7 @@ def read_load_stream(
             p = msg.model_params
             timeout_s = p.timeout.data if p.HasField("timeout") else None
             ninfer = p.ninfer.data if p.HasField("ninfer") else None
+            profile = p.HasField("enable_node_profiling") and p.enable_node_profiling.data != 0
         elif kind == "neff_size":
             if size is not None:
                 raise InvalidError("load stream gives neff_size twice")
@@ -86,5 +89,10 @@ def read_load_stream(
     else:
         raise InvalidError("load stream holds no NEFF (neither neff_size+chunks nor neff_file)")
     return LoadRequest(
-        neff=neff, ncg_id=ncg_id, session_id=session_id, timeout_s=timeout_s, ninfer=ninfer
+        neff=neff,
+        ncg_id=ncg_id,
+        session_id=session_id,
+        timeout_s=timeout_s,
+        ninfer=ninfer,
+        profile=profile,
     )

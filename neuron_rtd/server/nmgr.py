@@ -36,6 +36,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 timeout_s=req.timeout_s,
                 ninfer=req.ninfer,
                 session_id=req.session_id,
+                profile=req.profile,
             )
             return pb.load_response(h_nn=pb.h_nn(id=model.id))
 

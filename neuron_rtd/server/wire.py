@@ -16,6 +16,7 @@ from neuron_rtd.runtime import (
     InferResult,
     Input,
     MetricSeries,
+    ModelProfile,
     NcCounters,
     NmgrCounters,
     ShmInput,
@@ -204,4 +205,50 @@ def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
             inputs=[ext_tensor(spec) for spec in model.neff.inputs],
             outputs=[ext_tensor(spec) for spec in model.neff.outputs],
         )
+    return msg
+
+
+def _shapes(shapes: Iterable[tuple[int, ...]]) -> list[ext_pb.profile_shape]:
+    return [ext_pb.profile_shape(dims=shape) for shape in shapes]
+
+
+def profile(prof: ModelProfile) -> ext_pb.profile_response:
+    msg = ext_pb.profile_response(
+        model_id=prof.model_id,
+        model_name=prof.name,
+        nc_clock_hz=prof.nc_clock_hz,
+        recorded=prof.recorded,
+    )
+    for inference in prof.inferences:
+        out = msg.inferences.add(
+            seq=inference.seq,
+            time_ns=inference.time_ns,
+            host_ns=inference.host_ns,
+            cycles=inference.cycles,
+        )
+        for step in inference.steps:
+            out.steps.add(
+                node=step.node,
+                stage=step.stage,
+                vnc=step.vnc,
+                start_ns=max(step.start_ns, 0),
+                host_ns=step.host_ns,
+                cycles=step.cycles,
+                input_shapes=_shapes(step.input_shapes),
+                output_shapes=_shapes(step.output_shapes),
+                instrs=[
+                    ext_pb.profile_instr(
+                        index=i.index,
+                        op=i.op,
+                        engine=i.engine,
+                        input_shapes=_shapes(i.input_shapes),
+                        output_shapes=_shapes(i.output_shapes),
+                        start_ns=max(i.start_ns, 0),
+                        host_ns=i.host_ns,
+                        macs=i.macs,
+                        cycles=i.cycles,
+                    )
+                    for i in step.instrs
+                ],
+            )
     return msg

@@ -207,3 +207,93 @@ class snapshot_response(_message.Message):
     status_code: int
     details: str
     def __init__(self, time_ns: _Optional[int] = ..., cpu_user_s: _Optional[float] = ..., cpu_system_s: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., ncs: _Optional[_Iterable[_Union[ext_nc, _Mapping]]] = ..., ncgs: _Optional[_Iterable[_Union[ext_ncg, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ext_model, _Mapping]]] = ..., latency: _Optional[_Union[ext_histogram, _Mapping]] = ..., nc_latency: _Optional[_Union[ext_histogram, _Mapping]] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class profile_request(_message.Message):
+    __slots__ = ("model_id", "last")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    model_id: int
+    last: int
+    def __init__(self, model_id: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
+class profile_shape(_message.Message):
+    __slots__ = ("dims",)
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dims: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class profile_instr(_message.Message):
+    __slots__ = ("index", "op", "engine", "input_shapes", "output_shapes", "start_ns", "host_ns", "macs", "cycles")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    HOST_NS_FIELD_NUMBER: _ClassVar[int]
+    MACS_FIELD_NUMBER: _ClassVar[int]
+    CYCLES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    op: str
+    engine: str
+    input_shapes: _containers.RepeatedCompositeFieldContainer[profile_shape]
+    output_shapes: _containers.RepeatedCompositeFieldContainer[profile_shape]
+    start_ns: int
+    host_ns: int
+    macs: int
+    cycles: int
+    def __init__(self, index: _Optional[int] = ..., op: _Optional[str] = ..., engine: _Optional[str] = ..., input_shapes: _Optional[_Iterable[_Union[profile_shape, _Mapping]]] = ..., output_shapes: _Optional[_Iterable[_Union[profile_shape, _Mapping]]] = ..., start_ns: _Optional[int] = ..., host_ns: _Optional[int] = ..., macs: _Optional[int] = ..., cycles: _Optional[int] = ...) -> None: ...
+
+class profile_step(_message.Message):
+    __slots__ = ("node", "stage", "vnc", "start_ns", "host_ns", "cycles", "instrs", "input_shapes", "output_shapes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    VNC_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    HOST_NS_FIELD_NUMBER: _ClassVar[int]
+    CYCLES_FIELD_NUMBER: _ClassVar[int]
+    INSTRS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    stage: int
+    vnc: int
+    start_ns: int
+    host_ns: int
+    cycles: int
+    instrs: _containers.RepeatedCompositeFieldContainer[profile_instr]
+    input_shapes: _containers.RepeatedCompositeFieldContainer[profile_shape]
+    output_shapes: _containers.RepeatedCompositeFieldContainer[profile_shape]
+    def __init__(self, node: _Optional[str] = ..., stage: _Optional[int] = ..., vnc: _Optional[int] = ..., start_ns: _Optional[int] = ..., host_ns: _Optional[int] = ..., cycles: _Optional[int] = ..., instrs: _Optional[_Iterable[_Union[profile_instr, _Mapping]]] = ..., input_shapes: _Optional[_Iterable[_Union[profile_shape, _Mapping]]] = ..., output_shapes: _Optional[_Iterable[_Union[profile_shape, _Mapping]]] = ...) -> None: ...
+
+class profile_inference(_message.Message):
+    __slots__ = ("seq", "time_ns", "host_ns", "cycles", "steps")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    HOST_NS_FIELD_NUMBER: _ClassVar[int]
+    CYCLES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time_ns: int
+    host_ns: int
+    cycles: int
+    steps: _containers.RepeatedCompositeFieldContainer[profile_step]
+    def __init__(self, seq: _Optional[int] = ..., time_ns: _Optional[int] = ..., host_ns: _Optional[int] = ..., cycles: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[profile_step, _Mapping]]] = ...) -> None: ...
+
+class profile_response(_message.Message):
+    __slots__ = ("status_code", "details", "model_id", "model_name", "nc_clock_hz", "recorded", "inferences")
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    NC_CLOCK_HZ_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    INFERENCES_FIELD_NUMBER: _ClassVar[int]
+    status_code: int
+    details: str
+    model_id: int
+    model_name: str
+    nc_clock_hz: int
+    recorded: int
+    inferences: _containers.RepeatedCompositeFieldContainer[profile_inference]
+    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., model_id: _Optional[int] = ..., model_name: _Optional[str] = ..., nc_clock_hz: _Optional[int] = ..., recorded: _Optional[int] = ..., inferences: _Optional[_Iterable[_Union[profile_inference, _Mapping]]] = ...) -> None: ...

@@ -45,6 +45,11 @@ class nmgr_extStub:
                 request_serializer=nrt_dot_ext__pb2.snapshot_request.SerializeToString,
                 response_deserializer=nrt_dot_ext__pb2.snapshot_response.FromString,
                 _registered_method=True)
+        self.profile = channel.unary_unary(
+                '/nrt.ext.nmgr_ext/profile',
+                request_serializer=nrt_dot_ext__pb2.profile_request.SerializeToString,
+                response_deserializer=nrt_dot_ext__pb2.profile_response.FromString,
+                _registered_method=True)
 
 
 class nmgr_extServicer:
@@ -67,6 +72,14 @@ class nmgr_extServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def profile(self, request, context):
+        """The per-op profiles of a model loaded with model_params.enable_node_profiling: its
+        last inferences, each NC instruction and CPU node timed (neuron-cli profile).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_nmgr_extServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +92,11 @@ def add_nmgr_extServicer_to_server(servicer, server):
                     servicer.snapshot,
                     request_deserializer=nrt_dot_ext__pb2.snapshot_request.FromString,
                     response_serializer=nrt_dot_ext__pb2.snapshot_response.SerializeToString,
+            ),
+            'profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.profile,
+                    request_deserializer=nrt_dot_ext__pb2.profile_request.FromString,
+                    response_serializer=nrt_dot_ext__pb2.profile_response.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +154,33 @@ class nmgr_ext:
             '/nrt.ext.nmgr_ext/snapshot',
             nrt_dot_ext__pb2.snapshot_request.SerializeToString,
             nrt_dot_ext__pb2.snapshot_response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nrt.ext.nmgr_ext/profile',
+            nrt_dot_ext__pb2.profile_request.SerializeToString,
+            nrt_dot_ext__pb2.profile_response.FromString,
             options,
             channel_credentials,
             insecure,
