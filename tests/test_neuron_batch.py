@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
+from neuron_rtd.tools.stream.sample import local_s3
 from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
 
 pytestmark = pytest.mark.daemon
@@ -233,36 +233,13 @@ def test_usage_errors_exit_2(
 
 @pytest.fixture
 def s3(work: Path) -> Iterator[dict[str, str]]:
-    """A local S3-compatible server (moto's server mode); the environment that points
-    fsspec's s3 (s3fs) at it."""
-    server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    if not Path(server).exists():
+    if (
+        shutil.which("moto_server") is None
+        and not (Path(sys.executable).parent / "moto_server").exists()
+    ):
         pytest.skip("moto's server is not installed")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = open(work / "moto.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    env = {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"moto_server did not listen on {port}: {(work / 'moto.log').read_text()}")
+    with local_s3(work) as env:
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def test_shards_streamed_from_s3(

@@ -166,8 +166,11 @@ def test_feature_specs_parse_or_say_what_is_wrong() -> None:
         "image",
     )
     assert parse_feature("x:float32:4").decode == "raw"
+    mapped = parse_feature("image=input:uint8:3,8,8:image")  # feature image feeds input
+    assert (mapped.name, mapped.input_name) == ("image", "input")
     for bad, why in (
         ("x:float32", "expected NAME:DTYPE"),
+        ("x=:float32:4", "FEATURE=INPUT"),
         ("x:floaty:4", "not a dtype"),
         ("x:float32:4,a", "is not D0,D1"),
         ("x:float32:0", "positive sizes"),
@@ -198,6 +201,10 @@ def test_raw_list_and_image_features_decode_to_the_model_inputs() -> None:
     np.testing.assert_array_equal(got["x"], x)
     assert got["ids"].dtype == np.int32 and got["ids"].tolist() == [3, 1, 4, 1]
     np.testing.assert_array_equal(got["img"], pixels.astype(np.float32))
+    chw = decode_record(
+        example.SerializeToString(), "f@0", [parse_feature("img:uint8:3,8,6:image")]
+    )
+    np.testing.assert_array_equal(chw["img"], pixels.transpose(2, 0, 1))  # channels first
     for spec, why in (
         ("y:float32:2", r"f@0: no feature 'y' \(the record has ids, img, x\)"),
         ("x:float32:7", "has 24 bytes, not 28"),

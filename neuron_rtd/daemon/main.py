@@ -74,8 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "-c",
         dest="config",
         metavar="CONFIG",
-        help=f"JSON config file (default {DEFAULT_CONFIG} when it exists; else built-in "
-        "defaults)",
+        help=f"JSON config file (default {DEFAULT_CONFIG} when it exists; else built-in defaults)",
     )
     parser.add_argument(
         "-l",

@@ -2,11 +2,13 @@
 
 A spec is `NAME:DTYPE:D0,D1,...[:DECODE]` (`--feature`): the feature NAME of the Example
 becomes an input of that name, dtype and shape (of one record; the batch axis comes in
-front), decoded as
+front); `FEATURE=INPUT:...` feeds the model input INPUT from the feature FEATURE. Decoded
+as
 - `raw` (default): the feature's one bytes value holds the array's bytes;
 - `list`: its float or int64 list holds the values;
 - `image`: its one bytes value is an encoded image (PNG, JPEG, ... as Pillow reads them),
-  HxWxC (or HxW for a shape of two dimensions).
+  HxWxC, CxHxW (channels first, as most ONNX vision models take them) or HxW, as the
+  spec's shape says.
 A record whose feature is missing, of another kind, or of another size raises
 DecodeError naming the record and the feature.
 """
@@ -33,10 +35,15 @@ class DecodeError(ValueError):
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    name: str
+    name: str  # the Example's feature
     dtype: np.dtype
     shape: tuple[int, ...]  # of one record
     decode: Decode = "raw"
+    input: str = ""  # the model input it feeds (default: the feature's name)
+
+    @property
+    def input_name(self) -> str:
+        return self.input or self.name
 
     @property
     def nbytes(self) -> int:
@@ -52,6 +59,9 @@ def parse_feature(text: str) -> FeatureSpec:
             f"got {text!r}"
         )
     name, dtype_text, dims = parts[:3]
+    name, _, input_name = name.partition("=")
+    if not name or (_ and not input_name):
+        raise ValueError(f"expected FEATURE or FEATURE=INPUT before the dtype, got {parts[0]!r}")
     decode = parts[3] if len(parts) == 4 else "raw"
     try:
         dtype = np.dtype(dtype_text)
@@ -71,7 +81,7 @@ def parse_feature(text: str) -> FeatureSpec:
         raise ValueError(f"feature {name!r}: decode {decode!r} is not one of {', '.join(DECODES)}")
     if decode == "image" and len(shape) not in (2, 3):
         raise ValueError(f"feature {name!r}: an image is HxW or HxWxC, not {dims}")
-    return FeatureSpec(name, dtype, shape, decode)
+    return FeatureSpec(name, dtype, shape, decode, input_name)
 
 
 def parse_example(data: bytes, key: str) -> tf_pb.Example:
@@ -116,24 +126,25 @@ def decode(example: tf_pb.Example, spec: FeatureSpec, key: str) -> np.ndarray:
 def _image(data: bytes, spec: FeatureSpec, where: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as image:
-            mode = "L" if len(spec.shape) == 2 or spec.shape[2] == 1 else "RGB"
-            if len(spec.shape) == 3 and spec.shape[2] == 4:
-                mode = "RGBA"
+            channels = 1 if len(spec.shape) == 2 else min(spec.shape[0], spec.shape[2])
+            mode = {1: "L", 4: "RGBA"}.get(channels, "RGB")
             pixels = np.asarray(image.convert(mode))
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DecodeError(f"{where}: not an image Pillow reads: {exc}") from None
     pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
     if len(spec.shape) == 2:
         pixels = pixels[:, :, 0]
+    elif pixels.shape != spec.shape and pixels.transpose(2, 0, 1).shape == spec.shape:
+        pixels = pixels.transpose(2, 0, 1)  # channels first
     if pixels.shape != spec.shape:
         raise DecodeError(f"{where}: the image is {pixels.shape}, not {spec.shape}")
     return pixels.astype(spec.dtype)
 
 
 def decode_record(data: bytes, key: str, specs: Sequence[FeatureSpec]) -> Mapping[str, np.ndarray]:
-    """Every input of one record."""
+    """Every input of one record, by model input name."""
     example = parse_example(data, key)
-    return {spec.name: decode(example, spec, key) for spec in specs}
+    return {spec.input_name: decode(example, spec, key) for spec in specs}
 
 
 def example_of(arrays: Mapping[str, np.ndarray], key: str | None = None) -> tf_pb.Example:

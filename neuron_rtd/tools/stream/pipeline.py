@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,21 +294,22 @@ class Pipeline:
                     self.totals.records += 1
                     self.totals.bytes += len(record.data)
             if rows and (len(rows) == batch or record is None):
-                yield keys, _stack(rows, o.features, batch), len(rows)
+                yield keys, stack_batch(rows, o.features, batch), len(rows)
                 keys, rows = [], []
             if record is None:
                 return
 
 
-def _stack(
-    rows: list[dict[str, np.ndarray]], specs: Sequence[FeatureSpec], batch: int
+def stack_batch(
+    rows: Sequence[Mapping[str, np.ndarray]], specs: Sequence[FeatureSpec], batch: int
 ) -> dict[str, np.ndarray]:
+    """The rows' inputs stacked on a new first axis of `batch` (zeros past the rows)."""
     stacked = {}
     for spec in specs:
         array = np.zeros((batch, *spec.shape), spec.dtype)
         for i, row in enumerate(rows):
-            array[i] = row[spec.name]
-        stacked[spec.name] = array
+            array[i] = row[spec.input_name]
+        stacked[spec.input_name] = array
     return stacked
 
 
