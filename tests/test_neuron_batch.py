@@ -277,3 +277,15 @@ def test_shards_streamed_from_s3(
     # the keys name the s3 objects; offsets are those of the uncompressed stream
     local = {k.rsplit("/", 1)[1] for k in xs}
     assert {k.rsplit("/", 1)[1].replace(".tfrecord.gz@", ".tfrecord@") for k in got} == local
+
+
+def test_the_readme_stream_demo_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_rtd.cli.stream_demo", "--images", "32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "neuron-batch: 32 records in" in done.stdout and "0 skipped; 8 shard(s)" in done.stdout
+    assert "first output: images-" in done.stdout
