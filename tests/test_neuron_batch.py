@@ -4,6 +4,7 @@ full output; usage errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ import pytest
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
+from neuron_rtd.tools.stream.features import parse_feature
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sample import local_s3
 from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
 
@@ -223,6 +226,8 @@ def test_usage_errors_exit_2(
         (["--input", str(work / "none-*"), "--output", str(work / "o")], "no file there"),
         (["--input", "x", "--output", "o", "--feature", "x:float32"], "expected NAME:DTYPE"),
         (["--input", "x", "--output", "o", "--ncgs", "0"], "positive integer"),
+        (["--output", "o"], "give --input (one or more) or --manifest"),
+        (["--manifest", str(work / "none.json"), "--output", "o"], "No such file"),
     ):
         done = subprocess.run(
             batch_cmd(daemon, neff, *args), capture_output=True, text=True, timeout=60
@@ -289,3 +294,45 @@ def test_the_readme_stream_demo_runs() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "neuron-batch: 32 records in" in done.stdout and "0 skipped; 8 shard(s)" in done.stdout
     assert "first output: images-" in done.stdout
+
+
+def test_a_manifest_interleaves_by_weight_and_a_resume_replays_its_weights(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    _, neff = model
+    make_shards(work / "cats", shards=2, per_shard=40, seed=7)
+    make_shards(work / "dogs", shards=2, per_shard=40, seed=8)
+    manifest = work / "m.json"
+
+    def weigh(cats: float, dogs: float) -> None:
+        classes = {
+            "cats": {"weight": cats, "shards": [str(work / "cats" / "*.tfrecord")]},
+            "dogs": {"weight": dogs, "shards": [str(work / "dogs" / "*.tfrecord")]},
+        }
+        manifest.write_text(json.dumps({"classes": classes}))
+
+    weigh(3, 1)
+    out = work / "out"
+    options = Options(
+        neff=str(neff), shards=[], features=[parse_feature(FEATURE)], output=out,
+        address=daemon.address, manifest=manifest, chunk_records=32, shuffle=5,
+    )  # fmt: skip
+    totals = Pipeline(options, lambda figures: None).run()
+    assert (totals.records, totals.units_done) == (160, 5)
+    chunks = sorted(out.glob("e000-mix-*.tfrecord"))
+    first = outputs_of_file(chunks[0])
+    cats = sum("/cats/" in key for key in first)
+    assert 18 <= cats <= 30, cats  # 3:1 of 32 is 24 (binomial sd 2.4)
+    everything = [key for chunk in chunks for key in outputs_of_file(chunk)]
+    assert len(everything) == len(set(everything)) == 160  # each record once
+    # lose a middle chunk, change the weights, resume: the chunk comes back the same
+    lost = chunks[2]
+    before = outputs_of_file(lost)
+    lost.unlink()
+    saved = json.loads((out / ".checkpoint.json").read_text())
+    saved["done"].remove(lost.name.removesuffix(".tfrecord"))
+    (out / ".checkpoint.json").write_text(json.dumps(saved))
+    weigh(1, 50)
+    resumed = Pipeline(dataclasses.replace(options, resume=True), lambda f: None).run()
+    assert (resumed.units_done, resumed.units_skipped) == (1, 4)
+    assert outputs_of_file(lost) == before

@@ -19,7 +19,7 @@ from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.tools.stream.features import DecodeError, parse_feature
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
-from neuron_rtd.tools.stream.sources import expand
+from neuron_rtd.tools.stream.sources import expand, read_manifest
 from neuron_rtd.tools.stream.tfrecord import CorruptRecord
 
 PROG = "neuron-batch"
@@ -54,9 +54,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input",
         action="append",
-        required=True,
+        default=[],
         metavar="PATH|GLOB|URL",
         help="TFRecord shards (repeatable; .gz and .zz are decompressed)",
+    )
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="FILE",
+        help="instead of --input: classes of shards with weights (JSON, or augmented-manifest "
+        "lines), their records interleaved by weight; the file is read again every batch, so "
+        "a changed weight takes effect during the run",
     )
     p.add_argument(
         "--feature",
@@ -115,9 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.neff).is_file():
         print(f"{PROG}: error: --neff {args.neff}: no such file", file=sys.stderr)
         return 2
+    if bool(args.input) == (args.manifest is not None):
+        print(f"{PROG}: error: give --input (one or more) or --manifest", file=sys.stderr)
+        return 2
     try:
-        shards = expand(args.input)
-    except ValueError as exc:
+        shards = expand(args.input) if args.input else []
+        if args.manifest is not None:
+            read_manifest(args.manifest)  # checked now, read again during the run
+    except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     options = Options(
@@ -136,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs,
         resume=args.resume,
         timeout_s=args.timeout,
+        manifest=args.manifest,
     )
 
     def report(figures: dict[str, float]) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -32,8 +34,16 @@ import numpy as np
 
 from neuron_rtd.client import Client, Model
 from neuron_rtd.tools.stream.features import FeatureSpec, decode_record, example_of
-from neuron_rtd.tools.stream.sources import Shard, epoch_order, shard_records
+from neuron_rtd.tools.stream.sources import (
+    Interleave,
+    Shard,
+    epoch_order,
+    read_manifest,
+    shard_records,
+)
 from neuron_rtd.tools.stream.tfrecord import OnCorrupt, ReadStats, Record, Writer
+
+log = logging.getLogger("neuron_rtd.stream")
 
 OutputFormat = Literal["tfrecord", "npy"]
 CHECKPOINT = ".checkpoint.json"
@@ -42,11 +52,14 @@ CHECKPOINT = ".checkpoint.json"
 @dataclass(frozen=True)
 class Unit:
     epoch: int
-    shard: Shard
+    shard: Shard | None  # None: a chunk of a manifest's interleave
+    chunk: int = 0
 
     @property
     def name(self) -> str:
-        """Stable across runs: the epoch and the shard's URL."""
+        """Stable across runs: the epoch and the shard's URL (or the chunk's index)."""
+        if self.shard is None:
+            return f"e{self.epoch:03d}-mix-{self.chunk:05d}"
         digest = hashlib.sha1(self.shard.url.encode()).hexdigest()[:8]
         base = Path(self.shard.url.split("://", 1)[-1]).name
         for suffix in (".gz", ".zz", ".zlib", ".tfrecord", ".tfrecords"):
@@ -71,6 +84,8 @@ class Options:
     epochs: int = 1
     resume: bool = False
     timeout_s: float = 60.0  # one batch's inference (the daemon's default is 2 s)
+    manifest: Path | None = None  # classes of shards with weights, instead of `shards`
+    chunk_records: int = 256  # records a unit of a manifest's interleave
 
 
 @dataclass
@@ -111,14 +126,21 @@ class Checkpoint:
         self.path = output / CHECKPOINT
         self._lock = threading.Lock()
         self.done: set[str] = set()
+        # a manifest run's weights, per epoch, as its interleave read them: replayed
+        self.weights: dict[str, list[dict[str, float]]] = {}
         if resume and self.path.exists():
-            self.done = set(json.loads(self.path.read_text())["done"])
+            saved = json.loads(self.path.read_text())
+            self.done = set(saved["done"])
+            self.weights = saved.get("weights", {})
 
-    def mark(self, unit: Unit) -> None:
+    def mark(self, unit: Unit, weights: list[dict[str, float]] | None = None) -> None:
         with self._lock:
             self.done.add(unit.name)
+            if weights is not None:
+                self.weights[str(unit.epoch)] = weights
             temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"done": sorted(self.done)}))
+            saved = {"done": sorted(self.done), "weights": self.weights}
+            temporary.write_text(json.dumps(saved))
             os.replace(temporary, self.path)
 
 
@@ -191,6 +213,8 @@ class Pipeline:
         o = self.options
         o.output.mkdir(parents=True, exist_ok=True)
         checkpoint = Checkpoint(o.output, resume=o.resume)
+        if o.manifest is not None:
+            return self._run_manifest(checkpoint)
         units = self.units()
         todo = [u for u in units if u.name not in checkpoint.done]
         self.totals.units_skipped = len(units) - len(todo)
@@ -214,7 +238,7 @@ class Pipeline:
                                 return
                             unit = pending.popleft()
                         try:
-                            self._unit(unit, turn, batch, checkpoint)
+                            self._unit(unit, None, turn, batch, checkpoint)
                         except BaseException as exc:
                             if self._failed is None:
                                 self._failed = exc
@@ -234,14 +258,91 @@ class Pipeline:
         while not self._stop.wait(1.0):
             self.report(self.totals.snapshot())
 
-    def _unit(self, unit: Unit, turn: _RoundRobin, batch: int, checkpoint: Checkpoint) -> None:
+    def _run_manifest(self, checkpoint: Checkpoint) -> Totals:
+        """The manifest's classes interleaved by weight (the file read again every batch:
+        dynamic boosting), cut into units of `chunk_records`, one after another. A resumed
+        run replays the weights the checkpoint kept, so it draws the same records, and
+        skips (reads, but does not infer) the units done."""
+        o = self.options
+        assert o.manifest is not None
+        manifest_path = o.manifest
+        manifest = read_manifest(manifest_path)
+        last = dict(manifest.weights)
+
+        def weights() -> dict[str, float]:
+            nonlocal last
+            try:
+                last = dict(read_manifest(manifest_path).weights)
+            except (OSError, ValueError) as exc:  # a file being rewritten: keep the last
+                log.warning("%s: %s (the last weights stay)", manifest_path, exc)
+            return last
+
+        with Client(o.address, async_workers=max(1, o.ncgs * o.ninfer)) as client:
+            models = [
+                client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
+            ]
+            batch = o.batch or model_batch(models[0])
+            turn = _RoundRobin(models)
+            ticker = threading.Thread(target=self._tick, daemon=True)
+            ticker.start()
+            try:
+                for epoch in range(o.epochs):
+                    streams = {
+                        label: self._class_records(shards, epoch)
+                        for label, shards in manifest.shards.items()
+                    }
+                    mixed = Interleave(
+                        streams,
+                        weights,
+                        seed=(o.shuffle or 0) + epoch,
+                        reweigh_every=batch,
+                        replay=checkpoint.weights.get(str(epoch), []),
+                    )
+                    records = iter(mixed)
+                    for chunk in itertools.count():
+                        part = list(itertools.islice(records, o.chunk_records))
+                        if not part:
+                            break
+                        unit = Unit(epoch, None, chunk)
+                        if unit.name in checkpoint.done:
+                            self.totals.units_skipped += 1
+                            continue
+                        self._unit(unit, iter(part), turn, batch, checkpoint, mixed.history)
+            finally:
+                self._stop.set()
+                ticker.join()
+        self.report(self.totals.snapshot())
+        return self.totals
+
+    def _class_records(self, shards: Sequence[Shard], epoch: int) -> Iterator[Record]:
+        o = self.options
+        stats = ReadStats()
+        for shard in epoch_order(shards, o.shuffle, epoch):
+            yield from shard_records(shard, on_corrupt=o.on_corrupt, stats=stats)
+            with self.totals.lock:
+                self.totals.skipped += stats.skipped
+            stats = ReadStats()
+
+    def _unit(
+        self,
+        unit: Unit,
+        records: Iterator[Record] | None,
+        turn: _RoundRobin,
+        batch: int,
+        checkpoint: Checkpoint,
+        weights: list[dict[str, float]] | None = None,
+    ) -> None:
+        """One unit: its records (None: its shard's) inferred and written in order."""
         o = self.options
         out = _Outputs(o.output, unit, o.format)
         window: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]] = deque()
         limit = max(2, o.ncgs * o.ninfer)
         stats = ReadStats()
+        if records is None:
+            assert unit.shard is not None
+            records = shard_records(unit.shard, on_corrupt=o.on_corrupt, stats=stats)
         try:
-            for keys, inputs, count in self._batches(unit, batch, stats):
+            for keys, inputs, count in self._batches(unit, records, batch):
                 if self._stop.is_set():
                     raise _Stopped
                 window.append((keys, count, turn.next().infer_async(inputs)))
@@ -255,7 +356,7 @@ class Pipeline:
                 future.cancel()
             out.abandon()
             raise
-        checkpoint.mark(unit)
+        checkpoint.mark(unit, weights)
         with self.totals.lock:
             self.totals.units_done += 1
             self.totals.skipped += stats.skipped
@@ -274,12 +375,11 @@ class Pipeline:
             self.totals.nc_s += waited
 
     def _batches(
-        self, unit: Unit, batch: int, stats: ReadStats
+        self, unit: Unit, records: Iterator[Record], batch: int
     ) -> Iterator[tuple[list[str], dict[str, np.ndarray], int]]:
-        """The unit's records decoded and stacked in batches of `batch` (the last one
-        padded with zeros to the model's batch): (keys, inputs, real count)."""
+        """The records decoded and stacked in batches of `batch` (the last one padded
+        with zeros to the model's batch): (keys, inputs, real count)."""
         o = self.options
-        records = shard_records(unit.shard, on_corrupt=o.on_corrupt, stats=stats)
         keys: list[str] = []
         rows: list[dict[str, np.ndarray]] = []
         while True:

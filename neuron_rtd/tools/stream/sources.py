@@ -189,19 +189,30 @@ class Interleave:
         *,
         seed: int | None = None,
         reweigh_every: int = 64,
+        replay: Sequence[Mapping[str, float]] = (),
     ) -> None:
+        """`replay`: the weights an earlier run read, used again in their turn before
+        `weights` is asked (so that a resumed run draws the same records)."""
         self._streams = dict(streams)
         self._weights = weights
         self._rng = random.Random(seed)
         self._reweigh_every = reweigh_every
+        self._replay = list(replay)
+        self.history: list[dict[str, float]] = []  # the weights of each re-read, in turn
         self.drawn: dict[str, int] = dict.fromkeys(self._streams, 0)
 
+    def _read_weights(self) -> dict[str, float]:
+        turn = len(self.history)
+        current = dict(self._replay[turn]) if turn < len(self._replay) else dict(self._weights())
+        self.history.append(current)
+        return current
+
     def __iter__(self) -> Iterator[Record]:
-        current = dict(self._weights())
+        current = self._read_weights()
         count = 0
         while self._streams:
             if count and count % self._reweigh_every == 0:
-                current = dict(self._weights())
+                current = self._read_weights()
             names = [n for n in self._streams if current.get(n, 0.0) > 0]
             if not names:
                 return  # every class left has weight 0
