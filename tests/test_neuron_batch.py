@@ -336,3 +336,20 @@ def test_a_manifest_interleaves_by_weight_and_a_resume_replays_its_weights(
     resumed = Pipeline(dataclasses.replace(options, resume=True), lambda f: None).run()
     assert (resumed.units_done, resumed.units_skipped) == (1, 4)
     assert outputs_of_file(lost) == before
+
+
+def test_progress_on_a_terminal(tmp_path: Path) -> None:
+    """Under a terminal (script(1) gives one), rich shows records/s and the waits; the
+    summary follows."""
+    typescript = tmp_path / "typescript"
+    command = f"{sys.executable} -m neuron_rtd.cli.stream_demo --images 2048"
+    done = subprocess.run(
+        ["script", "-q", "-e", "-c", command, str(typescript)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    screen = typescript.read_text(errors="replace")
+    assert " records  " in screen and "/s  " in screen and "MB/s" in screen
+    assert "neuron-batch: 2048 records in" in screen and "Traceback" not in screen

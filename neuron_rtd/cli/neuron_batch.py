@@ -10,9 +10,14 @@ daemon failed the run (a corrupt record under fail; say which and where), 2 usag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from neuron_rtd.client import NrtClientError, default_address
 from neuron_rtd.errors import NrtError
@@ -152,29 +157,34 @@ def main(argv: list[str] | None = None) -> int:
         manifest=args.manifest,
     )
 
+    console = Console(stderr=True)
+    live = Live(Text("starting"), console=console, transient=True)
+    shown = not args.json and console.is_terminal
+
     def report(figures: dict[str, float]) -> None:
         if args.json:
             print(json.dumps(figures), flush=True)
-        elif sys.stderr.isatty():
-            print(
-                f"\r{figures['records']:.0f} records  {figures['records_per_s']:.0f}/s  "
-                f"{figures['mb_per_s']:.1f} MB/s  waiting on storage "
-                f"{figures['storage_wait_share']:.0%}, on the NCs {figures['nc_wait_share']:.0%}",
-                end="",
-                file=sys.stderr,
-                flush=True,
+        elif shown:
+            live.update(
+                Text(
+                    f"{figures['records']:.0f} records  {figures['records_per_s']:.0f}/s  "
+                    f"{figures['mb_per_s']:.1f} MB/s  {figures['units_done']:.0f} shard(s) done  "
+                    f"waiting on storage {figures['storage_wait_share']:.0%}, "
+                    f"on the NCs {figures['nc_wait_share']:.0%}"
+                )
             )
 
     try:
-        totals = Pipeline(options, report).run()
+        with live if shown else contextlib.nullcontext():
+            totals = Pipeline(options, report).run()
     except (CorruptRecord, DecodeError) as exc:
-        print(f"\n{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except NrtClientError as exc:
-        print(f"\n{PROG}: error: the daemon: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: the daemon: {exc}", file=sys.stderr)
         return 1
     except (NrtError, OSError) as exc:
-        print(f"\n{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     if not args.json:
         figures = totals.snapshot()
@@ -183,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s), "
             f"{figures['skipped']:.0f} skipped; {figures['units_done']:.0f} shard(s) written to "
             f"{args.output}, {figures['units_skipped']:.0f} done before",
-            file=sys.stderr if sys.stderr.isatty() else sys.stdout,
+            file=sys.stderr if shown else sys.stdout,
         )
     return 0
 
