@@ -145,7 +145,7 @@ def test_corrupt_records_fail_or_are_skipped_and_npz_outputs(
     data = bytearray(victim.read_bytes())
     data[build_index(victim)[3][0] + 20] ^= 0xFF  # inside the 4th record's data
     victim.write_bytes(data)
-    args = ["--input", str(work / "in" / "*.tfrecord"), "--format", "npy"]
+    args = ["--input", str(work / "in" / "*.tfrecord"), "--format", "npy", "--decode-workers", "1"]
     failed = subprocess.run(
         batch_cmd(daemon, neff, *args, "--output", str(work / "fail")),
         capture_output=True,

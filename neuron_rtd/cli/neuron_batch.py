@@ -107,6 +107,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epochs", type=_positive, default=1, help="passes over the data (default 1)")
     p.add_argument(
+        "--decode-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="processes that decode batches, off the reading threads (default 0: the "
+        "channels decode; worth it when decoding is heavy and the run long)",
+    )
+    p.add_argument(
         "--timeout",
         type=_positive,
         default=60,
@@ -155,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         resume=args.resume,
         timeout_s=args.timeout,
         manifest=args.manifest,
+        decode_workers=max(0, args.decode_workers),
     )
 
     console = Console(stderr=True)

@@ -20,12 +20,13 @@ import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -85,6 +86,9 @@ class Options:
     resume: bool = False
     timeout_s: float = 60.0  # one batch's inference (the daemon's default is 2 s)
     manifest: Path | None = None  # classes of shards with weights, instead of `shards`
+    # processes decoding batches (0: the reading threads decode). Each costs a second or
+    # two to start and a pickle of every batch: worth it for heavy decoding on long runs.
+    decode_workers: int = 0
     chunk_records: int = 256  # records a unit of a manifest's interleave
 
 
@@ -198,6 +202,8 @@ class Pipeline:
         self.totals = Totals()
         self._failed: BaseException | None = None
         self._stop = threading.Event()
+        self._decoders: ProcessPoolExecutor | None = None
+        self._decoders_count = options.decode_workers
 
     def units(self) -> list[Unit]:
         o = self.options
@@ -213,8 +219,18 @@ class Pipeline:
         o = self.options
         o.output.mkdir(parents=True, exist_ok=True)
         checkpoint = Checkpoint(o.output, resume=o.resume)
-        if o.manifest is not None:
-            return self._run_manifest(checkpoint)
+        with contextlib.ExitStack() as stack:
+            if o.decode_workers > 0:  # spawned: forking a process with gRPC threads is unsafe
+                context = multiprocessing.get_context("spawn")
+                self._decoders = stack.enter_context(
+                    ProcessPoolExecutor(o.decode_workers, mp_context=context)
+                )
+            if o.manifest is not None:
+                return self._run_manifest(checkpoint)
+            return self._run_units(checkpoint)
+
+    def _run_units(self, checkpoint: Checkpoint) -> Totals:
+        o = self.options
         units = self.units()
         todo = [u for u in units if u.name not in checkpoint.done]
         self.totals.units_skipped = len(units) - len(todo)
@@ -378,10 +394,14 @@ class Pipeline:
         self, unit: Unit, records: Iterator[Record], batch: int
     ) -> Iterator[tuple[list[str], dict[str, np.ndarray], int]]:
         """The records decoded and stacked in batches of `batch` (the last one padded
-        with zeros to the model's batch): (keys, inputs, real count)."""
+        with zeros to the model's batch): (keys, inputs, real count). Batches are decoded
+        in the decode workers' processes (off this process's GIL, which the client's
+        calls need), a few ahead of the one given."""
         o = self.options
         keys: list[str] = []
-        rows: list[dict[str, np.ndarray]] = []
+        data: list[tuple[bytes, str]] = []
+        ahead: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]] = deque()
+        depth = max(2, self._decoders_count)
         while True:
             began = time.monotonic()
             record: Record | None = next(records, None)
@@ -389,15 +409,34 @@ class Pipeline:
                 self.totals.storage_s += time.monotonic() - began
             if record is not None:
                 keys.append(f"{record.key}#{unit.epoch}" if o.epochs > 1 else record.key)
-                rows.append(dict(decode_record(record.data, record.key, o.features)))
+                data.append((record.data, record.key))
                 with self.totals.lock:
                     self.totals.records += 1
                     self.totals.bytes += len(record.data)
-            if rows and (len(rows) == batch or record is None):
-                yield keys, stack_batch(rows, o.features, batch), len(rows)
-                keys, rows = [], []
+            if data and (len(data) == batch or record is None):
+                decoding = self._decode(data, batch)
+                ahead.append((keys, len(data), decoding))
+                keys, data = [], []
+            while ahead and (len(ahead) >= depth or record is None):
+                done_keys, count, decoding = ahead.popleft()
+                yield done_keys, decoding.result(), count
             if record is None:
                 return
+
+    def _decode(self, data: list[tuple[bytes, str]], batch: int) -> Future[dict[str, np.ndarray]]:
+        specs = list(self.options.features)
+        if self._decoders is None:
+            done: Future[dict[str, np.ndarray]] = Future()
+            done.set_result(decode_batch(data, specs, batch))
+            return done
+        return self._decoders.submit(decode_batch, data, specs, batch)
+
+
+def decode_batch(
+    data: Sequence[tuple[bytes, str]], specs: Sequence[FeatureSpec], batch: int
+) -> dict[str, np.ndarray]:
+    """Records (bytes, key) decoded and stacked: what a decode worker does."""
+    return stack_batch([decode_record(d, key, specs) for d, key in data], specs, batch)
 
 
 def stack_batch(
