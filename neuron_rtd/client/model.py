@@ -107,12 +107,15 @@ class Model:
         """Run one inference: the outputs by name, shaped and typed by the NEFF."""
         return self._run(inputs, posted=False)
 
-    def infer_async(self, inputs: Inputs) -> Future[dict[str, np.ndarray]]:
+    def infer_async(
+        self, inputs: Inputs, *, posted: bool = True
+    ) -> Future[dict[str, np.ndarray]]:
         """Start one inference (`infer_post`, then `infer_wait` on the client's thread
-        pool); the future gives what `infer` returns. Leave the arrays unchanged until
-        it is done."""
+        pool; with `posted` False one synchronous `infer` there: half the calls, for a
+        caller that keeps enough in flight itself); the future gives what `infer`
+        returns. Leave the arrays unchanged until it is done."""
         self._check_loaded()
-        return self.connection.executor().submit(self._run, dict(inputs), posted=True)
+        return self.connection.executor().submit(self._run, dict(inputs), posted=posted)
 
     def infer_raw(self, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
         """Inputs and outputs as raw bytes, inline."""

@@ -106,6 +106,10 @@ class Totals:
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def restart(self) -> None:
+        with self.lock:
+            self.started = time.monotonic()
+
     def snapshot(self) -> dict[str, float]:
         with self.lock:
             seconds = max(time.monotonic() - self.started, 1e-9)
@@ -241,6 +245,7 @@ class Pipeline:
                 client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
             batch = o.batch or model_batch(models[0])
+            self.totals.restart()  # rates count the streaming, not the models' load
             turn = _RoundRobin(models)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
@@ -298,6 +303,7 @@ class Pipeline:
                 client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
             batch = o.batch or model_batch(models[0])
+            self.totals.restart()  # rates count the streaming, not the models' load
             turn = _RoundRobin(models)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
@@ -361,7 +367,7 @@ class Pipeline:
             for keys, inputs, count in self._batches(unit, records, batch):
                 if self._stop.is_set():
                     raise _Stopped
-                window.append((keys, count, turn.next().infer_async(inputs)))
+                window.append((keys, count, turn.next().infer_async(inputs, posted=False)))
                 while len(window) >= limit:
                     self._drain_one(window, out)
             while window:
