@@ -112,6 +112,35 @@ def packaged_config(source: Path) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
+def _troff(text: str) -> str:
+    """Text as troff shows it verbatim: backslashes escaped, no line read as a request."""
+    lines = []
+    for line in text.replace("\\", "\\e").splitlines():
+        lines.append("\\&" + line if line.startswith((".", "'")) else line)
+    return "\n".join(lines)
+
+
+def man_page(python: Path, command: str, entry: str, version: str) -> str:
+    """The command's manual page: its --help, run by the environment's Python."""
+    module, function = entry.split(":")
+    code = (
+        f"import sys; sys.argv = [{command!r}, '--help']; "
+        f"from {module} import {function}; {function}()"
+    )
+    help_text = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    usage, _, rest = help_text.partition("\n\n")
+    summary = rest.strip().split("\n\n", 1)[0].replace("\n", " ").split(". ")[0].rstrip(".")
+    return (
+        f'.TH {command.upper()} 1 "" "neuron-rtd {version}" "User Commands"\n'
+        f".SH NAME\n{command} \\- {_troff(summary) or 'a neuron-rtd command'}\n"
+        f".SH SYNOPSIS\n.nf\n{_troff(usage)}\n.fi\n"
+        f".SH DESCRIPTION\n.nf\n{_troff(rest.strip())}\n.fi\n"
+        f".SH SEE ALSO\n/usr/share/doc/neuron-rtd/README.md\n"
+    )
+
+
 def lay_out(stage: Path, version: str) -> list[str]:
     """Everything beside the venv (config files already there are kept); the conffiles'
     paths."""
@@ -119,10 +148,15 @@ def lay_out(stage: Path, version: str) -> list[str]:
     assert isinstance(scripts, dict)
     bin_dir = stage / "usr" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    man_dir = stage / "usr" / "share" / "man" / "man1"
+    man_dir.mkdir(parents=True, exist_ok=True)
+    venv_python = stage / PREFIX.lstrip("/") / "bin" / "python"
     for command in sorted(scripts):
         link = bin_dir / command
         link.unlink(missing_ok=True)
         link.symlink_to(f"{PREFIX}/bin/{command}")
+        page = man_page(venv_python, command, str(scripts[command]), version)
+        (man_dir / f"{command}.1.gz").write_bytes(gzip.compress(page.encode(), 9, mtime=0))
     units = stage / UNIT_DIR
     for unit in sorted((ROOT / "systemd").glob("*.service")):
         install_file(unit, units / unit.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -109,6 +110,8 @@ def check_tree(root: Path) -> None:
         link = tmp_path / "usr" / "bin" / command
         assert os.readlink(link) == f"{PREFIX}/bin/{command}"
         assert (venv / "bin" / command).read_text().startswith(f"#!{PREFIX}/bin/python")
+        page = gzip.decompress((root / "usr/share/man/man1" / f"{command}.1.gz").read_bytes())
+        assert page.startswith(f".TH {command.upper()} 1".encode()) and b"usage: " in page
     markers = (b"neuron-rtd-deb-", str(root).encode())  # the deb's staging dir, DESTDIR
     staged = [
         p
