@@ -229,18 +229,7 @@ class Pipeline:
                 self._decoders = stack.enter_context(
                     ProcessPoolExecutor(o.decode_workers, mp_context=context)
                 )
-            if o.manifest is not None:
-                return self._run_manifest(checkpoint)
-            return self._run_units(checkpoint)
-
-    def _run_units(self, checkpoint: Checkpoint) -> Totals:
-        o = self.options
-        units = self.units()
-        todo = [u for u in units if u.name not in checkpoint.done]
-        self.totals.units_skipped = len(units) - len(todo)
-        pending: deque[Unit] = deque(todo)
-        workers = max(1, o.ncgs * o.ninfer)
-        with Client(o.address, async_workers=workers) as client:
+            client = stack.enter_context(Client(o.address, async_workers=max(1, o.ncgs * o.ninfer)))
             models = [
                 client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
@@ -249,44 +238,59 @@ class Pipeline:
             turn = _RoundRobin(models)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
-            with ThreadPoolExecutor(o.channels, thread_name_prefix="channel") as channels:
-                lock = threading.Lock()
-
-                def channel() -> None:
-                    while not self._stop.is_set():
-                        with lock:
-                            if not pending:
-                                return
-                            unit = pending.popleft()
-                        try:
-                            self._unit(unit, None, turn, batch, checkpoint)
-                        except BaseException as exc:
-                            if self._failed is None:
-                                self._failed = exc
-                            self._stop.set()
-                            return
-
-                for _ in range(o.channels):
-                    channels.submit(channel)
-            self._stop.set()
-            ticker.join()
+            try:
+                if o.manifest is not None:
+                    self._run_manifest(o.manifest, checkpoint, turn, batch)
+                else:
+                    self._run_units(checkpoint, turn, batch)
+            finally:
+                self._stop.set()
+                ticker.join()
         self.report(self.totals.snapshot())
         if self._failed is not None:
             raise self._failed
         return self.totals
 
+    def _run_units(self, checkpoint: Checkpoint, turn: _RoundRobin, batch: int) -> None:
+        """Units of shard and epoch, taken by the channels; a failure is kept in
+        `_failed` and stops them all."""
+        o = self.options
+        units = self.units()
+        todo = [u for u in units if u.name not in checkpoint.done]
+        self.totals.units_skipped = len(units) - len(todo)
+        pending: deque[Unit] = deque(todo)
+        lock = threading.Lock()
+
+        def channel() -> None:
+            while not self._stop.is_set():
+                with lock:
+                    if not pending:
+                        return
+                    unit = pending.popleft()
+                try:
+                    self._unit(unit, None, turn, batch, checkpoint)
+                except BaseException as exc:
+                    if self._failed is None:
+                        self._failed = exc
+                    self._stop.set()
+                    return
+
+        with ThreadPoolExecutor(o.channels, thread_name_prefix="channel") as channels:
+            for _ in range(o.channels):
+                channels.submit(channel)
+
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
             self.report(self.totals.snapshot())
 
-    def _run_manifest(self, checkpoint: Checkpoint) -> Totals:
+    def _run_manifest(
+        self, manifest_path: Path, checkpoint: Checkpoint, turn: _RoundRobin, batch: int
+    ) -> None:
         """The manifest's classes interleaved by weight (the file read again every batch:
         dynamic boosting), cut into units of `chunk_records`, one after another. A resumed
         run replays the weights the checkpoint kept, so it draws the same records, and
         skips (reads, but does not infer) the units done."""
         o = self.options
-        assert o.manifest is not None
-        manifest_path = o.manifest
         manifest = read_manifest(manifest_path)
         last = dict(manifest.weights)
 
@@ -298,43 +302,28 @@ class Pipeline:
                 log.warning("%s: %s (the last weights stay)", manifest_path, exc)
             return last
 
-        with Client(o.address, async_workers=max(1, o.ncgs * o.ninfer)) as client:
-            models = [
-                client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
-            ]
-            batch = o.batch or model_batch(models[0])
-            self.totals.restart()  # rates count the streaming, not the models' load
-            turn = _RoundRobin(models)
-            ticker = threading.Thread(target=self._tick, daemon=True)
-            ticker.start()
-            try:
-                for epoch in range(o.epochs):
-                    streams = {
-                        label: self._class_records(shards, epoch)
-                        for label, shards in manifest.shards.items()
-                    }
-                    mixed = Interleave(
-                        streams,
-                        weights,
-                        seed=(o.shuffle or 0) + epoch,
-                        reweigh_every=batch,
-                        replay=checkpoint.weights.get(str(epoch), []),
-                    )
-                    records = iter(mixed)
-                    for chunk in itertools.count():
-                        part = list(itertools.islice(records, o.chunk_records))
-                        if not part:
-                            break
-                        unit = Unit(epoch, None, chunk)
-                        if unit.name in checkpoint.done:
-                            self.totals.units_skipped += 1
-                            continue
-                        self._unit(unit, iter(part), turn, batch, checkpoint, mixed.history)
-            finally:
-                self._stop.set()
-                ticker.join()
-        self.report(self.totals.snapshot())
-        return self.totals
+        for epoch in range(o.epochs):
+            streams = {
+                label: self._class_records(shards, epoch)
+                for label, shards in manifest.shards.items()
+            }
+            mixed = Interleave(
+                streams,
+                weights,
+                seed=(o.shuffle or 0) + epoch,
+                reweigh_every=batch,
+                replay=checkpoint.weights.get(str(epoch), []),
+            )
+            records = iter(mixed)
+            for chunk in itertools.count():
+                part = list(itertools.islice(records, o.chunk_records))
+                if not part:
+                    break
+                unit = Unit(epoch, None, chunk)
+                if unit.name in checkpoint.done:
+                    self.totals.units_skipped += 1
+                    continue
+                self._unit(unit, iter(part), turn, batch, checkpoint, mixed.history)
 
     def _class_records(self, shards: Sequence[Shard], epoch: int) -> Iterator[Record]:
         o = self.options
