@@ -378,21 +378,39 @@ class Model:
             self.observer.inference_done(self, job)
         job._running.release()
 
-    def _execute(self, job: Job) -> None:
+    def _begin(self, job: Job) -> float:
+        """The job is running from now; its deadline (monotonic seconds)."""
         with self._cond:  # stop/unload read the state under it
             job.state = JobState.RUNNING
-        started = job.started = time.monotonic()
-        timeout_s = self.params.timeout_s
-        deadline = started + timeout_s
+        job.started = time.monotonic()
+        return job.started + self.params.timeout_s
+
+    def _check_step(self, job: Job, deadline: float) -> None:
+        """Before each step: a stop or unload ends the job, and so does its timeout."""
+        if job.cancel is not None:
+            raise job.cancel
+        if time.monotonic() > deadline:
+            raise InferTimeout(
+                f"inference on model {self.id} ran past its timeout of "
+                f"{self.params.timeout_s:g} s"
+            )
+
+    def _finish(self, job: Job) -> None:
+        """After the last step: its timeout checked, its numerical code set."""
+        elapsed = time.monotonic() - job.started
+        if elapsed > self.params.timeout_s:
+            raise InferTimeout(
+                f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
+                f"of {self.params.timeout_s:g} s"
+            )
+        job.code = self._numerical_code(job)
+
+    def _execute(self, job: Job) -> None:
+        deadline = self._begin(job)
         with self._driver_errors:
             bound = job.variant.bound[job.slot]
             for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
-                if job.cancel is not None:
-                    raise job.cancel
-                if time.monotonic() > deadline:
-                    raise InferTimeout(
-                        f"inference on model {self.id} ran past its timeout of {timeout_s:g} s"
-                    )
+                self._check_step(job, deadline)
                 if type(step) is StageRun:
                     begin = time.perf_counter_ns()
                     job.cycles += run(ins, outs) or 0
@@ -400,36 +418,21 @@ class Model:
                 else:
                     with self.host_pool:  # CPU nodes: at most the host pool's width at once
                         run(ins, outs)
-        elapsed = time.monotonic() - started
-        if elapsed > timeout_s:
-            raise InferTimeout(
-                f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
-                f"of {timeout_s:g} s"
-            )
-        job.code = self._numerical_code(job)
+        self._finish(job)
 
     def _execute_profiled(self, job: Job) -> None:
         """`_execute`, recording each step and each NC instruction (see `profile`)."""
         profiler = self.profiler
         assert profiler is not None
-        with self._cond:
-            job.state = JobState.RUNNING
-        started = job.started = time.monotonic()
+        deadline = self._begin(job)
         wall = time.time_ns()
-        timeout_s = self.params.timeout_s
-        deadline = started + timeout_s
         clock = time.perf_counter_ns
         records: list[StepRecord] = []
         origin = clock()
         with self._driver_errors:
             bound = job.variant.bound[job.slot]
             for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
-                if job.cancel is not None:
-                    raise job.cancel
-                if time.monotonic() > deadline:
-                    raise InferTimeout(
-                        f"inference on model {self.id} ran past its timeout of {timeout_s:g} s"
-                    )
+                self._check_step(job, deadline)
                 if type(step) is StageRun and step.profiled is not None:
                     begin = clock()
                     cycles, samples = step.profiled(ins, outs)
@@ -482,13 +485,7 @@ class Model:
                         )
                     )
         ended = clock()
-        elapsed = time.monotonic() - started
-        if elapsed > timeout_s:
-            raise InferTimeout(
-                f"inference on model {self.id} took {elapsed:.3f} s, past its timeout "
-                f"of {timeout_s:g} s"
-            )
-        job.code = self._numerical_code(job)
+        self._finish(job)
         profiler.add(
             InferenceProfile(
                 seq=profiler.next_seq(),
