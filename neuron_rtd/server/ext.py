@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -43,31 +45,31 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
                 nc_count=device.nc_count,
                 memory_bytes=device.memory_bytes,
                 memory_used=sum(device.memory_used),
-                hw_counters=ext_pb.ext_hw_counters(
-                    mem_ecc_corr=hw.mem_ecc_corr,
-                    mem_ecc_uncorr=hw.mem_ecc_uncorr,
-                    sram_ecc_corr=hw.sram_ecc_corr,
-                    sram_ecc_uncorr=hw.sram_ecc_uncorr,
-                    nc_errors=hw.nc_errors,
-                    nc_hangs=hw.nc_hangs,
-                    dma_timeouts=hw.dma_timeouts,
-                    init_failures=hw.init_failures,
-                ),
+                hw_counters=wire.ext_hw_counters(hw),
             )
         return response
 
     def snapshot(
         self, request: ext_pb.snapshot_request, context: grpc.ServicerContext
     ) -> ext_pb.snapshot_response:
-        try:
-            return wire.snapshot(self.runtime.snapshot())
-        except NrtError as exc:
-            return ext_pb.snapshot_response(status_code=int(exc.code), details=str(exc))
+        return _answer(lambda: wire.snapshot(self.runtime.snapshot()), ext_pb.snapshot_response)
 
     def profile(
         self, request: ext_pb.profile_request, context: grpc.ServicerContext
     ) -> ext_pb.profile_response:
-        try:
-            return wire.profile(self.runtime.profile(request.model_id, request.last))
-        except NrtError as exc:
-            return ext_pb.profile_response(status_code=int(exc.code), details=str(exc))
+        return _answer(
+            lambda: wire.profile(self.runtime.profile(request.model_id, request.last)),
+            ext_pb.profile_response,
+        )
+
+
+R = TypeVar("R")
+
+
+def _answer(make: Callable[[], R], response: Callable[..., R]) -> R:
+    """`make()`, or, when the runtime raises, the response carrying its nerr and message
+    (our messages' `status_code` and `details`)."""
+    try:
+        return make()
+    except NrtError as exc:
+        return response(status_code=int(exc.code), details=str(exc))

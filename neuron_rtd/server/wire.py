@@ -117,6 +117,12 @@ def hw_counters(c: HwCounters) -> pb.hw_counters:
     )
 
 
+def ext_hw_counters(c: HwCounters) -> ext_pb.ext_hw_counters:
+    """A device's health counters: the ECC ones of `hw_counters`, and the fault counts."""
+    fields = ext_pb.ext_hw_counters.DESCRIPTOR.fields
+    return ext_pb.ext_hw_counters(**{f.name: getattr(c, f.name) for f in fields})
+
+
 def metric(series: MetricSeries) -> pb.metric:
     data = [
         pb.metric_data(ts_nanos_since_epoch=ts, value_double=value) for ts, value in series.samples
