@@ -74,15 +74,16 @@ def recorded(daemon: DaemonProcess) -> Iterator[tuple[grpc.Channel, Recorder]]:
         yield grpc.intercept_channel(raw, recorder), recorder
 
 
-def daemon_shm(pid: int) -> set[str]:
-    """The shm objects of this test process that the daemon holds open."""
+def daemon_shm(pid: int, prefix: str = SHM_PREFIX) -> set[str]:
+    """The shm objects of this test process (of any client, with the bare prefix
+    `aws_neuron_runtime_`) that the daemon holds open."""
     held = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except FileNotFoundError:
             continue
-        if target.startswith(f"/dev/shm/{SHM_PREFIX}"):
+        if target.startswith(f"/dev/shm/{prefix}"):
             held.add("/" + target.removeprefix("/dev/shm/").removesuffix(" (deleted)"))
     return held
 

@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from test_client import daemon_shm
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.compiler import bucket_ranges, compile_model
@@ -93,19 +94,6 @@ def failed(done: subprocess.CompletedProcess[str], code: int = 1) -> str:
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub: a bool keyword
-
-
-def daemon_shm(pid: int) -> set[str]:
-    """The clients' shm objects the daemon holds open."""
-    held = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("/dev/shm/aws_neuron_runtime_"):
-            held.add(target)
-    return held
 
 
 def snapshot(channel: grpc.Channel) -> Any:
@@ -318,7 +306,8 @@ def test_infer_inline_and_through_shm_answers_what_the_model_computes(
     np.testing.assert_allclose(probs["first"], expected.reshape(-1)[:6], rtol=1e-5, atol=1e-6)
     assert probs["mean"] == pytest.approx(float(expected.mean()), rel=1e-5)
     assert models(channel)[model_id].tally.completed == 4
-    assert daemon_shm(daemon.pid) == set()  # each --shm command unmapped what it mapped
+    # each --shm command unmapped what it mapped
+    assert daemon_shm(daemon.pid, "aws_neuron_runtime_") == set()
 
 
 def test_infer_names_what_does_not_fit_before_sending(

@@ -34,8 +34,8 @@ import numpy as np
 
 from neuron_rtd.client.client import Client, NrtClientError, default_address
 from neuron_rtd.client.observe import Watch
-from neuron_rtd.errors import NrtError
-from neuron_rtd.neff import Neff, read_neff_file
+from neuron_rtd.neff import Neff
+from neuron_rtd.tools.validate.command import read_neff_or_fail
 from neuron_rtd.tools.validate.errors import UsageError
 from neuron_rtd.tools.validate.inputs import int_ranges, npz_inputs, random_inputs
 
@@ -131,15 +131,6 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _read_neff(path: str) -> Neff:
-    if not Path(path).is_file():
-        raise UsageError(f"{path}: no such NEFF file (or give a loaded model's id)")
-    try:
-        return read_neff_file(path)
-    except (NrtError, OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a valid NEFF: {exc}") from None
-
-
 def _inputs(neff: Neff, path: str | None) -> dict[str, np.ndarray]:
     if path is not None:
         return npz_inputs(path, neff.inputs)
@@ -153,7 +144,7 @@ def _inputs(neff: Neff, path: str | None) -> dict[str, np.ndarray]:
 
 
 def _profile_neff(args: argparse.Namespace) -> Any:
-    neff = _read_neff(args.target)
+    neff = read_neff_or_fail(args.target, " (or give a loaded model's id)")
     inputs = _inputs(neff, args.inputs)
     raw = {
         spec.name: np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype).tobytes()

@@ -156,9 +156,10 @@ def auto_casts(neff: Neff) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def read_neff_or_fail(path: str) -> Neff:
+def read_neff_or_fail(path: str, hint: str = "") -> Neff:
+    """The NEFF at `path`, or a UsageError saying why not (`hint`: what else to give)."""
     if not Path(path).is_file():
-        raise UsageError(f"{path}: no such NEFF file")
+        raise UsageError(f"{path}: no such NEFF file{hint}")
     try:
         return read_neff_file(path)
     except (NrtError, OSError, ValueError) as exc:
