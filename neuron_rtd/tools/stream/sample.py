@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,54 +21,58 @@ from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.tfrecord import Writer
 
 
-def _write(path: Path, examples: list[tf_pb.Example]) -> None:
-    with Writer(path) as writer:
-        for example in examples:
-            writer.write(example.SerializeToString())
+def _shards(
+    folder: Path,
+    name: str,
+    shards: int,
+    per_shard: int,
+    example: Callable[[], tf_pb.Example],
+) -> list[Path]:
+    """`shards` files `folder/name-NNN` (a .gz name: GZIP) of `per_shard` examples each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        path = folder / name.replace("NNN", f"{s:03d}")
+        with Writer(path) as writer:
+            for _ in range(per_shard):
+                writer.write(example().SerializeToString())
+        paths.append(path)
+    return paths
 
 
 def image_shards(
     folder: Path, *, shards: int, per_shard: int, size: int, seed: int = 0, gzip: bool = False
 ) -> list[Path]:
     """Shards of Examples with `image`, a PNG of size x size x 3, and `label`."""
-    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    paths = []
-    for s in range(shards):
-        examples = []
-        for _ in range(per_shard):
-            pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-            png = io.BytesIO()
-            Image.fromarray(pixels).save(png, format="PNG", compress_level=1)
-            example = tf_pb.Example()
-            features = example.features.feature
-            features["image"].bytes_list.value.append(png.getvalue())
-            features["label"].int64_list.value.append(int(rng.integers(0, 10)))
-            examples.append(example)
-        path = folder / f"images-{s:03d}.tfrecord{'.gz' if gzip else ''}"
-        _write(path, examples)
-        paths.append(path)
-    return paths
+
+    def example() -> tf_pb.Example:
+        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        png = io.BytesIO()
+        Image.fromarray(pixels).save(png, format="PNG", compress_level=1)
+        made = tf_pb.Example()
+        features = made.features.feature
+        features["image"].bytes_list.value.append(png.getvalue())
+        features["label"].int64_list.value.append(int(rng.integers(0, 10)))
+        return made
+
+    name = f"images-NNN.tfrecord{'.gz' if gzip else ''}"
+    return _shards(folder, name, shards, per_shard, example)
 
 
 def vector_shards(
     folder: Path, *, shards: int, per_shard: int, width: int, seed: int = 0
 ) -> list[Path]:
     """Shards of Examples with `x`, `width` raw float32 values."""
-    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    paths = []
-    for s in range(shards):
-        examples = []
-        for _ in range(per_shard):
-            example = tf_pb.Example()
-            x = rng.standard_normal(width).astype(np.float32)
-            example.features.feature["x"].bytes_list.value.append(x.tobytes())
-            examples.append(example)
-        path = folder / f"vectors-{s:03d}.tfrecord"
-        _write(path, examples)
-        paths.append(path)
-    return paths
+
+    def example() -> tf_pb.Example:
+        made = tf_pb.Example()
+        x = rng.standard_normal(width).astype(np.float32)
+        made.features.feature["x"].bytes_list.value.append(x.tobytes())
+        return made
+
+    return _shards(folder, "vectors-NNN.tfrecord", shards, per_shard, example)
 
 
 @contextlib.contextmanager
