@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,3 +137,17 @@ def explain(exc: NrtClientError, hints: Mapping[int, str] | None = None) -> str:
     hint = (hints or {}).get(exc.code, hint)
     words = daemon_words(exc.details)
     return f"{words} ({name}): {hint}" if hint else f"{words} ({name})"
+
+
+def int_at_least(low: int, message: str, name: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `low`; `message` (with `{value}`) for one
+    below. `name` is what argparse calls it in "invalid NAME value" for a non-integer."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(message.format(value=value))
+        return value
+
+    parse.__name__ = name
+    return parse

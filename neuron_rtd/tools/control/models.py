@@ -12,7 +12,7 @@ import grpc
 from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.neff import read_neff_file
-from neuron_rtd.tools.control.command import Answer, Command, Failure
+from neuron_rtd.tools.control.command import Answer, Command, Failure, int_at_least
 
 
 def tensor_json(tensor: Any) -> dict[str, Any]:
@@ -45,11 +45,7 @@ def loaded_model(client: Client, model_id: int) -> Any:
     return next((m for m in client.connection.snapshot().models if m.id == model_id), None)
 
 
-def model_id(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a model id is positive, got {value}")
-    return value
+model_id = int_at_least(1, "a model id is positive, got {value}", "model_id")
 
 
 class ListModel(Command):
@@ -68,18 +64,8 @@ class ListModel(Command):
         return Answer("\n".join(lines), [model_json(m) for m in models])
 
 
-def ncg_choice(text: str) -> int:
-    value = int(text)
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"-1, 0 or an NCG id, got {value}")
-    return value
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
-    return value
+ncg_choice = int_at_least(-1, "-1, 0 or an NCG id, got {value}", "ncg_choice")
+positive = int_at_least(1, "expected 1 or more, got {value}", "positive")
 
 
 class Load(Command):

@@ -9,7 +9,7 @@ from neuron_rtd.client import Client
 from neuron_rtd.client.errors import check
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import pb
-from neuron_rtd.tools.control.command import Answer, Command
+from neuron_rtd.tools.control.command import Answer, Command, int_at_least
 
 NCG_HEADERS = ("NCG ID", "NC COUNT", "DEVICE START INDEX", "NC START INDEX")
 
@@ -57,18 +57,8 @@ class ListNcg(Command):
         return Answer(text + render_table(NCG_HEADERS, rows), data)
 
 
-def nc_count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"an NC count is 0 or more, got {value}")
-    return value
-
-
-def ncg_id(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"NCG ids start at 1, got {value}")
-    return value
+nc_count = int_at_least(0, "an NC count is 0 or more, got {value}", "nc_count")
+ncg_id = int_at_least(1, "NCG ids start at 1, got {value}", "ncg_id")
 
 
 class CreateNcg(Command):
