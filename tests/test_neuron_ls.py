@@ -125,3 +125,11 @@ def test_a_root_that_is_no_machine_is_refused_and_never_made(work: Path) -> None
     done = run_neuron_ls(sim_root="")
     assert done.returncode == 1 and "NEURON_SIM_ROOT is set but empty" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_no_daemon_at_the_address_is_said_as_every_tool_says_it(work: Path) -> None:
+    nobody = f"unix:{work}/nobody.sock"
+    done = run_neuron_ls("-a", nobody, sim_root=work / "sim")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith(f"neuron-ls: no runtime answers at {nobody} (No such file")
+    assert "is neuron-rtd running there?" in done.stderr

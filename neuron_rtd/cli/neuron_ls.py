@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 import driver_sim
+from neuron_rtd.client.errors import NrtConnectionError, transport_errors
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
 
@@ -31,6 +32,7 @@ HEADERS = (
     ("RUNTIME", "VERSION"),
 )
 NA = "NA"
+DESCRIBE_TIMEOUT_S = 5.0
 
 
 def _memory(nbytes: int) -> str:
@@ -104,7 +106,7 @@ def render_topology(machine: driver_sim.Machine, devices: Sequence[driver_sim.De
 def ask_daemon(address: str) -> Any:
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = ext_pb_grpc.nmgr_extStub(channel)
-        return stub.describe(ext_pb.describe_request(), timeout=5)
+        return stub.describe(ext_pb.describe_request(), timeout=DESCRIBE_TIMEOUT_S)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -145,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     only: set[int] | None = None
     if address:
         try:
-            described = ask_daemon(address)
-        except grpc.RpcError as exc:
-            print(f"neuron-ls: no runtime answers at {address}: {exc.details()}", file=sys.stderr)
+            with transport_errors("describe", address, DESCRIBE_TIMEOUT_S):
+                described = ask_daemon(address)
+        except NrtConnectionError as exc:  # said as every tool says it
+            print(f"neuron-ls: {exc.details}", file=sys.stderr)
             return 1
         root = described.sim_root
         only = {d.index for d in described.devices}
