@@ -2,9 +2,10 @@
 
     python bench/stream.py [--quick] [--ncgs M] [--channels N]
 
-For two models, a compute-bound one (a small ResNet over 64x64 PNG images) and an
-I/O-bound one (a small MLP over 64 KiB records), and two stores (local files, and s3
-through a local moto server when moto is installed), it measures records/s of:
+For three models, a compute-bound one (ResNet-18 over 224x224 PNG images), a small ResNet
+over 64x64 PNG images (whose decoding costs a quarter of its compute), and an I/O-bound one
+(a small MLP over 64 KiB records), and two stores (local files, and s3 through a local moto
+server when moto is installed), it measures records/s of:
 - the storage ceiling: every shard read and CRC-checked, nothing decoded, as many shards
   at once as the pipeline's channels;
 - the model ceiling: the same model on the same M NCGs, with every batch already decoded
@@ -13,6 +14,13 @@ through a local moto server when moto is installed), it measures records/s of:
   (Pipeline in process, the daemon a separate process), timed from its first record (the
   models' load apart, as the model ceiling's is);
 and prints the pipeline's share of the lower ceiling (the goal: >= 90%).
+
+Here the NCs are simulated on the host's CPUs, which the storage (page cache, or the moto
+server) and the pipeline's decoding share. So it also measures the host's busy CPU seconds
+per record (every process) of each ceiling, and prints a third bound: the records/s the
+host's cores could give if they did nothing but the storage's work and the model's
+(`cpus / (storage CPU per record + model CPU per record)`); no pipeline on this host can pass
+it, whatever it overlaps.
 """
 
 from __future__ import annotations
@@ -31,24 +39,27 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
+import psutil
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.models import resnet
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_record, parse_feature
-from neuron_rtd.tools.stream.pipeline import Options, Pipeline, stack_batch
+from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, parse_feature
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline, host_busy_cpu_s
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
 
+Run = tuple[int, float, float]  # records, seconds, host CPU seconds busy
 
-def storage_ceiling(shards: list[Shard], channels: int) -> tuple[int, float]:
+
+def storage_ceiling(shards: list[Shard], channels: int) -> Run:
     """Every record read and CRC-checked, `channels` shards at once (as the pipeline reads)."""
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), host_busy_cpu_s()
     with ThreadPoolExecutor(channels) as pool:
         count = sum(pool.map(lambda shard: sum(1 for _ in shard_records(shard)), shards))
-    return count, time.perf_counter() - began
+    return count, time.perf_counter() - began, host_busy_cpu_s() - cpu
 
 
 def model_ceiling(
@@ -59,25 +70,25 @@ def model_ceiling(
     batch: int,
     ncgs: int,
     ninfer: int,
-) -> tuple[int, float]:
-    rows = [decode_record(r.data, r.key, specs) for s in shards for r in shard_records(s)]
-    batches = [stack_batch(rows[i : i + batch], specs, batch) for i in range(0, len(rows), batch)]
+) -> Run:
+    rows = [(r.data, r.key) for s in shards for r in shard_records(s)]
+    batches = [decode_batch(rows[i : i + batch], specs, batch) for i in range(0, len(rows), batch)]
     with Client(address, async_workers=ncgs * ninfer) as client:
         models = [client.load(neff, ninfer=ninfer, timeout_s=60) for _ in range(ncgs)]
         for model in models:  # warm: the first run of a program builds its session
             model.infer(batches[0])
         window: deque[Future[dict[str, np.ndarray]]] = deque()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), host_busy_cpu_s()
         for i, inputs in enumerate(batches):
             window.append(models[i % ncgs].infer_async(inputs, posted=False))
             while len(window) >= ncgs * ninfer:
                 window.popleft().result()
         while window:
             window.popleft().result()
-        seconds = time.perf_counter() - began
+        seconds, cpu = time.perf_counter() - began, host_busy_cpu_s() - cpu
         for model in models:
             model.unload()
-    return len(rows), seconds
+    return len(rows), seconds, cpu
 
 
 def pipeline(
@@ -89,35 +100,44 @@ def pipeline(
     ncgs: int,
     channels: int,
     ninfer: int,
-) -> tuple[int, float, dict[str, float]]:
+) -> tuple[Run, dict[str, float]]:
     options = Options(
         neff=str(neff), shards=shards, features=specs, output=out, address=address,
         ncgs=ncgs, channels=channels, ninfer=ninfer,
     )  # fmt: skip
     totals = Pipeline(options, lambda figures: None).run()
-    figures = totals.snapshot()  # from the first record on: the models' load apart
+    figures = totals.snapshot()  # from the first record to the last: load and unload apart
     shutil.rmtree(out)
-    return totals.records, figures["seconds"], figures
+    return (totals.records, figures["seconds"], figures["host_cpu_s"]), figures
 
 
-def cases(work: Path, quick: bool) -> Iterator[tuple[str, Path, list[Path], list[FeatureSpec]]]:
-    images = 64 if quick else 1024
-    model = resnet.build(**resnet.SMALL)
-    neff = work / "resnet.neff"
-    neff.write_bytes(compile_model(model, input_shapes={"input": [4, 3, 64, 64]}).neff)
-    paths = image_shards(work / "images", shards=4, per_shard=images // 4, size=64)
-    yield (
-        "resnet (compute-bound)",
-        neff,
-        paths,
-        [parse_feature("image=input:float32:3,64,64:image")],
-    )
+MLP = "mlp, 64 KiB records (I/O-bound)"
+
+
+def cases(
+    work: Path, quick: bool, only: str
+) -> Iterator[tuple[str, Path, list[Path], list[FeatureSpec]]]:
+    for name, size, images, built in (
+        ("resnet-18 224 (compute-bound)", 224, 16 if quick else 256, resnet.build),
+        ("small resnet 64", 64, 64 if quick else 1024, lambda: resnet.build(**resnet.SMALL)),
+    ):
+        if only not in name:
+            continue
+        neff = work / f"resnet{size}.neff"
+        shape = [4, 3, size, size]
+        neff.write_bytes(compile_model(built(), input_shapes={"input": shape}).neff)
+        folder = work / f"images{size}"
+        paths = image_shards(folder, shards=4, per_shard=images // 4, size=size)
+        spec = parse_feature(f"image=input:float32:3,{size},{size}:image")
+        yield name, neff, paths, [spec]
+    if only not in MLP:
+        return
     vectors = 256 if quick else 4096
     mlp = build_mlp((16384, 32, 8), batch=8, seed=1)
     (work / "mlp.neff").write_bytes(mlp.neff)
     paths = vector_shards(work / "vectors", shards=4, per_shard=vectors // 4, width=16384)
     yield (
-        "mlp, 64 KiB records (I/O-bound)",
+        MLP,
         work / "mlp.neff",
         paths,
         [parse_feature("x:float32:16384")],
@@ -130,6 +150,8 @@ def main() -> int:
     parser.add_argument("--ncgs", type=int, default=2)
     parser.add_argument("--channels", type=int, default=2)
     parser.add_argument("--ninfer", type=int, default=4)
+    parser.add_argument("--only", default="", help="the cases whose name holds this text")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each, medians shown")
     args = parser.parse_args()
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_stream_")))
@@ -139,47 +161,80 @@ def main() -> int:
             stores["s3 (moto)"] = stack.enter_context(local_s3(work))
         except (FileNotFoundError, RuntimeError) as exc:
             print(f"(no s3: {exc})")
-        head = f"{'case':34} {'store':10} {'storage/s':>10} {'model/s':>9} {'pipeline/s':>11}"
-        print(f"{head} {'share':>6}  waits (storage/NC)")
-        for name, neff, paths, specs in cases(work, args.quick):
-            model_n, model_s = model_ceiling(
-                daemon.address,
-                neff,
-                expand([str(p) for p in paths]),
-                specs,
-                _batch(neff),
-                args.ncgs,
-                args.ninfer,
-            )
-            for store, env in stores.items():
-                if env is None:
-                    shards = expand([str(p) for p in paths])
-                else:
-                    os.environ.update(env)  # credentials; the endpoint through fsspec's config
-                    fsspec.config.conf["s3"] = {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]}
-                    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-                    bucket = f"bench{abs(hash(name)) % 10**6}"
-                    fs.mkdir(bucket)
-                    for p in paths:
-                        fs.put(str(p), f"{bucket}/{p.name}")
-                    shards = expand([f"s3://{bucket}/*.tfrecord"])
-                storage_n, storage_s = storage_ceiling(shards, args.channels)
-                n, seconds, figures = pipeline(
-                    daemon.address,
-                    neff,
-                    shards,
-                    specs,
-                    work / "out",
-                    args.ncgs,
-                    args.channels,
-                    args.ninfer,
+        cpus = psutil.cpu_count() or 1
+        head = f"{'case':30} {'store':9} {'storage/s':>9} {'model/s':>8} {'pipeline/s':>10}"
+        print(f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits")
+        for name, neff, paths, specs in cases(work, args.quick, args.only):
+            sources = {store: _shards(name, paths, env) for store, env in stores.items()}
+            runs: dict[str, list[Run]] = {}
+            waits: dict[str, list[tuple[float, float]]] = {}
+            for _ in range(args.repeat):  # interleaved, so that the host's drift hits all alike
+                runs.setdefault("model", []).append(
+                    model_ceiling(
+                        daemon.address,
+                        neff,
+                        sources["local"],
+                        specs,
+                        _batch(neff),
+                        args.ncgs,
+                        args.ninfer,
+                    )
                 )
-                rates = (storage_n / storage_s, model_n / model_s, n / seconds)
+                for store, shards in sources.items():
+                    runs.setdefault(f"storage {store}", []).append(
+                        storage_ceiling(shards, args.channels)
+                    )
+                    streamed, figures = pipeline(
+                        daemon.address,
+                        neff,
+                        shards,
+                        specs,
+                        work / "out",
+                        args.ncgs,
+                        args.channels,
+                        args.ninfer,
+                    )
+                    runs.setdefault(f"pipeline {store}", []).append(streamed)
+                    waits.setdefault(store, []).append(
+                        (figures["storage_wait_share"], figures["nc_wait_share"])
+                    )
+            model = _median(runs["model"])
+            for store in sources:
+                storage = _median(runs[f"storage {store}"])
+                streamed = _median(runs[f"pipeline {store}"])
+                rates = [n / seconds for n, seconds, _ in (storage, model, streamed)]
                 share = rates[2] / min(rates[0], rates[1])
-                row = f"{name:34} {store:10} {rates[0]:10.0f} {rates[1]:9.0f} {rates[2]:11.0f}"
-                waits = f"{figures['storage_wait_share']:.0%}/{figures['nc_wait_share']:.0%}"
-                print(f"{row} {share:6.0%}  {waits}")
+                cpu_bound = cpus / sum(cpu / n for n, _, cpu in (storage, model))
+                row = f"{name:30} {store:9} {rates[0]:9.0f} {rates[1]:8.0f} {rates[2]:10.0f}"
+                row += f" {share:5.0%}  {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
+                busy = " ".join(
+                    f"{cpu / seconds:.2f}" for _, seconds, cpu in (storage, model, streamed)
+                )
+                wait = waits[store][runs[f"pipeline {store}"].index(streamed)]
+                print(f"{row} {busy}  {wait[0]:.0%}/{wait[1]:.0%}", flush=True)
+        print(f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and")
+        print(f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the")
+        print("storage / on the NCs.")
     return 0
+
+
+def _shards(name: str, paths: list[Path], env: dict[str, str] | None) -> list[Shard]:
+    """The case's shards: local (env None), or put in a bucket of the s3 server at env."""
+    if env is None:
+        return expand([str(p) for p in paths])
+    os.environ.update(env)  # credentials; the endpoint through fsspec's config
+    fsspec.config.conf["s3"] = {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]}
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    bucket = f"bench{abs(hash(name)) % 10**6}"
+    fs.mkdir(bucket)
+    for p in paths:
+        fs.put(str(p), f"{bucket}/{p.name}")
+    return expand([f"s3://{bucket}/*.tfrecord"])
+
+
+def _median(runs: list[Run]) -> Run:
+    """The run of the median rate."""
+    return sorted(runs, key=lambda run: run[0] / run[1])[len(runs) // 2]
 
 
 def _batch(neff: Path) -> int:

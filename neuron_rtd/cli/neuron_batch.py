@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{figures['records']:.0f} records  {figures['records_per_s']:.0f}/s  "
                     f"{figures['mb_per_s']:.1f} MB/s  {figures['units_done']:.0f} shard(s) done  "
                     f"waiting on storage {figures['storage_wait_share']:.0%}, "
-                    f"on the NCs {figures['nc_wait_share']:.0%}"
+                    f"on the NCs {figures['nc_wait_share']:.0%}  "
+                    f"host CPU {figures['host_cpu_s'] / figures['seconds']:.1f} of "
+                    f"{figures['host_cpus']:.0f} cores busy"
                 )
             )
 

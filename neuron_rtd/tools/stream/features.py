@@ -95,6 +95,14 @@ def parse_example(data: bytes, key: str) -> tf_pb.Example:
 
 def decode(example: tf_pb.Example, spec: FeatureSpec, key: str) -> np.ndarray:
     """One input of one record, shaped `spec.shape`."""
+    out = np.empty(spec.shape, spec.dtype)
+    decode_into(example, spec, key, out)
+    return out
+
+
+def decode_into(example: tf_pb.Example, spec: FeatureSpec, key: str, out: np.ndarray) -> None:
+    """One input of one record, written into `out` (`spec.shape`, `spec.dtype`): the
+    record's values are converted in the one copy that places them."""
     features = example.features.feature
     if spec.name not in features:
         known = ", ".join(sorted(features)) or "none"
@@ -109,42 +117,59 @@ def decode(example: tf_pb.Example, spec: FeatureSpec, key: str) -> np.ndarray:
             values = np.asarray(feature.int64_list.value, np.int64)
         else:
             raise DecodeError(f"{where} is a {kind}, not a float or int64 list")
-        count = int(np.prod(spec.shape))
-        if values.size != count:
-            raise DecodeError(f"{where} has {values.size} values, not {count} for {spec.shape}")
-        return values.astype(spec.dtype).reshape(spec.shape)
+        if values.size != out.size:
+            raise DecodeError(f"{where} has {values.size} values, not {out.size} for {spec.shape}")
+        np.copyto(out, values.reshape(spec.shape), casting="unsafe")
+        return
     if kind != "bytes_list" or len(feature.bytes_list.value) != 1:
         raise DecodeError(f"{where} is not one bytes value ({kind})")
-    data = feature.bytes_list.value[0]
+    data = feature.bytes_list.value[0]  # each access copies the bytes out: only once
     if spec.decode == "raw":
         if len(data) != spec.nbytes:
             raise DecodeError(f"{where} has {len(data)} bytes, not {spec.nbytes} for {spec.shape}")
-        return np.frombuffer(data, spec.dtype).reshape(spec.shape)
-    return _image(data, spec, where)
+        out[...] = np.frombuffer(data, spec.dtype).reshape(spec.shape)
+        return
+    _image_into(data, spec, where, out)
 
 
-def _image(data: bytes, spec: FeatureSpec, where: str) -> np.ndarray:
+def _image_into(data: bytes, spec: FeatureSpec, where: str, out: np.ndarray) -> None:
+    channels = 1 if len(spec.shape) == 2 else min(spec.shape[0], spec.shape[2])
+    mode = {1: "L", 4: "RGBA"}.get(channels, "RGB")
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            channels = 1 if len(spec.shape) == 2 else min(spec.shape[0], spec.shape[2])
-            mode = {1: "L", 4: "RGBA"}.get(channels, "RGB")
-            pixels = np.asarray(image.convert(mode))
+        with Image.open(io.BytesIO(data)) as opened:
+            image = opened if opened.mode == mode else opened.convert(mode)
+            size = (image.height, image.width, len(image.getbands()))
+            pixels = np.frombuffer(image.tobytes(), np.uint8).reshape(size)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DecodeError(f"{where}: not an image Pillow reads: {exc}") from None
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
     if len(spec.shape) == 2:
         pixels = pixels[:, :, 0]
     elif pixels.shape != spec.shape and pixels.transpose(2, 0, 1).shape == spec.shape:
         pixels = pixels.transpose(2, 0, 1)  # channels first
     if pixels.shape != spec.shape:
         raise DecodeError(f"{where}: the image is {pixels.shape}, not {spec.shape}")
-    return pixels.astype(spec.dtype)
+    np.copyto(out, pixels, casting="unsafe")
 
 
 def decode_record(data: bytes, key: str, specs: Sequence[FeatureSpec]) -> Mapping[str, np.ndarray]:
     """Every input of one record, by model input name."""
     example = parse_example(data, key)
     return {spec.input_name: decode(example, spec, key) for spec in specs}
+
+
+def decode_batch(
+    records: Sequence[tuple[bytes, str]], specs: Sequence[FeatureSpec], batch: int
+) -> dict[str, np.ndarray]:
+    """Records (data, key) decoded straight into arrays of `batch` rows, by model input
+    name; rows past the records are zeros (a last, short batch)."""
+    arrays = {spec.input_name: np.empty((batch, *spec.shape), spec.dtype) for spec in specs}
+    for row, (data, key) in enumerate(records):
+        example = parse_example(data, key)
+        for spec in specs:
+            decode_into(example, spec, key, arrays[spec.input_name][row])
+    for array in arrays.values():
+        array[len(records) :] = 0
+    return arrays
 
 
 def example_of(arrays: Mapping[str, np.ndarray], key: str | None = None) -> tf_pb.Example:

@@ -10,7 +10,9 @@ replaced atomically): a run started again with `resume` skips the units done, so
 output is missing and none is written twice, whatever point the run was killed at.
 
 Time is accounted as the channels see it: waiting on the storage (reading records) or on
-the NCs (waiting for a batch's answer); `Progress` reports it with records/s and MB/s.
+the NCs (waiting for a batch's answer); `Totals` reports it with records/s, MB/s, and how
+busy the host's CPUs were (all processes: where the NCs, the storage and the pipeline share
+a machine, a host near all its cores busy is what bounds the run).
 """
 
 from __future__ import annotations
@@ -25,16 +27,17 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import psutil
 
 from neuron_rtd.client import Client, Model
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_record, example_of
+from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, example_of
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     Shard,
@@ -92,9 +95,15 @@ class Options:
     chunk_records: int = 256  # records a unit of a manifest's interleave
 
 
+def host_busy_cpu_s() -> float:
+    """CPU seconds the host spent busy (every process, every core) since boot."""
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+
 @dataclass
 class Totals:
-    """What a run did; updated by the channels, read by `Progress`."""
+    """What a run did; updated by the channels, reported every second and at the end."""
 
     records: int = 0
     bytes: int = 0
@@ -104,15 +113,24 @@ class Totals:
     storage_s: float = 0.0
     nc_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    host_cpu_started: float = field(default_factory=host_busy_cpu_s)
+    ended: tuple[float, float] | None = None  # (monotonic, host CPU) when streaming ended
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def restart(self) -> None:
         with self.lock:
             self.started = time.monotonic()
+            self.host_cpu_started = host_busy_cpu_s()
+
+    def end(self) -> None:
+        """Streaming is over: the figures stop here (the models' unload apart)."""
+        with self.lock:
+            self.ended = (time.monotonic(), host_busy_cpu_s())
 
     def snapshot(self) -> dict[str, float]:
         with self.lock:
-            seconds = max(time.monotonic() - self.started, 1e-9)
+            now, cpu = self.ended or (time.monotonic(), host_busy_cpu_s())
+            seconds = max(now - self.started, 1e-9)
             waited = self.storage_s + self.nc_s
             return {
                 "seconds": round(seconds, 3),
@@ -124,6 +142,9 @@ class Totals:
                 "mb_per_s": round(self.bytes / seconds / 1e6, 2),
                 "storage_wait_share": round(self.storage_s / waited, 3) if waited else 0.0,
                 "nc_wait_share": round(self.nc_s / waited, 3) if waited else 0.0,
+                # the host's CPU seconds busy (every process), and its cores
+                "host_cpu_s": round(cpu - self.host_cpu_started, 3),
+                "host_cpus": psutil.cpu_count() or 1,
             }
 
 
@@ -244,6 +265,7 @@ class Pipeline:
                 else:
                     self._run_units(checkpoint, turn, batch)
             finally:
+                self.totals.end()
                 self._stop.set()
                 ticker.join()
         self.report(self.totals.snapshot())
@@ -425,26 +447,6 @@ class Pipeline:
             done.set_result(decode_batch(data, specs, batch))
             return done
         return self._decoders.submit(decode_batch, data, specs, batch)
-
-
-def decode_batch(
-    data: Sequence[tuple[bytes, str]], specs: Sequence[FeatureSpec], batch: int
-) -> dict[str, np.ndarray]:
-    """Records (bytes, key) decoded and stacked: what a decode worker does."""
-    return stack_batch([decode_record(d, key, specs) for d, key in data], specs, batch)
-
-
-def stack_batch(
-    rows: Sequence[Mapping[str, np.ndarray]], specs: Sequence[FeatureSpec], batch: int
-) -> dict[str, np.ndarray]:
-    """The rows' inputs stacked on a new first axis of `batch` (zeros past the rows)."""
-    stacked = {}
-    for spec in specs:
-        array = np.zeros((batch, *spec.shape), spec.dtype)
-        for i, row in enumerate(rows):
-            array[i] = row[spec.input_name]
-        stacked[spec.input_name] = array
-    return stacked
 
 
 class _RoundRobin:
