@@ -513,15 +513,41 @@ def test_ninfer_bounds_what_the_client_sends(
             results = list(pool.map(call, range(32)))
         pending = [model.infer_async({"x": x}) for x in inputs[:12]]  # 12 at once
         asynced = [f.result(timeout=30) for f in pending]
+        # posted=False: the first ninfer go at once as gRPC futures, the rest to the pool
+        sent = [model.infer_async({"x": x}, posted=False) for x in inputs[12:24]]
+        unposted = [f.result(timeout=30) for f in sent]
     for i, got in enumerate(results):
         assert_probs({"probs": got}, mlp, inputs[i])
-    for i, outputs in enumerate(asynced):
+    for i, outputs in enumerate(asynced + unposted):
         np.testing.assert_array_equal(outputs["probs"], results[i])
-    assert len(recorder.requests("infer")) == 32
+    assert len(recorder.requests("infer")) == 32 + 12
     assert len(recorder.requests("infer_post")) == len(recorder.requests("infer_wait")) == 12
     assert len(recorder.requests("shm_map")) == 4  # 2 slots x (input + output)
     codes = {r.status.code for r in recorder.responses("infer") + recorder.responses("infer_post")}
     assert codes == {Nerr.OK}  # never NERR_QUEUE_FULL
+
+
+def test_an_unposted_async_inference_fails_as_infer_does(work: Path, mlp: SampleModel) -> None:
+    """posted=False sent as a gRPC future: the daemon's refusal is an NrtClientError, and
+    a daemon gone mid-call an NrtConnectionError (after the one retry), never a raw gRPC
+    error or a hang; the client closes cleanly after either."""
+    proc = DaemonProcess(sim_root=work / "sim_unposted")
+    with proc, Client(proc.address) as client:
+        model = client.load(mlp.neff, ninfer=2)
+        bad = model.infer_async({"x": np.zeros((3, 16), np.float32)}, posted=False)
+        error = bad.exception(timeout=30)
+        assert isinstance(error, NrtClientError) and error.nerr == Nerr.INFER_BAD_INPUT
+        x = mlp.random_inputs(3)["x"]
+        assert_probs(model.infer_async({"x": x}, posted=False).result(timeout=30), mlp, x)
+        (Path(proc.sim_root) / "neuron0" / "inject").write_text("nc_delay_ms=3000\n")
+        late = model.infer_async({"x": x}, posted=False)
+        time.sleep(0.5)  # in the daemon, sleeping on the NC
+        assert proc.proc is not None
+        proc.proc.kill()
+        error = late.exception(timeout=30)
+        assert isinstance(error, NrtConnectionError), repr(error)
+        assert error.nerr == Nerr.FAIL and "no runtime answers" in error.details
+        assert not model._idle  # its slot, which the daemon might still write into, dropped
 
 
 def test_async_errors_and_client_side_checks(

@@ -64,14 +64,35 @@ class Connection:
         self._shm = shm
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._calls: set[grpc.Future] = set()  # unary calls in flight as futures
+        self._calls_done = threading.Condition(self._lock)
 
     # --- calls ----------------------------------------------------------------------
-    def unary(self, method: str, request: Any) -> Any:
-        """Call `method`; retried once when the daemon is UNAVAILABLE. NrtConnectionError
-        when no daemon answers."""
+    def unary(self, method: str, request: Any, *, retry: bool = True) -> Any:
+        """Call `method`; retried once when the daemon is UNAVAILABLE (unless `retry` is
+        False). NrtConnectionError when no daemon answers."""
         call: Callable[..., Any] = getattr(self.stub, method)
         with transport_errors(method, self.address, self.timeout_s):
+            if not retry:
+                return call(request, timeout=self.timeout_s)
             return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
+
+    def unary_future(self, method: str, request: Any) -> grpc.Future:
+        """Start `method` without a thread waiting on it: its future (a `grpc.Call`) fails
+        with the transport's RpcError, not retried (the caller retries through `unary`).
+        Closing waits for it, as for the pool's calls."""
+        with self._lock:
+            if self.closed:
+                raise ClientClosed
+            call: grpc.Future = getattr(self.stub, method).future(request, timeout=self.timeout_s)
+            self._calls.add(call)
+        call.add_done_callback(self._call_done)
+        return call
+
+    def _call_done(self, call: grpc.Future) -> None:
+        with self._lock:
+            self._calls.discard(call)
+            self._calls_done.notify_all()
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
@@ -138,6 +159,8 @@ class Connection:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._calls_done.wait_for(lambda: not self._calls)
 
     # --- shared memory --------------------------------------------------------------
     @property
@@ -173,13 +196,13 @@ class Connection:
         return True
 
     def unshare(self, buffers: Sequence[ShmBuffer], *, unmap: bool = True) -> None:
-        """`shm_unmap` the buffers (best effort, when `unmap` and still connected) and free
-        them here."""
+        """`shm_unmap` the buffers (best effort, when `unmap` and still connected: not
+        retried, as a daemon gone or restarted holds no map of them) and free them here."""
         for buffer in buffers:
             if unmap and not buffer.closed:
                 request = pb.shm_unmap_request(path=buffer.path, mmap_prot=PROT_READ_WRITE)
                 with contextlib.suppress(NrtClientError, ValueError):
-                    self.unary("shm_unmap", request)
+                    self.unary("shm_unmap", request, retry=False)
             buffer.close()
 
     def shm_failed(self, reason: str) -> None:

@@ -127,14 +127,20 @@ def retry_unavailable(call: Callable[[], T], channel: grpc.Channel) -> T:
     try:
         return call()
     except grpc.RpcError as exc:
-        if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
-            raise
-        ready = grpc.channel_ready_future(channel)
-        try:
-            ready.result(timeout=RECONNECT_S)
-        except grpc.FutureTimeoutError:
-            raise exc from None
-        finally:
-            ready.cancel()  # stop watching the channel
-            _last_wait[channel] = time.monotonic()
+        wait_reconnected(exc, channel)
     return call()
+
+
+def wait_reconnected(exc: grpc.RpcError, channel: grpc.Channel) -> None:
+    """Return once `channel` is connected again after the failure `exc`, when it is worth
+    one retry (UNAVAILABLE); else raise `exc`."""
+    if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
+        raise exc
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=RECONNECT_S)
+    except grpc.FutureTimeoutError:
+        raise exc from None
+    finally:
+        ready.cancel()  # stop watching the channel
+        _last_wait[channel] = time.monotonic()

@@ -16,12 +16,20 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 
 from neuron_rtd.client._config import DEFAULT_NINFER
+from neuron_rtd.client._connection import ClientClosed
 from neuron_rtd.client._ncg import NcgGate
 from neuron_rtd.client._shm import ShmBuffer
-from neuron_rtd.client.errors import NrtClientError, check
+from neuron_rtd.client.errors import (
+    NrtClientError,
+    NrtConnectionError,
+    check,
+    transport_errors,
+    wait_reconnected,
+)
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import pb
@@ -107,15 +115,91 @@ class Model:
         """Run one inference: the outputs by name, shaped and typed by the NEFF."""
         return self._run(inputs, posted=False)
 
-    def infer_async(
-        self, inputs: Inputs, *, posted: bool = True
-    ) -> Future[dict[str, np.ndarray]]:
+    def infer_async(self, inputs: Inputs, *, posted: bool = True) -> Future[dict[str, np.ndarray]]:
         """Start one inference (`infer_post`, then `infer_wait` on the client's thread
-        pool; with `posted` False one synchronous `infer` there: half the calls, for a
-        caller that keeps enough in flight itself); the future gives what `infer`
-        returns. Leave the arrays unchanged until it is done."""
+        pool; with `posted` False one `infer`: half the calls, for a caller that keeps
+        enough in flight itself); the future gives what `infer` returns. Leave the arrays
+        unchanged until it is done.
+
+        With `posted` False, while fewer than `ninfer` are in flight and the model has
+        its NCG to itself, the `infer` is sent at once as a gRPC future, no thread waiting
+        on it (a transport failure is then retried once through the pool, as `infer`
+        retries); else it waits its turn in the pool."""
         self._check_loaded()
+        if not posted and self.gate is None and self._in_flight.acquire(blocking=False):
+            try:
+                return self._send(dict(inputs))
+            except BaseException:
+                self._in_flight.release()
+                raise
         return self.connection.executor().submit(self._run, dict(inputs), posted=posted)
+
+    def _send(self, inputs: dict[str, Any]) -> Future[dict[str, np.ndarray]]:
+        """One `infer` as a gRPC future, holding an in-flight place (taken by the caller)
+        and a slot, both given back when it completes."""
+        slot = self._take_slot()
+        try:
+            call = self.connection.unary_future("infer", self._request(inputs, slot))
+        except BaseException:
+            self._give_back(slot, keep=True)  # nothing was sent
+            raise
+        result: Future[dict[str, np.ndarray]] = Future()
+        result.set_running_or_notify_cancel()  # as the pool's running ones: not cancellable
+
+        def done(call: grpc.Future) -> None:
+            keep = True
+            try:
+                response = call.result()
+                check("infer", response.status)
+                result.set_result(self._outputs(response, slot))
+            except grpc.RpcError as exc:
+                self._in_flight.release()
+                self._retry(exc, inputs, result, slot)
+                return
+            except BaseException as exc:
+                result.set_exception(exc)
+            self._give_back(slot, keep)
+            self._in_flight.release()
+
+        call.add_done_callback(done)
+        return result
+
+    def _retry(
+        self,
+        exc: grpc.RpcError,
+        inputs: dict[str, Any],
+        result: Future[dict[str, np.ndarray]],
+        slot: _Slot | None,
+    ) -> None:
+        """A sent `infer` the transport failed, dealt with as `infer` deals with it (one
+        retry once the daemon is back from UNAVAILABLE, else an NrtConnectionError), its
+        slot dropped (the daemon may still write into it): in the pool, never on gRPC's
+        thread, which this can hold for seconds."""
+        connection = self.connection
+
+        def again_in_pool() -> dict[str, np.ndarray]:
+            try:
+                with transport_errors("infer", connection.address, connection.timeout_s):
+                    wait_reconnected(exc, connection.channel)
+            finally:
+                self._give_back(slot, keep=False)
+            return self._run(inputs, posted=False)
+
+        try:
+            again = self.connection.executor().submit(again_in_pool)
+        except ClientClosed as exc:
+            self._give_back(slot, keep=False)
+            result.set_exception(exc)
+            return
+
+        def settle(again: Future[dict[str, np.ndarray]]) -> None:
+            error = again.exception()
+            if error is None:
+                result.set_result(again.result())
+            else:
+                result.set_exception(error)
+
+        again.add_done_callback(settle)
 
     def infer_raw(self, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
         """Inputs and outputs as raw bytes, inline."""
@@ -179,28 +263,36 @@ class Model:
     @contextlib.contextmanager
     def _slot(self) -> Iterator[_Slot | None]:
         """A slot of shm buffers for one inference (None: everything goes inline)."""
-        with self._lock:
-            slot = self._idle.pop() if self._idle else None
-        if slot is None and self.connection.shm_enabled:
-            slot = self._new_slot()
-        if slot is None:
-            yield None
-            return
+        slot = self._take_slot()
         keep = False
         try:
             yield slot
             keep = True
+        except NrtConnectionError:
+            raise  # no answer: the daemon may still write into the buffers
         except NrtClientError:
             keep = True  # the daemon answered: it is done with the buffers
             raise
         finally:
-            # after a transport error the daemon may still write into the buffers: drop them
-            with self._lock:
-                if keep and not self._unloaded:
-                    self._idle.append(slot)
-                    slot = None
-            if slot is not None:
-                self.connection.unshare(slot.buffers())
+            self._give_back(slot, keep)
+
+    def _take_slot(self) -> _Slot | None:
+        with self._lock:
+            slot = self._idle.pop() if self._idle else None
+        if slot is None and self.connection.shm_enabled:
+            slot = self._new_slot()
+        return slot
+
+    def _give_back(self, slot: _Slot | None, keep: bool) -> None:
+        """A slot an inference is done with: kept for the next (`keep`), or dropped (after
+        a transport error the daemon may still write into the buffers)."""
+        if slot is None:
+            return
+        with self._lock:
+            if keep and not self._unloaded:
+                self._idle.append(slot)
+                return
+        self.connection.unshare(slot.buffers())
 
     def _new_slot(self) -> _Slot | None:
         outputs = self.outputs if self._shm_outputs else ()

@@ -73,7 +73,7 @@ def open_shard(shard: Shard, read_ahead: int = READ_AHEAD_BYTES) -> IO[bytes]:
     if not _is_url(shard.url):
         return open(shard.url, "rb")
     fs, path = fsspec.core.url_to_fs(shard.url)
-    opened: IO[bytes] = fs.open(path, "rb", block_size=read_ahead, cache_type="readahead")
+    opened: IO[bytes] = fs.open(path, "rb", block_size=read_ahead, cache_type="background")
     return opened
 
 
