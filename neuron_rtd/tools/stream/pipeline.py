@@ -415,29 +415,25 @@ class Pipeline:
         in the decode workers' processes (off this process's GIL, which the client's
         calls need), a few ahead of the one given."""
         o = self.options
-        keys: list[str] = []
-        data: list[tuple[bytes, str]] = []
         ahead: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]] = deque()
         depth = max(2, self._decoders_count)
         while True:
             began = time.monotonic()
-            record: Record | None = next(records, None)
+            part = list(itertools.islice(records, batch))
+            waited = time.monotonic() - began
             with self.totals.lock:
-                self.totals.storage_s += time.monotonic() - began
-            if record is not None:
-                keys.append(f"{record.key}#{unit.epoch}" if o.epochs > 1 else record.key)
-                data.append((record.data, record.key))
-                with self.totals.lock:
-                    self.totals.records += 1
-                    self.totals.bytes += len(record.data)
-            if data and (len(data) == batch or record is None):
-                decoding = self._decode(data, batch)
-                ahead.append((keys, len(data), decoding))
-                keys, data = [], []
-            while ahead and (len(ahead) >= depth or record is None):
+                self.totals.storage_s += waited
+                self.totals.records += len(part)
+                self.totals.bytes += sum(len(record.data) for record in part)
+            if part:
+                keys = [f"{r.key}#{unit.epoch}" if o.epochs > 1 else r.key for r in part]
+                decoding = self._decode([(r.data, r.key) for r in part], batch)
+                ahead.append((keys, len(part), decoding))
+            last = len(part) < batch
+            while ahead and (len(ahead) >= depth or last):
                 done_keys, count, decoding = ahead.popleft()
                 yield done_keys, decoding.result(), count
-            if record is None:
+            if last:
                 return
 
     def _decode(self, data: list[tuple[bytes, str]], batch: int) -> Future[dict[str, np.ndarray]]:
