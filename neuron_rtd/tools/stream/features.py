@@ -16,6 +16,7 @@ DecodeError naming the record and the feature.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -47,7 +48,7 @@ class FeatureSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def parse_feature(text: str) -> FeatureSpec:
