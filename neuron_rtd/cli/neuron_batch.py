@@ -201,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         figures = totals.snapshot()
         print(
             f"{PROG}: {figures['records']:.0f} records in {figures['seconds']:.1f} s "
-            f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s), "
+            f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s, host CPU "
+            f"{figures['host_cpu_s'] / figures['seconds']:.1f} of {figures['host_cpus']:.0f} "
+            "cores busy), "
             f"{figures['skipped']:.0f} skipped; {figures['units_done']:.0f} shard(s) written to "
             f"{args.output}, {figures['units_skipped']:.0f} done before",
             file=sys.stderr if shown else sys.stdout,
