@@ -147,19 +147,25 @@ class Model:
         result.set_running_or_notify_cancel()  # as the pool's running ones: not cancellable
 
         def done(call: grpc.Future) -> None:
-            keep = True
+            # the slot and the in-flight place are given back before the caller hears:
+            # its next inference finds them free
             try:
                 response = call.result()
-                check("infer", response.status)
-                result.set_result(self._outputs(response, slot))
             except grpc.RpcError as exc:
                 self._in_flight.release()
                 self._retry(exc, inputs, result, slot)
                 return
+            try:
+                check("infer", response.status)
+                outputs = self._outputs(response, slot)
             except BaseException as exc:
+                self._give_back(slot, keep=True)  # the daemon answered: done with it
+                self._in_flight.release()
                 result.set_exception(exc)
-            self._give_back(slot, keep)
+                return
+            self._give_back(slot, keep=True)
             self._in_flight.release()
+            result.set_result(outputs)
 
         call.add_done_callback(done)
         return result

@@ -2,7 +2,7 @@
 
 The work is cut into units, one per shard and epoch. `channels` threads each take a unit,
 read its records (the storage), decode them by the feature specs and batch them, and send
-each batch to the next of the M copies of the model (data parallel, `ninfer` in flight on
+each batch to the least busy of the M copies of the model (data parallel, `ninfer` in flight on
 each, tensors through shared memory); the unit's outputs are written in the order of its
 records, to a file named after the unit, under a temporary name renamed into place when the
 unit is whole. Then the unit is recorded done in the checkpoint (`.checkpoint.json`,
@@ -256,14 +256,14 @@ class Pipeline:
             ]
             batch = o.batch or model_batch(models[0])
             self.totals.restart()  # rates count the streaming, not the models' load
-            turn = _RoundRobin(models)
+            copies = _Copies(models, o.ninfer)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
             try:
                 if o.manifest is not None:
-                    self._run_manifest(o.manifest, checkpoint, turn, batch)
+                    self._run_manifest(o.manifest, checkpoint, copies, batch)
                 else:
-                    self._run_units(checkpoint, turn, batch)
+                    self._run_units(checkpoint, copies, batch)
             finally:
                 self.totals.end()
                 self._stop.set()
@@ -273,7 +273,7 @@ class Pipeline:
             raise self._failed
         return self.totals
 
-    def _run_units(self, checkpoint: Checkpoint, turn: _RoundRobin, batch: int) -> None:
+    def _run_units(self, checkpoint: Checkpoint, copies: _Copies, batch: int) -> None:
         """Units of shard and epoch, taken by the channels; a failure is kept in
         `_failed` and stops them all."""
         o = self.options
@@ -290,7 +290,7 @@ class Pipeline:
                         return
                     unit = pending.popleft()
                 try:
-                    self._unit(unit, None, turn, batch, checkpoint)
+                    self._unit(unit, None, copies, batch, checkpoint)
                 except BaseException as exc:
                     if self._failed is None:
                         self._failed = exc
@@ -306,7 +306,7 @@ class Pipeline:
             self.report(self.totals.snapshot())
 
     def _run_manifest(
-        self, manifest_path: Path, checkpoint: Checkpoint, turn: _RoundRobin, batch: int
+        self, manifest_path: Path, checkpoint: Checkpoint, copies: _Copies, batch: int
     ) -> None:
         """The manifest's classes interleaved by weight (the file read again every batch:
         dynamic boosting), cut into units of `chunk_records`, one after another. A resumed
@@ -345,7 +345,7 @@ class Pipeline:
                 if unit.name in checkpoint.done:
                     self.totals.units_skipped += 1
                     continue
-                self._unit(unit, iter(part), turn, batch, checkpoint, mixed.history)
+                self._unit(unit, iter(part), copies, batch, checkpoint, mixed.history)
 
     def _class_records(self, shards: Sequence[Shard], epoch: int) -> Iterator[Record]:
         o = self.options
@@ -360,7 +360,7 @@ class Pipeline:
         self,
         unit: Unit,
         records: Iterator[Record] | None,
-        turn: _RoundRobin,
+        copies: _Copies,
         batch: int,
         checkpoint: Checkpoint,
         weights: list[dict[str, float]] | None = None,
@@ -378,7 +378,10 @@ class Pipeline:
             for keys, inputs, count in self._batches(unit, records, batch):
                 if self._stop.is_set():
                     raise _Stopped
-                window.append((keys, count, turn.next().infer_async(inputs, posted=False)))
+                began = time.monotonic()
+                window.append((keys, count, copies.infer(inputs)))  # waits while all are full
+                with self.totals.lock:
+                    self.totals.nc_s += time.monotonic() - began
                 while len(window) >= limit:
                     self._drain_one(window, out)
             while window:
@@ -445,17 +448,34 @@ class Pipeline:
         return self._decoders.submit(decode_batch, data, specs, batch)
 
 
-class _RoundRobin:
-    def __init__(self, models: Sequence[Model]) -> None:
-        self._models = list(models)
-        self._next = 0
-        self._lock = threading.Lock()
+class _Copies:
+    """The M copies of the model (one per NCG), each taking `ninfer` inferences in flight:
+    a batch goes to the least busy, and waits while every copy is full (so that each is
+    sent at once, none queued in the client's pool)."""
 
-    def next(self) -> Model:
-        with self._lock:
-            model = self._models[self._next % len(self._models)]
-            self._next += 1
-            return model
+    def __init__(self, models: Sequence[Model], ninfer: int) -> None:
+        self._models = list(models)
+        self._ninfer = ninfer
+        self._busy = [0] * len(models)
+        self._changed = threading.Condition()
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]]:
+        with self._changed:
+            self._changed.wait_for(lambda: min(self._busy) < self._ninfer)
+            index = self._busy.index(min(self._busy))
+            self._busy[index] += 1
+        try:
+            future = self._models[index].infer_async(inputs, posted=False)
+        except BaseException:
+            self._done(index)
+            raise
+        future.add_done_callback(lambda _: self._done(index))
+        return future
+
+    def _done(self, index: int) -> None:
+        with self._changed:
+            self._busy[index] -= 1
+            self._changed.notify()
 
 
 class _Stopped(Exception):
