@@ -77,22 +77,28 @@ class Connection:
                 return call(request, timeout=self.timeout_s)
             return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
 
-    def unary_future(self, method: str, request: Any) -> grpc.Future:
-        """Start `method` without a thread waiting on it: its future (a `grpc.Call`) fails
-        with the transport's RpcError, not retried (the caller retries through `unary`).
-        Closing waits for it, as for the pool's calls."""
+    def unary_future(
+        self, method: str, request: Any, on_done: Callable[[grpc.Future], None]
+    ) -> None:
+        """Start `method` without a thread waiting on it; `on_done(call)` runs when it
+        completes (on gRPC's thread: it must not wait long), its `result()` raising the
+        transport's RpcError, not retried. Closing waits until `on_done` has run, as it
+        waits for the pool's calls."""
         with self._lock:
             if self.closed:
                 raise ClientClosed
             call: grpc.Future = getattr(self.stub, method).future(request, timeout=self.timeout_s)
             self._calls.add(call)
-        call.add_done_callback(self._call_done)
-        return call
 
-    def _call_done(self, call: grpc.Future) -> None:
-        with self._lock:
-            self._calls.discard(call)
-            self._calls_done.notify_all()
+        def done(call: grpc.Future) -> None:
+            try:
+                on_done(call)
+            finally:
+                with self._lock:
+                    self._calls.discard(call)
+                    self._calls_done.notify_all()
+
+        call.add_done_callback(done)
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken

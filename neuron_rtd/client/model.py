@@ -137,14 +137,9 @@ class Model:
     def _send(self, inputs: dict[str, Any]) -> Future[dict[str, np.ndarray]]:
         """One `infer` as a gRPC future, holding an in-flight place (taken by the caller)
         and a slot, both given back when it completes."""
-        slot = self._take_slot()
-        try:
-            call = self.connection.unary_future("infer", self._request(inputs, slot))
-        except BaseException:
-            self._give_back(slot, keep=True)  # nothing was sent
-            raise
         result: Future[dict[str, np.ndarray]] = Future()
         result.set_running_or_notify_cancel()  # as the pool's running ones: not cancellable
+        slot = self._take_slot()
 
         def done(call: grpc.Future) -> None:
             # the slot and the in-flight place are given back before the caller hears:
@@ -167,7 +162,11 @@ class Model:
             self._in_flight.release()
             result.set_result(outputs)
 
-        call.add_done_callback(done)
+        try:
+            self.connection.unary_future("infer", self._request(inputs, slot), done)
+        except BaseException:
+            self._give_back(slot, keep=True)  # nothing was sent
+            raise
         return result
 
     def _retry(
