@@ -118,6 +118,8 @@ def test_every_record_is_answered_in_order_with_its_key(
     assert done.returncode == 0, done.stdout + done.stderr
     final = json.loads(done.stdout.splitlines()[-1])
     assert (final["records"], final["units_done"], final["skipped"]) == (30, 3, 0)
+    # the host's busy CPU time over the streaming alone: at most all its cores (a tick more)
+    assert 0 <= final["host_cpu_s"] <= final["seconds"] * final["host_cpus"] + 0.02
     got = outputs_of(out)
     assert set(got) == set(xs)
     for key, probs in got.items():  # each answer is the model's on that record's x
