@@ -129,6 +129,10 @@ class _Cursor:
         self._back = b""  # bytes given back by a resync
 
     def read(self, count: int) -> bytes:
+        if not self._back:  # the usual case: straight from the stream
+            data = self.stream.read(count)
+            self.offset += len(data)
+            return data
         data = self._back[:count]
         self._back = self._back[count:]
         if len(data) < count:
