@@ -13,7 +13,8 @@ server when moto is installed), it measures records/s of:
 - the pipeline: `neuron-batch`'s run (read, decode, batch, infer, write), as a user runs it
   (Pipeline in process, the daemon a separate process), timed from its first record (the
   models' load apart, as the model ceiling's is);
-and prints the pipeline's share of the lower ceiling (the goal: >= 90%).
+and prints the pipeline's share of the lower ceiling (the goal: >= 90%), and the
+pipeline's own work per record (reading, decoding, writing) timed on one thread.
 
 Here the NCs are simulated on the host's CPUs, which the storage (page cache, or the moto
 server) and the pipeline's decoding share. So it also measures the host's busy CPU seconds
@@ -26,6 +27,7 @@ it, whatever it overlaps.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
@@ -45,13 +47,21 @@ from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.models import resnet
+from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, parse_feature
+from neuron_rtd.tools.stream.features import (
+    FeatureSpec,
+    decode_batch,
+    example_of,
+    parse_feature,
+)
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline, host_busy_cpu_s
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
+from neuron_rtd.tools.stream.tfrecord import Writer
 
 Run = tuple[int, float, float]  # records, seconds, host CPU seconds busy
+OWN = ("read", "decode", "write")
 
 
 def storage_ceiling(shards: list[Shard], channels: int, at_least_s: float = 1.0) -> Run:
@@ -64,6 +74,27 @@ def storage_ceiling(shards: list[Shard], channels: int, at_least_s: float = 1.0)
         while count == 0 or time.perf_counter() - began < at_least_s:
             count += sum(pool.map(lambda shard: sum(1 for _ in shard_records(shard)), shards))
     return count, time.perf_counter() - began, host_busy_cpu_s() - cpu
+
+
+def own_work(shards: list[Shard], specs: list[FeatureSpec], neff: Path, out: Path) -> list[float]:
+    """The pipeline's own work per record, on one thread (this process's CPU, in us):
+    reading and CRC-checking, decoding into batches, writing the outputs' Examples."""
+    signature = read_neff(neff.read_bytes())
+    batch = int(signature.inputs[0].shape[0])
+    rows = {t.name: np.zeros(t.shape[1:], t.dtype) for t in signature.outputs}
+    began = time.process_time()
+    records = [(r.data, r.key) for shard in shards for r in shard_records(shard)]
+    read = time.process_time()
+    for i in range(0, len(records), batch):
+        decode_batch(records[i : i + batch], specs, batch)
+    decoded = time.process_time()
+    with Writer(out) as writer:
+        for _, key in records:
+            writer.write(example_of(rows, key).SerializeToString())
+    written = time.process_time()
+    out.unlink()
+    marks = (began, read, decoded, written)
+    return [(b - a) / len(records) * 1e6 for a, b in itertools.pairwise(marks)]
 
 
 def model_ceiling(
@@ -203,6 +234,7 @@ def main() -> int:
                         (figures["storage_wait_share"], figures["nc_wait_share"])
                     )
             model = _median(runs["model"])
+            work_us = own_work(sources["local"], specs, neff, work / "own.tfrecord")
             for store in sources:
                 storage = _median(runs[f"storage {store}"])
                 streamed = _median(runs[f"pipeline {store}"])
@@ -216,6 +248,11 @@ def main() -> int:
                 )
                 wait = waits[store][runs[f"pipeline {store}"].index(streamed)]
                 print(f"{row} {busy}  {wait[0]:.0%}/{wait[1]:.0%}", flush=True)
+            parts = " + ".join(f"{what} {us:.0f}" for what, us in zip(OWN, work_us, strict=True))
+            print(
+                f"  the pipeline's own work on one thread: {parts} = {sum(work_us):.0f} us per "
+                f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU"
+            )
         print(f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and")
         print(f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the")
         print("storage / on the NCs.")
@@ -242,8 +279,6 @@ def _median(runs: list[Run]) -> Run:
 
 
 def _batch(neff: Path) -> int:
-    from neuron_rtd.neff import read_neff
-
     return int(read_neff(neff.read_bytes()).inputs[0].shape[0])
 
 
