@@ -55,7 +55,7 @@ from neuron_rtd.tools.stream.features import (
     example_of,
     parse_feature,
 )
-from neuron_rtd.tools.stream.pipeline import Options, Pipeline, host_busy_cpu_s
+from neuron_rtd.tools.stream.pipeline import NcBusy, Options, Pipeline, host_busy_cpu_s
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
 from neuron_rtd.tools.stream.tfrecord import Writer
@@ -113,7 +113,8 @@ def model_ceiling(
     batch: int,
     ncgs: int,
     ninfer: int,
-) -> Run:
+) -> tuple[Run, float]:
+    """The model's run over decoded batches, and how busy it kept its NCs (0..1)."""
     rows = [(r.data, r.key) for s in shards for r in shard_records(s)]
     batches = [decode_batch(rows[i : i + batch], specs, batch) for i in range(0, len(rows), batch)]
     with Client(address, async_workers=ncgs * ninfer) as client:
@@ -121,6 +122,7 @@ def model_ceiling(
         for model in models:  # warm: the first run of a program builds its session
             model.infer(batches[0])
         window: deque[Future[dict[str, np.ndarray]]] = deque()
+        ncs = NcBusy(client, [model.id for model in models])
         began, cpu = time.perf_counter(), host_busy_cpu_s()
         for i, inputs in enumerate(batches):
             window.append(models[i % ncgs].infer_async(inputs, posted=False))
@@ -129,9 +131,10 @@ def model_ceiling(
         while window:
             window.popleft().result()
         seconds, cpu = time.perf_counter() - began, host_busy_cpu_s() - cpu
+        busy = ncs.busy_share() or 0.0
         for model in models:
             model.unload()
-    return len(rows), seconds, cpu
+    return (len(rows), seconds, cpu), busy
 
 
 def pipeline(
@@ -206,23 +209,24 @@ def main() -> int:
             print(f"(no s3: {exc})")
         cpus = psutil.cpu_count() or 1
         head = f"{'case':30} {'store':9} {'storage/s':>9} {'model/s':>8} {'pipeline/s':>10}"
-        print(f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits")
+        print(f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits  NCs")
         for name, neff, paths, specs in cases(work, args.quick, args.only):
             sources = {store: _shards(name, paths, env) for store, env in stores.items()}
             runs: dict[str, list[Run]] = {}
-            waits: dict[str, list[tuple[float, float]]] = {}
+            waits: dict[str, list[tuple[float, float, float]]] = {}
+            model_busy: list[float] = []
             for _ in range(args.repeat):  # interleaved, so that the host's drift hits all alike
-                runs.setdefault("model", []).append(
-                    model_ceiling(
-                        daemon.address,
-                        neff,
-                        sources["local"],
-                        specs,
-                        _batch(neff),
-                        args.ncgs,
-                        args.ninfer,
-                    )
+                ceiling, busy = model_ceiling(
+                    daemon.address,
+                    neff,
+                    sources["local"],
+                    specs,
+                    _batch(neff),
+                    args.ncgs,
+                    args.ninfer,
                 )
+                runs.setdefault("model", []).append(ceiling)
+                model_busy.append(busy)
                 for store, shards in sources.items():
                     runs.setdefault(f"storage {store}", []).append(
                         storage_ceiling(shards, args.channels)
@@ -239,7 +243,11 @@ def main() -> int:
                     )
                     runs.setdefault(f"pipeline {store}", []).append(streamed)
                     waits.setdefault(store, []).append(
-                        (figures["storage_wait_share"], figures["nc_wait_share"])
+                        (
+                            figures["storage_wait_share"],
+                            figures["nc_wait_share"],
+                            figures["nc_busy_share"],
+                        )
                     )
             model = _median(runs["model"])
             work_us = own_work(sources["local"], specs, neff, work / "own.tfrecord")
@@ -251,19 +259,20 @@ def main() -> int:
                 cpu_bound = cpus / sum(cpu / n for n, _, cpu in (storage, model))
                 row = f"{name:30} {store:9} {rates[0]:9.0f} {rates[1]:8.0f} {rates[2]:10.0f}"
                 row += f" {share:5.0%}  {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
-                busy = " ".join(
+                cores = " ".join(
                     f"{cpu / seconds:.2f}" for _, seconds, cpu in (storage, model, streamed)
                 )
                 wait = waits[store][runs[f"pipeline {store}"].index(streamed)]
-                print(f"{row} {busy}  {wait[0]:.0%}/{wait[1]:.0%}", flush=True)
+                print(f"{row} {cores}  {wait[0]:.0%}/{wait[1]:.0%}  {wait[2]:.0%}", flush=True)
             parts = " + ".join(f"{what} {us:.0f}" for what, us in zip(OWN, work_us, strict=True))
             print(
                 f"  the pipeline's own work on one thread: {parts} = {sum(work_us):.0f} us per "
-                f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU"
+                f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU, "
+                f"NCs {model_busy[runs['model'].index(model)]:.0%} busy"
             )
         print(f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and")
         print(f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the")
-        print("storage / on the NCs.")
+        print("storage / on the NCs; NCs: how busy the pipeline kept its NCs.")
     return 0
 
 

@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{figures['mb_per_s']:.1f} MB/s  {figures['units_done']:.0f} shard(s) done  "
                     f"waiting on storage {figures['storage_wait_share']:.0%}, "
                     f"on the NCs {figures['nc_wait_share']:.0%}  "
+                    f"NCs {figures['nc_busy_share']:.0%} busy  "
                     f"host CPU {figures['host_cpu_s'] / figures['seconds']:.1f} of "
                     f"{figures['host_cpus']:.0f} cores busy"
                 )
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = totals.snapshot()
         print(
             f"{PROG}: {figures['records']:.0f} records in {figures['seconds']:.1f} s "
-            f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s, host CPU "
+            f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s, NCs "
+            f"{figures['nc_busy_share']:.0%} busy, host CPU "
             f"{figures['host_cpu_s'] / figures['seconds']:.1f} of {figures['host_cpus']:.0f} "
             "cores busy), "
             f"{figures['skipped']:.0f} skipped; {figures['units_done']:.0f} shard(s) written to "

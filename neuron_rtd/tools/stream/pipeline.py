@@ -36,7 +36,9 @@ from typing import Literal
 import numpy as np
 import psutil
 
-from neuron_rtd.client import Client, Model
+from neuron_rtd.client import Client, Model, NrtClientError
+from neuron_rtd.client.observe import interval
+from neuron_rtd.proto import ext_pb
 from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, example_of
 from neuron_rtd.tools.stream.sources import (
     Interleave,
@@ -115,6 +117,7 @@ class Totals:
     started: float = field(default_factory=time.monotonic)
     host_cpu_started: float = field(default_factory=host_busy_cpu_s)
     ended: tuple[float, float] | None = None  # (monotonic, host CPU) when streaming ended
+    nc_busy_share: float = 0.0  # of the NCs of the run's models, since it started (last read)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def restart(self) -> None:
@@ -145,6 +148,7 @@ class Totals:
                 # the host's CPU seconds busy (every process), and its cores
                 "host_cpu_s": round(cpu - self.host_cpu_started, 3),
                 "host_cpus": psutil.cpu_count() or 1,
+                "nc_busy_share": round(self.nc_busy_share, 3),
             }
 
 
@@ -228,6 +232,7 @@ class Pipeline:
         self._failed: BaseException | None = None
         self._stop = threading.Event()
         self._decoders: ProcessPoolExecutor | None = None
+        self._ncs: NcBusy | None = None
         self._decoders_count = options.decode_workers
 
     def units(self) -> list[Unit]:
@@ -256,6 +261,7 @@ class Pipeline:
             ]
             batch = o.batch or model_batch(models[0])
             self.totals.restart()  # rates count the streaming, not the models' load
+            self._ncs = NcBusy(client, [model.id for model in models])
             copies = _Copies(models, o.ninfer)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
@@ -265,9 +271,10 @@ class Pipeline:
                 else:
                     self._run_units(checkpoint, copies, batch)
             finally:
-                self.totals.end()
                 self._stop.set()
                 ticker.join()
+                self._read_ncs()
+                self.totals.end()
         self.report(self.totals.snapshot())
         if self._failed is not None:
             raise self._failed
@@ -303,7 +310,14 @@ class Pipeline:
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
+            self._read_ncs()
             self.report(self.totals.snapshot())
+
+    def _read_ncs(self) -> None:
+        share = self._ncs.busy_share() if self._ncs is not None else None
+        if share is not None:
+            with self.totals.lock:
+                self.totals.nc_busy_share = share
 
     def _run_manifest(
         self, manifest_path: Path, checkpoint: Checkpoint, copies: _Copies, batch: int
@@ -476,6 +490,38 @@ class _Copies:
         with self._changed:
             self._busy[index] -= 1
             self._changed.notify()
+
+
+class NcBusy:
+    """How busy the NCs of the run's models have been since it started: their busy time in
+    the daemon's ext snapshots (what neuron-top and neuron-monitor read)."""
+
+    def __init__(self, client: Client, model_ids: Sequence[int]) -> None:
+        self._client = client
+        self._ids = set(model_ids)
+        self._first = self._read()
+
+    def _read(self) -> ext_pb.snapshot_response | None:
+        try:
+            return self._client.connection.snapshot()
+        except NrtClientError as exc:  # a daemon without it, or gone: the run goes on
+            log.debug("no NC busy time: %s", exc)
+            return None
+
+    def busy_share(self) -> float | None:
+        """The share (0..1) of the time since the start the NCs were busy; None unread."""
+        now = self._read()
+        if self._first is None or now is None:
+            return None
+        ncs = {
+            vnc
+            for ncg in now.ncgs
+            if self._ids & set(ncg.model_ids)
+            for vnc in range(ncg.vnc_start, ncg.vnc_start + ncg.nc_count)
+        }
+        utilization = interval(self._first, now).nc_utilization
+        shares = [utilization[vnc] / 100 for vnc in ncs if vnc in utilization]
+        return sum(shares) / len(shares) if shares else None
 
 
 class _Stopped(Exception):
