@@ -52,7 +52,7 @@ from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.tools.stream.features import (
     FeatureSpec,
     decode_batch,
-    example_of,
+    output_examples,
     parse_feature,
 )
 from neuron_rtd.tools.stream.pipeline import NcBusy, Options, Pipeline, host_busy_cpu_s
@@ -81,7 +81,7 @@ def own_work(shards: list[Shard], specs: list[FeatureSpec], neff: Path, out: Pat
     reading and CRC-checking, decoding into batches, writing the outputs' Examples."""
     signature = read_neff(neff.read_bytes())
     batch = int(signature.inputs[0].shape[0])
-    rows = {t.name: np.zeros(t.shape[1:], t.dtype) for t in signature.outputs}
+    outputs = {t.name: np.zeros(t.shape, t.dtype) for t in signature.outputs}
     spent = [0.0, 0.0, 0.0]  # reading, decoding, writing: as the pipeline does, a batch at a time
     count = 0
     with Writer(out) as writer:
@@ -95,8 +95,9 @@ def own_work(shards: list[Shard], specs: list[FeatureSpec], neff: Path, out: Pat
                     break
                 decode_batch(part, specs, batch)
                 decoded = time.process_time()
-                for _, key in part:
-                    writer.write(example_of(rows, key).SerializeToString())
+                answers = {name: array[: len(part)] for name, array in outputs.items()}
+                for record in output_examples([key for _, key in part], answers):
+                    writer.write(record)
                 marks = (began, read, decoded, time.process_time())
                 for i, (a, b) in enumerate(itertools.pairwise(marks)):
                     spent[i] += b - a

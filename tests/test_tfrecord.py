@@ -17,7 +17,13 @@ import pytest
 from PIL import Image
 
 from neuron_rtd.proto import tf_pb
-from neuron_rtd.tools.stream.features import DecodeError, decode_record, example_of, parse_feature
+from neuron_rtd.tools.stream.features import (
+    DecodeError,
+    decode_record,
+    example_of,
+    output_examples,
+    parse_feature,
+)
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     Shard,
@@ -225,6 +231,21 @@ def test_an_output_example_carries_its_input_key() -> None:
     assert features["key"].bytes_list.value == [b"a@12"]
     assert list(features["probs"].float_list.value) == [0.25, 0.75]
     assert list(features["top"].int64_list.value) == [1]
+
+
+def test_a_batch_of_output_examples_is_each_row_s_example() -> None:
+    rng = np.random.default_rng(3)
+    outputs: dict[str, np.ndarray] = {
+        "probs": rng.random((3, 2, 4), np.float32),  # rows of several axes, flattened
+        "top": rng.integers(-5, 1 << 40, (3, 2)),
+        "half": rng.random((3, 1)).astype(np.float16),
+    }
+    keys = ["a@0", "a@30", "b@0"]
+    written = output_examples(keys, outputs)
+    for row, (key, record) in enumerate(zip(keys, written, strict=True)):
+        one = {name: array[row] for name, array in outputs.items()}
+        assert tf_pb.Example.FromString(record) == example_of(one, key)
+    assert output_examples([], {"probs": np.zeros((0, 4), np.float32)}) == []
 
 
 # --- sources: shards, epochs, manifests, weighted interleave ----------------------------

@@ -39,7 +39,7 @@ import psutil
 from neuron_rtd.client import Client, Model, NrtClientError
 from neuron_rtd.client.observe import interval
 from neuron_rtd.proto import ext_pb
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, example_of
+from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, output_examples
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     Shard,
@@ -190,14 +190,13 @@ class _Outputs:
         self._arrays: dict[str, list[np.ndarray]] = {}
 
     def add(self, keys: Sequence[str], outputs: dict[str, np.ndarray]) -> None:
-        for row, key in enumerate(keys):
-            if self._writer is not None:
-                one = {name: array[row] for name, array in outputs.items()}
-                self._writer.write(example_of(one, key).SerializeToString())
-            else:
-                self._keys.append(key)
-                for name, array in outputs.items():
-                    self._arrays.setdefault(name, []).append(array[row])
+        if self._writer is not None:
+            for record in output_examples(keys, outputs):
+                self._writer.write(record)
+            return
+        self._keys.extend(keys)
+        for name, array in outputs.items():
+            self._arrays.setdefault(name, []).extend(array[: len(keys)])
 
     def finish(self) -> None:
         if self._writer is not None:
