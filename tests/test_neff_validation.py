@@ -116,6 +116,11 @@ def test_truncated_inside_the_header(neff: bytes, cut: int) -> None:
     refuse(neff[:cut], NeffInvalid, f"NEFF is truncated: {cut} bytes, a header alone is 1024")
 
 
+@pytest.mark.parametrize("data", [b"not a model", b"NEFX", b"{}\n"])
+def test_a_short_file_that_is_no_neff_is_not_called_truncated(data: bytes) -> None:
+    refuse(data, NeffInvalid, "not a NEFF: the data does not begin with the NEFF magic")
+
+
 @pytest.mark.parametrize("keep", [0, 1, 600, 2048, -1])
 def test_truncated_inside_the_data(neff: bytes, keep: int) -> None:
     declared = len(neff) - HEADER_SIZE

@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from neuron_rtd.neff import TensorSpec
 from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.features import (
     DecodeError,
+    SpecMismatch,
+    check_specs,
     decode_record,
     example_of,
     output_examples,
@@ -223,6 +226,37 @@ def test_raw_list_and_image_features_decode_to_the_model_inputs() -> None:
             decode_record(example.SerializeToString(), "f@0", [parse_feature(spec)])
     with pytest.raises(DecodeError, match=r"f@9: not a tf\.train\.Example"):
         decode_record(b"\xff\xff\xff", "f@9", specs)
+
+
+def test_feature_specs_are_checked_against_the_model_inputs() -> None:
+    image = TensorSpec("image", np.dtype(np.float32), (4, 3, 8, 8))
+    mask = TensorSpec("mask", np.dtype(np.int64), (4, 10), dynamic=(1,))
+    specs = [parse_feature("png=image:uint8:3,8,8:image"), parse_feature("mask:int64:7:list")]
+    assert check_specs(specs, [image, mask]) == 4  # the model's batch
+    assert check_specs(specs, [image, mask], 4) == 4
+    for given, inputs, batch, why in (
+        (specs[:1], [image, mask], None, r"input\(s\) mask are fed by no --feature"),
+        ([*specs, parse_feature("x=mask:int64:10:list")], [image, mask], None, "fed already"),
+        ([parse_feature("png:uint8:3,8,8:image")], [image], None, "has no input 'png'"),
+        ([parse_feature("png=image:uint8:8,8,3")], [image], None, "a record is 3,8,8, not 8,8,3"),
+        ([parse_feature("mask:int64:11")], [mask], None, "a record is <=10, not 11"),
+        (specs, [image, mask], 8, "--batch 8: the model takes batches of 4"),
+    ):
+        with pytest.raises(SpecMismatch, match=why):
+            check_specs(given, inputs, batch)
+    # a varying batch axis takes batches up to its bound, an unbounded one needs --batch
+    ragged = TensorSpec("x", np.dtype(np.float32), (16, 3), dynamic=(0,))
+    free = TensorSpec("x", np.dtype(np.float32), (0, 3), dynamic=(0,))
+    spec = [parse_feature("x:float32:3")]
+    assert check_specs(spec, [ragged], 5) == 5
+    with pytest.raises(SpecMismatch, match="batches of up to 16"):
+        check_specs(spec, [ragged], 17)
+    with pytest.raises(SpecMismatch, match=r"has no bound.*give --batch N"):
+        check_specs(spec, [free])
+    assert check_specs(spec, [free], 64) == 64
+    # a batch of scalars takes records of one value
+    scalars = TensorSpec("s", np.dtype(np.float32), (8,))
+    assert check_specs([parse_feature("s:float32:1:list")], [scalars]) == 8
 
 
 def test_an_output_example_carries_its_input_key() -> None:

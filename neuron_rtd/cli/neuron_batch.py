@@ -22,7 +22,8 @@ from rich.text import Text
 from neuron_rtd.client import NrtClientError, default_address
 from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
-from neuron_rtd.tools.stream.features import DecodeError, parse_feature
+from neuron_rtd.neff import read_neff
+from neuron_rtd.tools.stream.features import DecodeError, SpecMismatch, check_specs, parse_feature
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sources import expand, read_manifest
 from neuron_rtd.tools.stream.tfrecord import CorruptRecord
@@ -134,7 +135,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not Path(args.neff).is_file():
-        print(f"{PROG}: error: --neff {args.neff}: no such file", file=sys.stderr)
+        what = "not a file" if Path(args.neff).exists() else "no such file"
+        print(f"{PROG}: error: --neff {args.neff}: {what}", file=sys.stderr)
+        return 2
+    try:
+        signature = read_neff(Path(args.neff).read_bytes())
+    except (NrtError, OSError, ValueError) as exc:
+        print(f"{PROG}: error: --neff {args.neff}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_specs(args.feature, signature.inputs, args.batch)
+    except SpecMismatch as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     if bool(args.input) == (args.manifest is not None):
         print(f"{PROG}: error: give --input (one or more) or --manifest", file=sys.stderr)
@@ -145,6 +157,15 @@ def main(argv: list[str] | None = None) -> int:
             read_manifest(args.manifest)  # checked now, read again during the run
     except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is there" if args.output.is_file() else exc.strerror
+        print(
+            f"{PROG}: error: --output {args.output}: cannot make the folder ({why})",
+            file=sys.stderr,
+        )
         return 2
     options = Options(
         neff=args.neff,

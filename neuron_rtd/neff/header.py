@@ -123,12 +123,12 @@ def check_version(version: tuple[int, int]) -> None:
 
 def parse_header(data: bytes | memoryview) -> NeffHeader:
     """Decode and check the header at the start of `data` (which may hold more after it)."""
+    if bytes(data[: len(MAGIC)]) != MAGIC[: len(data)]:  # a short file that is not one either
+        raise NeffInvalid(f"not a NEFF: the data does not begin with the NEFF magic {MAGIC!r}")
     if len(data) < HEADER_SIZE:
         raise NeffInvalid(f"NEFF is truncated: {len(data)} bytes, a header alone is {HEADER_SIZE}")
     fields = struct.unpack_from(HEADER_FORMAT, data)
-    (magic, package_version, header_size, data_size, major, minor) = fields[:6]
-    if magic != MAGIC:
-        raise NeffInvalid(f"not a NEFF: the data does not begin with the NEFF magic {MAGIC!r}")
+    (_, package_version, header_size, data_size, major, minor) = fields[:6]
     if header_size != HEADER_SIZE:
         raise NeffInvalid(f"NEFF header size is {header_size}, expected {HEADER_SIZE}")
     if package_version != PACKAGE_VERSION:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from neuron_rtd.neff import TensorSpec
 from neuron_rtd.proto import tf_pb
 
 Decode = Literal["raw", "list", "image"]
@@ -83,6 +84,88 @@ def parse_feature(text: str) -> FeatureSpec:
     if decode == "image" and len(shape) not in (2, 3):
         raise ValueError(f"feature {name!r}: an image is HxW or HxWxC, not {dims}")
     return FeatureSpec(name, dtype, shape, decode, input_name)
+
+
+class SpecMismatch(ValueError):
+    """Feature specs that do not fit the model's inputs."""
+
+
+def check_specs(
+    specs: Sequence[FeatureSpec], inputs: Sequence[TensorSpec], batch: int | None = None
+) -> int:
+    """That `specs` feed every input of the model, each once, at the shape it takes a record
+    (its first axis is the batch's), and that `batch` (None: the model's) fits that axis;
+    the batch. SpecMismatch says what is wrong and what to give instead."""
+    by_name = {tensor.name: tensor for tensor in inputs}
+    names = ", ".join(f"{t.name} ({t.describe()})" for t in inputs) or "none"
+    fed: dict[str, FeatureSpec] = {}
+    for spec in specs:
+        tensor = by_name.get(spec.input_name)
+        if tensor is None:
+            raise SpecMismatch(
+                f"--feature {spec.name}: the model has no input {spec.input_name!r} (its "
+                f"inputs: {names}); feed one with FEATURE=INPUT:DTYPE:SHAPE"
+            )
+        if spec.input_name in fed:
+            raise SpecMismatch(
+                f"--feature {spec.name}: the model's input {spec.input_name!r} is fed "
+                f"already, by --feature {fed[spec.input_name].name}"
+            )
+        fed[spec.input_name] = spec
+        if not tensor.shape:
+            raise SpecMismatch(
+                f"--feature {spec.name}: the model's input {tensor.name!r} is a scalar, "
+                "with no batch axis to stream records along"
+            )
+        fits = _fits(spec.shape, tensor)
+        if not fits:
+            varying = set(tensor.varying_axes)
+            record = ",".join(
+                (f"<={dim}" if dim else "any") if axis in varying else str(dim)
+                for axis, dim in enumerate(tensor.shape[1:], 1)
+            )
+            record = record or "1 (a scalar)"
+            raise SpecMismatch(
+                f"--feature {spec.name}: the model's input {tensor.name!r} is "
+                f"{tensor.describe()}, so a record is {record}, not "
+                f"{','.join(map(str, spec.shape))}"
+            )
+    missing = [t.name for t in inputs if t.name not in fed]
+    if missing:
+        raise SpecMismatch(
+            f"the model's input(s) {', '.join(missing)} are fed by no --feature (its inputs: "
+            f"{names})"
+        )
+    if not inputs:
+        return batch or 1
+    first = inputs[0]
+    bound, varying = first.shape[0], 0 in first.varying_axes
+    shown = f"its input {first.name!r} is {first.describe()}"
+    if batch is None:
+        if bound:
+            return bound
+        raise SpecMismatch(f"the model's batch axis has no bound ({shown}): give --batch N")
+    if batch == bound or (varying and (bound == 0 or batch <= bound)):
+        return batch
+    takes = f"up to {bound}" if varying else str(bound)
+    raise SpecMismatch(
+        f"--batch {batch}: the model takes batches of {takes} ({shown}); leave --batch out "
+        "or give one it takes"
+    )
+
+
+def _fits(record: tuple[int, ...], tensor: TensorSpec) -> bool:
+    """Whether records of this shape batch into `tensor` (its first axis the batch's): each
+    axis of its size, or within the bound of a varying one; (1,) for a batch of scalars."""
+    if len(tensor.shape) == 1:
+        return record == (1,)
+    if len(record) != len(tensor.shape) - 1:
+        return False
+    varying = set(tensor.varying_axes)
+    return all(
+        got == want or (axis in varying and (want == 0 or got <= want))
+        for axis, (got, want) in enumerate(zip(record, tensor.shape[1:], strict=True), 1)
+    )
 
 
 def parse_example(data: bytes, key: str) -> tf_pb.Example:

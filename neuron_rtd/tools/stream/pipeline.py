@@ -39,7 +39,12 @@ import psutil
 from neuron_rtd.client import Client, Model, NrtClientError
 from neuron_rtd.client.observe import interval
 from neuron_rtd.proto import ext_pb
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch, output_examples
+from neuron_rtd.tools.stream.features import (
+    FeatureSpec,
+    check_specs,
+    decode_batch,
+    output_examples,
+)
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     Shard,
@@ -217,12 +222,6 @@ class _Outputs:
             self.temporary.unlink()
 
 
-def model_batch(model: Model) -> int:
-    """The batch a model takes: its first input's first axis."""
-    shape = model.inputs[0].shape
-    return int(shape[0]) if shape else 1
-
-
 class Pipeline:
     def __init__(self, options: Options, report: Callable[[dict[str, float]], None]) -> None:
         self.options = options
@@ -258,7 +257,7 @@ class Pipeline:
             models = [
                 client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
-            batch = o.batch or model_batch(models[0])
+            batch = check_specs(o.features, models[0].inputs, o.batch)
             self.totals.restart()  # rates count the streaming, not the models' load
             self._ncs = NcBusy(client, [model.id for model in models])
             copies = _Copies(models, o.ninfer)
