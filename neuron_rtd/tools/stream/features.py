@@ -117,11 +117,9 @@ def check_specs(
                 f"--feature {spec.name}: the model's input {tensor.name!r} is a scalar, "
                 "with no batch axis to stream records along"
             )
-        fits = _fits(spec.shape, tensor)
-        if not fits:
-            varying = set(tensor.varying_axes)
+        if not _fits(spec.shape, tensor):
             record = ",".join(
-                (f"<={dim}" if dim else "any") if axis in varying else str(dim)
+                (f"<={dim}" if dim else "any") if axis in tensor.varying_axes else str(dim)
                 for axis, dim in enumerate(tensor.shape[1:], 1)
             )
             record = record or "1 (a scalar)"
@@ -139,15 +137,15 @@ def check_specs(
     if not inputs:
         return batch or 1
     first = inputs[0]
-    bound, varying = first.shape[0], 0 in first.varying_axes
+    bound, ragged = first.shape[0], 0 in first.varying_axes
     shown = f"its input {first.name!r} is {first.describe()}"
     if batch is None:
         if bound:
             return bound
         raise SpecMismatch(f"the model's batch axis has no bound ({shown}): give --batch N")
-    if batch == bound or (varying and (bound == 0 or batch <= bound)):
+    if batch == bound or (ragged and (bound == 0 or batch <= bound)):
         return batch
-    takes = f"up to {bound}" if varying else str(bound)
+    takes = f"up to {bound}" if ragged else str(bound)
     raise SpecMismatch(
         f"--batch {batch}: the model takes batches of {takes} ({shown}); leave --batch out "
         "or give one it takes"
