@@ -183,9 +183,12 @@ def build_index_clean_offset(work: Path, index: int) -> int:
     return build_index(work / "in" / "part-00.tfrecord")[index][0]  # same layout: same sizes
 
 
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_a_killed_run_resumes_to_exactly_the_full_output(
-    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path, stop: signal.Signals
 ) -> None:
+    """Killed at any point, or stopped by Ctrl-C or SIGTERM (which leave no partial
+    output and say how to go on), a run resumed gives exactly the full output."""
     _, neff = model
     xs = make_shards(work / "in", shards=8, per_shard=12, seed=3)
     out = work / "out"
@@ -202,8 +205,13 @@ def test_a_killed_run_resumes_to_exactly_the_full_output(
             if checkpoint.exists() and len(json.loads(checkpoint.read_text())["done"]) >= 2:
                 break
             time.sleep(0.05)
-        os.kill(run.pid, signal.SIGKILL)
-        run.wait()
+        os.kill(run.pid, stop)
+        _, err = run.communicate(timeout=60)
+        if stop != signal.SIGKILL:
+            assert run.returncode == 128 + stop, err
+            assert f"stopped by {stop.name}".encode() in err and b"--resume" in err, err
+            assert b"Traceback" not in err
+            assert not list(out.glob(".*.partial"))
         done_before = len(json.loads(checkpoint.read_text())["done"])
         assert 2 <= done_before < 8, done_before
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+_signal = [signal.SIGINT.value]  # the signal that stopped the run
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _signal[0] = signum
+    raise KeyboardInterrupt
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,9 +216,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
+    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the shards done are kept
     try:
         with live if shown else contextlib.nullcontext():
             totals = Pipeline(options, report).run()
+    except KeyboardInterrupt:
+        print(
+            f"{PROG}: stopped by {signal.Signals(_signal[0]).name}; the shards done are kept in "
+            f"{args.output}: run the same command with --resume to go on",
+            file=sys.stderr,
+        )
+        return 128 + _signal[0]
     except (CorruptRecord, DecodeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

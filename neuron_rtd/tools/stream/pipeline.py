@@ -302,9 +302,15 @@ class Pipeline:
                     self._stop.set()
                     return
 
-        with ThreadPoolExecutor(o.channels, thread_name_prefix="channel") as channels:
+        channels = ThreadPoolExecutor(o.channels, thread_name_prefix="channel")
+        try:
             for _ in range(o.channels):
                 channels.submit(channel)
+            channels.shutdown(wait=True)
+        except BaseException:  # KeyboardInterrupt: each channel leaves its unit undone
+            self._stop.set()
+            channels.shutdown(wait=True)
+            raise
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
