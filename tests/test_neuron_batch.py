@@ -255,6 +255,22 @@ def test_usage_errors_exit_2(
         )
         assert done.returncode == 2 and why in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+    # a store that does not answer: said, not taken for an empty one
+    unreachable = {
+        **os.environ,
+        "FSSPEC_S3_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+    }
+    done = subprocess.run(
+        batch_cmd(daemon, neff, "--input", "s3://b/x.tfrecord", "--output", "o"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=unreachable,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--input s3://b/x.tfrecord: EndpointConnectionError" in done.stderr, done.stderr
     # a record's shape that is not the model's
     command = batch_cmd(daemon, neff, *data, "--output", "o")
     command[command.index(FEATURE)] = "x:float32:4,4"

@@ -30,6 +30,7 @@ from neuron_rtd.tools.stream.features import (
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     Shard,
+    StorageError,
     epoch_order,
     expand,
     read_manifest,
@@ -155,6 +156,29 @@ def test_gzip_and_zlib_files(tmp_path: Path) -> None:
         assert [r.data for r in got] == records
         offsets = [r.offset for r in got]  # in the uncompressed stream: resumable
         assert [r.data for r in read_file(tmp_path / name, start=offsets[20])] == records[20:]
+
+
+@pytest.mark.parametrize("name", ["b.tfrecord.gz", "b.tfrecord.zz"])
+def test_a_broken_compressed_stream_is_corrupt_in_both_modes(tmp_path: Path, name: str) -> None:
+    """Cut short (in its data, or in its end marker) or a byte changed: a CorruptRecord,
+    never a short read taken for the end nor another error; skipped, what is given are
+    whole records of the file, in order, and the break is counted."""
+    records = payloads(40, seed=8)
+    plain = b"".join(frame(r) for r in records)
+    packed = gzip.compress(plain) if name.endswith(".gz") else zlib.compress(plain)
+    middle = len(packed) // 2
+    flipped = packed[:middle] + bytes([packed[middle] ^ 0xFF]) + packed[middle + 1 :]
+    for broken in (packed[:middle], packed[:-3], flipped):
+        path = tmp_path / name
+        path.write_bytes(broken)
+        with pytest.raises(CorruptRecord, match=r"corrupt record at offset \d+"):
+            list(read_file(path))
+        stats = ReadStats()
+        got = iter(records)
+        for record in read_file(path, on_corrupt="skip", stats=stats):
+            assert record.data in got  # a record of the file, after the one before it
+        assert stats.skipped >= 1
+    assert "the compressed stream is corrupt" in stats.corrupt[-1][2]
 
 
 def test_a_malformed_index_names_its_line(tmp_path: Path) -> None:
@@ -301,6 +325,12 @@ def test_shards_from_paths_globs_and_fsspec_urls(tmp_path: Path) -> None:
     assert [r.data for r in shard_records(remote, start=offset)] == records[5:]
     with pytest.raises(ValueError, match=r"--input .*nothing-\*: no file there"):
         expand([str(tmp_path / "nothing-*")])
+    # a store that cannot be asked, and a shard gone by the time it is read: named
+    with pytest.raises(StorageError, match="--input nope://x: ValueError: Protocol not known"):
+        expand(["nope://x"])
+    fs.rm("/bucket/a.tfrecord.gz")
+    with pytest.raises(StorageError, match=r"memory:///bucket/a\.tfrecord\.gz: FileNotFoundError"):
+        list(shard_records(remote))
 
 
 def test_epochs_shuffle_shards_repeatably() -> None:

@@ -28,12 +28,12 @@ from typing import IO
 import fsspec
 
 from neuron_rtd.tools.stream.tfrecord import (
+    CorruptRecord,
     OnCorrupt,
     ReadStats,
     Record,
     guess_compression,
-    open_stream,
-    read_records,
+    read_raw,
 )
 
 READ_AHEAD_BYTES = 8 << 20  # each ranged read of a remote shard, and what it reads ahead
@@ -49,14 +49,34 @@ def _is_url(text: str) -> bool:
     return "://" in text
 
 
+class StorageError(OSError):
+    """What the storage failed to give: which shard or input, and why."""
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _is_file(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    try:
+        return bool(fs.info(path)["type"] == "file")
+    except FileNotFoundError:
+        return False
+
+
 def expand(inputs: Sequence[str], label: str = "") -> list[Shard]:
-    """The shards the inputs name, each input's sorted; ValueError for one naming none."""
+    """The shards the inputs name, each input's sorted; ValueError for one naming none,
+    StorageError for a store that cannot be asked (unreachable, no credentials, an
+    unknown protocol)."""
     shards: list[Shard] = []
     for text in inputs:
         if _is_url(text):
-            fs, _, paths = fsspec.get_fs_token_paths(text)
-            protocol = text.split("://", 1)[0]
-            found = sorted(f"{protocol}://{p}" for p in paths if fs.isfile(p))
+            try:
+                fs, _, paths = fsspec.get_fs_token_paths(text)
+                protocol = text.split("://", 1)[0]
+                found = sorted(f"{protocol}://{p}" for p in paths if _is_file(fs, p))
+            except Exception as exc:  # the store's own errors, botocore's and the like
+                raise StorageError(f"--input {text}: {_why(exc)}") from None
         elif glob.has_magic(text):
             found = sorted(p for p in glob.glob(text) if Path(p).is_file())
         else:
@@ -85,23 +105,22 @@ def shard_records(
     start: int = 0,
     read_ahead: int = READ_AHEAD_BYTES,
 ) -> Iterator[Record]:
-    """The records of one shard, from uncompressed offset `start` on."""
-    with open_shard(shard, read_ahead) as raw:
-        stream = open_stream(raw, guess_compression(shard.url))
-        if start:
-            _skip_to(stream, start, compressed=guess_compression(shard.url) != "none")
-        yield from read_records(stream, shard.url, on_corrupt=on_corrupt, stats=stats, start=start)
-
-
-def _skip_to(stream: IO[bytes], offset: int, *, compressed: bool) -> None:
-    if not compressed:
-        stream.seek(offset)
-        return
-    while offset > 0:
-        chunk = stream.read(min(offset, 1 << 20))
-        if not chunk:
-            return
-        offset -= len(chunk)
+    """The records of one shard, from uncompressed offset `start` on. What the storage
+    fails (a file gone, a server that stops answering) is a StorageError naming the shard."""
+    try:
+        with open_shard(shard, read_ahead) as raw:
+            yield from read_raw(
+                raw,
+                shard.url,
+                guess_compression(shard.url),
+                on_corrupt=on_corrupt,
+                stats=stats,
+                start=start,
+            )
+    except (CorruptRecord, StorageError):
+        raise
+    except Exception as exc:  # the storage's own errors: OSError, botocore's, aiohttp's...
+        raise StorageError(f"{shard.url}: {_why(exc)}") from exc
 
 
 def epoch_order(shards: Sequence[Shard], seed: int | None, epoch: int) -> list[Shard]:

@@ -98,11 +98,13 @@ class _Zlib(io.RawIOBase):
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         while not self._pending:
+            if self._inflate.eof:
+                return 0
             chunk = self._raw.read(1 << 16)
             if not chunk:
                 self._pending = self._inflate.flush()
-                if not self._pending:
-                    return 0
+                if not self._pending and not self._inflate.eof:
+                    raise EOFError("the zlib stream ends before its end marker")
                 break
             self._pending = self._inflate.decompress(chunk)
         count = min(len(buffer), len(self._pending))
@@ -120,6 +122,10 @@ def open_stream(raw: IO[bytes], compression: Compression) -> BinaryIO:
     return raw  # type: ignore[return-value]
 
 
+class _Broken(Exception):
+    """A compressed stream that cannot be read on (its data, or its end, is corrupt)."""
+
+
 class _Cursor:
     """Reads `count` bytes at a time from a stream, remembering the offset."""
 
@@ -130,15 +136,21 @@ class _Cursor:
 
     def read(self, count: int) -> bytes:
         if not self._back:  # the usual case: straight from the stream
-            data = self.stream.read(count)
+            data = self._read(count)
             self.offset += len(data)
             return data
         data = self._back[:count]
         self._back = self._back[count:]
         if len(data) < count:
-            data += self.stream.read(count - len(data))
+            data += self._read(count - len(data))
         self.offset += len(data)
         return data
+
+    def _read(self, count: int) -> bytes:
+        try:
+            return self.stream.read(count)
+        except (zlib.error, EOFError, gzip.BadGzipFile) as exc:  # compressed data
+            raise _Broken(str(exc)) from None
 
     def unread(self, data: bytes) -> None:
         self._back = data + self._back
@@ -152,10 +164,12 @@ def read_records(
     on_corrupt: OnCorrupt = "fail",
     stats: ReadStats | None = None,
     start: int = 0,
+    read_to_start: bool = False,
 ) -> Iterator[Record]:
-    """The records of an uncompressed TFRecord `stream` (positioned at offset `start`)."""
+    """The records of an uncompressed TFRecord `stream`, positioned at offset `start` (or
+    with `read_to_start`, at 0 and read up to it: a decompressed stream cannot seek)."""
     stats = stats if stats is not None else ReadStats()
-    cursor = _Cursor(stream, start)
+    cursor = _Cursor(stream, 0 if read_to_start else start)
 
     def corrupt(offset: int, why: str) -> None:
         if on_corrupt == "fail":
@@ -164,33 +178,41 @@ def read_records(
         stats.corrupt.append((path, offset, why))
         log.warning("%s: skipped a corrupt record at offset %d: %s", path, offset, why)
 
-    while True:
-        offset = cursor.offset
-        header = cursor.read(_HEADER.size)
-        if not header:
-            return
-        if len(header) < _HEADER.size:
-            corrupt(offset, f"the file ends inside a record's header ({len(header)} of 12 bytes)")
-            return
-        length, length_crc = _HEADER.unpack(header)
-        if masked_crc(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
-            corrupt(offset, "the length's CRC does not match")
-            # skip: look for the next frame whose length CRC holds, one byte further on
-            cursor.unread(header[1:])
-            if not _resync(cursor):
+    offset = cursor.offset
+    try:
+        while offset < start and cursor.read(min(start - offset, 1 << 20)):
+            offset = cursor.offset
+        while True:
+            offset = cursor.offset
+            header = cursor.read(_HEADER.size)
+            if not header:
                 return
-            continue
-        data = cursor.read(length)
-        footer = cursor.read(_FOOTER.size)
-        if len(data) < length or len(footer) < _FOOTER.size:
-            corrupt(offset, f"the file ends inside a record of {length} bytes")
-            return
-        if masked_crc(data) != _FOOTER.unpack(footer)[0]:
-            corrupt(offset, "the data's CRC does not match")
-            continue
-        stats.records += 1
-        stats.bytes += length
-        yield Record(data, path, offset)
+            if len(header) < _HEADER.size:
+                corrupt(
+                    offset, f"the file ends inside a record's header ({len(header)} of 12 bytes)"
+                )
+                return
+            length, length_crc = _HEADER.unpack(header)
+            if masked_crc(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
+                corrupt(offset, "the length's CRC does not match")
+                # skip: look for the next frame whose length CRC holds, one byte further on
+                cursor.unread(header[1:])
+                if not _resync(cursor):
+                    return
+                continue
+            data = cursor.read(length)
+            footer = cursor.read(_FOOTER.size)
+            if len(data) < length or len(footer) < _FOOTER.size:
+                corrupt(offset, f"the file ends inside a record of {length} bytes")
+                return
+            if masked_crc(data) != _FOOTER.unpack(footer)[0]:
+                corrupt(offset, "the data's CRC does not match")
+                continue
+            stats.records += 1
+            stats.bytes += length
+            yield Record(data, path, offset)
+    except _Broken as exc:  # nothing past it can be read
+        corrupt(offset, f"the compressed stream is corrupt ({exc}); the rest of the file is lost")
 
 
 def _resync(cursor: _Cursor) -> bool:
@@ -216,23 +238,29 @@ def read_file(
 ) -> Iterator[Record]:
     """The records of a local TFRecord file, from uncompressed offset `start` on."""
     name = str(path)
-    kind = compression or guess_compression(name)
     with open(name, "rb") as raw:
-        stream = open_stream(raw, kind)
-        if start:
-            if kind == "none":
-                stream.seek(start)
-            else:  # a compressed stream is read up to the offset
-                _skip(stream, start)
-        yield from read_records(stream, name, on_corrupt=on_corrupt, stats=stats, start=start)
+        kind = compression or guess_compression(name)
+        yield from read_raw(raw, name, kind, on_corrupt=on_corrupt, stats=stats, start=start)
 
 
-def _skip(stream: BinaryIO, count: int) -> None:
-    while count > 0:
-        chunk = stream.read(min(count, 1 << 20))
-        if not chunk:
-            return
-        count -= len(chunk)
+def read_raw(
+    raw: IO[bytes],
+    path: str,
+    compression: Compression,
+    *,
+    on_corrupt: OnCorrupt = "fail",
+    stats: ReadStats | None = None,
+    start: int = 0,
+) -> Iterator[Record]:
+    """The records of a TFRecord file opened as `raw` (named `path` in what is said of
+    them), compressed or not, from uncompressed offset `start` on."""
+    stream = open_stream(raw, compression)
+    compressed = compression != "none"
+    if start and not compressed:
+        stream.seek(start)
+    yield from read_records(
+        stream, path, on_corrupt=on_corrupt, stats=stats, start=start, read_to_start=compressed
+    )
 
 
 def frame(data: bytes) -> bytes:
