@@ -14,16 +14,19 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import NrtClientError
+from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.features import parse_feature
-from neuron_rtd.tools.stream.pipeline import Options, Pipeline
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline, _Copies, _Stopped
 from neuron_rtd.tools.stream.sample import local_s3
 from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
 
@@ -227,6 +230,66 @@ def test_a_killed_run_resumes_to_exactly_the_full_output(
     assert final["units_skipped"] == done_before and final["units_done"] == 8 - done_before
     assert set(outputs_of(out)) == set(xs)  # none missing, none twice (outputs_of checks)
     assert not list(out.glob(".*.partial"))
+
+
+def test_a_daemon_gone_mid_run_fails_it_once_and_a_resume_completes_it(
+    model: tuple[SampleModel, Path], work: Path
+) -> None:
+    """The daemon SIGKILLed under a run: exit 1 saying no runtime answers, no traceback;
+    resumed against a new daemon, the output is exactly the full one."""
+    _, neff = model
+    xs = make_shards(work / "in", shards=6, per_shard=12, seed=5)
+    out = work / "out"
+    args = ["--input", str(work / "in" / "*.tfrecord"), "--output", str(out), "--channels", "2"]
+    with DaemonProcess(sim_root=work / "sim") as doomed:
+        (work / "sim" / "neuron0" / "inject").write_text("nc_delay_ms=40\n")
+        run = subprocess.Popen(
+            batch_cmd(doomed, neff, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        checkpoint = out / ".checkpoint.json"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not checkpoint.exists():
+            time.sleep(0.05)
+        assert doomed.proc is not None
+        doomed.proc.kill()
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    assert b"the daemon: infer: NERR_FAIL: no runtime answers" in err, err
+    assert b"Traceback" not in err
+    with DaemonProcess(sim_root=work / "sim2") as again:
+        resumed = subprocess.run(
+            batch_cmd(again, neff, *args, "--resume"), capture_output=True, text=True, timeout=300
+        )
+    assert resumed.returncode == 0, resumed.stderr
+    assert set(outputs_of(out)) == set(xs)  # none missing, none twice (outputs_of checks)
+
+
+def test_no_batch_is_sent_after_one_failed() -> None:
+    """The first failed inference is the run's failure at once, and stops the sending:
+    with the daemon gone, the batches after it would each wait to reconnect."""
+
+    class Copy:
+        def __init__(self) -> None:
+            self.sent: list[Future[dict[str, np.ndarray]]] = []
+
+        def infer_async(
+            self, inputs: dict[str, np.ndarray], posted: bool
+        ) -> Future[dict[str, np.ndarray]]:
+            self.sent.append(Future())
+            return self.sent[-1]
+
+    failures: list[BaseException] = []
+    one, two = Copy(), Copy()
+    copies = _Copies([one, two], 2, failures.append)  # type: ignore[list-item]
+    batches = [copies.infer({}) for _ in range(3)]
+    assert [len(one.sent), len(two.sent)] == [2, 1]  # the least busy copy each time
+    batches[0].set_result({})
+    gone = NrtClientError(Nerr.FAIL, "no runtime answers", "infer")
+    batches[1].set_exception(gone)
+    assert failures == [gone]
+    with pytest.raises(_Stopped):
+        copies.infer({})
+    assert len(one.sent) + len(two.sent) == 3
 
 
 def test_usage_errors_exit_2(

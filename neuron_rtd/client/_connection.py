@@ -116,14 +116,18 @@ class Connection:
     def start_model(self, model_id: int) -> None:
         self.model_call("start", pb.start_request, model_id)
 
-    def snapshot(self) -> ext_pb.snapshot_response:
-        """The daemon's ext snapshot (its NCs, NCGs and models now), its status checked."""
+    def snapshot(self, *, retry: bool = True) -> ext_pb.snapshot_response:
+        """The daemon's ext snapshot (its NCs, NCGs and models now), its status checked;
+        retried once on UNAVAILABLE unless `retry` is False."""
         call = self.ext.snapshot
         request = ext_pb.snapshot_request()
         with transport_errors("snapshot", self.address, self.timeout_s):
-            response = retry_unavailable(
-                lambda: call(request, timeout=self.timeout_s), self.channel
-            )
+            if retry:
+                response = retry_unavailable(
+                    lambda: call(request, timeout=self.timeout_s), self.channel
+                )
+            else:
+                response = call(request, timeout=self.timeout_s)
         if response.status_code != Nerr.OK:
             raise NrtClientError(response.status_code, response.details, "snapshot")
         return response

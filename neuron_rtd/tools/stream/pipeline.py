@@ -228,6 +228,7 @@ class Pipeline:
         self.report = report
         self.totals = Totals()
         self._failed: BaseException | None = None
+        self._failing = threading.Lock()
         self._stop = threading.Event()
         self._decoders: ProcessPoolExecutor | None = None
         self._ncs: NcBusy | None = None
@@ -260,7 +261,7 @@ class Pipeline:
             batch = check_specs(o.features, models[0].inputs, o.batch)
             self.totals.restart()  # rates count the streaming, not the models' load
             self._ncs = NcBusy(client, [model.id for model in models])
-            copies = _Copies(models, o.ninfer)
+            copies = _Copies(models, o.ninfer, self._fail)
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
             try:
@@ -268,6 +269,8 @@ class Pipeline:
                     self._run_manifest(o.manifest, checkpoint, copies, batch)
                 else:
                     self._run_units(checkpoint, copies, batch)
+            except _Stopped:  # by the failure kept in _failed, raised below
+                pass
             finally:
                 self._stop.set()
                 ticker.join()
@@ -297,9 +300,7 @@ class Pipeline:
                 try:
                     self._unit(unit, None, copies, batch, checkpoint)
                 except BaseException as exc:
-                    if self._failed is None:
-                        self._failed = exc
-                    self._stop.set()
+                    self._fail(exc)
                     return
 
         channels = ThreadPoolExecutor(o.channels, thread_name_prefix="channel")
@@ -311,6 +312,13 @@ class Pipeline:
             self._stop.set()
             channels.shutdown(wait=True)
             raise
+
+    def _fail(self, exc: BaseException) -> None:
+        """The run's first failure, kept to be raised; every channel stops."""
+        with self._failing:
+            if self._failed is None:
+                self._failed = exc
+        self._stop.set()
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
@@ -469,31 +477,43 @@ class Pipeline:
 class _Copies:
     """The M copies of the model (one per NCG), each taking `ninfer` inferences in flight:
     a batch goes to the least busy, and waits while every copy is full (so that each is
-    sent at once, none queued in the client's pool)."""
+    sent at once, none queued in the client's pool). The first inference that fails is
+    told to `failed` at once, and no batch is sent after it (_Stopped): a daemon gone
+    stops the run in one reconnection wait, not one per batch."""
 
-    def __init__(self, models: Sequence[Model], ninfer: int) -> None:
+    def __init__(
+        self, models: Sequence[Model], ninfer: int, failed: Callable[[BaseException], None]
+    ) -> None:
         self._models = list(models)
         self._ninfer = ninfer
+        self._failed = failed
         self._busy = [0] * len(models)
+        self._broken = False
         self._changed = threading.Condition()
 
     def infer(self, inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]]:
         with self._changed:
-            self._changed.wait_for(lambda: min(self._busy) < self._ninfer)
+            self._changed.wait_for(lambda: self._broken or min(self._busy) < self._ninfer)
+            if self._broken:
+                raise _Stopped
             index = self._busy.index(min(self._busy))
             self._busy[index] += 1
         try:
             future = self._models[index].infer_async(inputs, posted=False)
         except BaseException:
-            self._done(index)
+            self._done(index, None)
             raise
-        future.add_done_callback(lambda _: self._done(index))
+        future.add_done_callback(lambda done: self._done(index, done))
         return future
 
-    def _done(self, index: int) -> None:
+    def _done(self, index: int, future: Future[dict[str, np.ndarray]] | None) -> None:
+        error = None if future is None or future.cancelled() else future.exception()
+        if error is not None:
+            self._failed(error)  # first: the run's failure is this, not a _Stopped after it
         with self._changed:
             self._busy[index] -= 1
-            self._changed.notify()
+            self._broken = self._broken or error is not None
+            self._changed.notify_all()
 
 
 class NcBusy:
@@ -507,7 +527,7 @@ class NcBusy:
 
     def _read(self) -> ext_pb.snapshot_response | None:
         try:
-            return self._client.connection.snapshot()
+            return self._client.connection.snapshot(retry=False)  # a figure: never waited for
         except NrtClientError as exc:  # a daemon without it, or gone: the run goes on
             log.debug("no NC busy time: %s", exc)
             return None
