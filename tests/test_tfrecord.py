@@ -369,6 +369,18 @@ def test_manifests_in_both_styles(tmp_path: Path) -> None:
     (tmp_path / "bad.manifest").write_text('{"source-ref": 3}\n')
     with pytest.raises(ValueError, match=r"bad.manifest:1: expected \{\"source-ref\""):
         read_manifest(tmp_path / "bad.manifest")
+    cat = str(tmp_path / "cat.tfrecord")
+    for doc, why in (
+        ({"a": {"weight": 0, "shards": [cat]}}, "every class's weight is 0"),
+        ({"a": {"weight": 1, "shards": []}}, "class 'a': names no shard"),
+        ({"a": {"shards": [cat + ".gone"]}}, r"class 'a': shard .*\.gone: no file there"),
+    ):
+        (tmp_path / "bad.json").write_text(json.dumps({"classes": doc}))
+        with pytest.raises(ValueError, match=why):
+            read_manifest(tmp_path / "bad.json")
+    # read again during a run: the weights only, no shard looked for (on s3, a request each)
+    (tmp_path / "later.json").write_text(json.dumps({"classes": {"a": {"shards": ["s3://x/*"]}}}))
+    assert read_manifest(tmp_path / "later.json", resolve=False).weights == {"a": 1.0}
 
 
 def endless(label: str) -> Iterator[Record]:

@@ -345,7 +345,7 @@ class Pipeline:
         def weights() -> dict[str, float]:
             nonlocal last
             try:
-                last = dict(read_manifest(manifest_path).weights)
+                last = dict(read_manifest(manifest_path, resolve=False).weights)
             except (OSError, ValueError) as exc:  # a file being rewritten: keep the last
                 log.warning("%s: %s (the last weights stay)", manifest_path, exc)
             return last

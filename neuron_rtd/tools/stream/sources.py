@@ -64,10 +64,10 @@ def _is_file(fs: fsspec.AbstractFileSystem, path: str) -> bool:
         return False
 
 
-def expand(inputs: Sequence[str], label: str = "") -> list[Shard]:
+def expand(inputs: Sequence[str], label: str = "", where: str = "--input") -> list[Shard]:
     """The shards the inputs name, each input's sorted; ValueError for one naming none,
     StorageError for a store that cannot be asked (unreachable, no credentials, an
-    unknown protocol)."""
+    unknown protocol); `where` says where the input was given."""
     shards: list[Shard] = []
     for text in inputs:
         if _is_url(text):
@@ -76,13 +76,13 @@ def expand(inputs: Sequence[str], label: str = "") -> list[Shard]:
                 protocol = text.split("://", 1)[0]
                 found = sorted(f"{protocol}://{p}" for p in paths if _is_file(fs, p))
             except Exception as exc:  # the store's own errors, botocore's and the like
-                raise StorageError(f"--input {text}: {_why(exc)}") from None
+                raise StorageError(f"{where} {text}: {_why(exc)}") from None
         elif glob.has_magic(text):
             found = sorted(p for p in glob.glob(text) if Path(p).is_file())
         else:
             found = [text] if Path(text).is_file() else []
         if not found:
-            raise ValueError(f"--input {text}: no file there")
+            raise ValueError(f"{where} {text}: no file there")
         shards.extend(Shard(url, label) for url in found)
     return shards
 
@@ -140,16 +140,22 @@ class Manifest:
     weights: dict[str, float]  # class -> weight
 
 
-def read_manifest(path: str | Path) -> Manifest:
-    """A manifest file (see the module doc); ValueError naming what is wrong."""
+def read_manifest(path: str | Path, *, resolve: bool = True) -> Manifest:
+    """A manifest file (see the module doc); ValueError naming what is wrong (a class of
+    no shard, every weight 0). `resolve` False: its weights only, the shards not looked
+    for (as a run reads it again every batch)."""
     text = Path(path).read_text()
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and "classes" in doc:
-        return _classes_manifest(doc, str(path))
-    return _augmented_manifest(text, str(path))
+        manifest = _classes_manifest(doc, str(path), resolve)
+    else:
+        manifest = _augmented_manifest(text, str(path), resolve)
+    if not any(manifest.weights.values()):
+        raise ValueError(f"{path}: every class's weight is 0: nothing would be drawn")
+    return manifest
 
 
 def _weight(value: object, where: str) -> float:
@@ -158,7 +164,7 @@ def _weight(value: object, where: str) -> float:
     return float(value)
 
 
-def _classes_manifest(doc: dict[str, object], path: str) -> Manifest:
+def _classes_manifest(doc: dict[str, object], path: str, resolve: bool) -> Manifest:
     classes = doc.get("classes")
     if not isinstance(classes, dict) or not classes:
         raise ValueError(
@@ -171,11 +177,14 @@ def _classes_manifest(doc: dict[str, object], path: str) -> Manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list):
             raise ValueError(f'{where}: expected {{"weight": W, "shards": [...]}}')
         weights[name] = _weight(entry.get("weight", 1), where)
-        shards[name] = expand([str(s) for s in entry["shards"]], name)
+        if not entry["shards"]:
+            raise ValueError(f"{where}: names no shard")
+        named = [str(s) for s in entry["shards"]]
+        shards[name] = expand(named, name, f"{where}: shard") if resolve else []
     return Manifest(shards, weights)
 
 
-def _augmented_manifest(text: str, path: str) -> Manifest:
+def _augmented_manifest(text: str, path: str, resolve: bool) -> Manifest:
     shards: dict[str, list[Shard]] = {}
     weights: dict[str, float] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -189,7 +198,8 @@ def _augmented_manifest(text: str, path: str) -> Manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("source-ref"), str):
             raise ValueError(f'{where}: expected {{"source-ref": URL, "class": NAME}}')
         label = str(entry.get("class", ""))
-        shards.setdefault(label, []).extend(expand([entry["source-ref"]], label))
+        found = expand([entry["source-ref"]], label, f"{where}: source-ref") if resolve else []
+        shards.setdefault(label, []).extend(found)
         if "weight" in entry:
             weights[label] = _weight(entry["weight"], where)
         weights.setdefault(label, 1.0)
