@@ -3,8 +3,7 @@
     neuron-batch --neff MODEL.neff --input 'data/train-*.tfrecord' \\
         --feature image:float32:3,224,224 --output out/ [--ncgs 2] [--resume]
 
-Exit codes: 0 every record answered (or skipped under --on-corrupt skip), 1 the data or the
-daemon failed the run (a corrupt record under fail; say which and where), 2 usage errors.
+The exit codes are in EXIT_CODES, which --help prints.
 """
 
 from __future__ import annotations
@@ -30,6 +29,12 @@ from neuron_rtd.tools.stream.sources import expand, read_manifest
 from neuron_rtd.tools.stream.tfrecord import CorruptRecord
 
 PROG = "neuron-batch"
+EXIT_CODES = (
+    "Exit codes: 0 every record answered (or skipped under --on-corrupt skip); 1 the data, "
+    "the storage or the daemon failed the run (a corrupt record under fail: which and where); "
+    "2 a usage error (also a --feature or --batch the model does not take); 130 or 143 "
+    "stopped by Ctrl-C or SIGTERM (--resume goes on)."
+)
 
 
 def _feature(text: str) -> object:
@@ -69,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
         description="Stream TFRecord shards (local paths, globs or fsspec URLs such as "
         "s3://) through a model loaded on M NeuronCore Groups of the daemon, and write the "
         "outputs in order, each with its input record's key. A run is resumable.",
+        epilog=EXIT_CODES,
         formatter_class=PlainHelp,
     )
     p.add_argument("--neff", required=True, help="the compiled model")
