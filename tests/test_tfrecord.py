@@ -29,6 +29,7 @@ from neuron_rtd.tools.stream.features import (
 )
 from neuron_rtd.tools.stream.sources import (
     Interleave,
+    ManifestWeights,
     Shard,
     StorageError,
     epoch_order,
@@ -381,6 +382,28 @@ def test_manifests_in_both_styles(tmp_path: Path) -> None:
     # read again during a run: the weights only, no shard looked for (on s3, a request each)
     (tmp_path / "later.json").write_text(json.dumps({"classes": {"a": {"shards": ["s3://x/*"]}}}))
     assert read_manifest(tmp_path / "later.json", resolve=False).weights == {"a": 1.0}
+
+
+def test_manifest_weights_read_again_keep_the_last_through_a_bad_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "m.json"
+
+    def weigh(text: str) -> dict[str, float]:
+        path.write_text(text)
+        return weights()
+
+    weights = ManifestWeights(path, {"a": 1.0, "b": 1.0})
+    shards = ["x.tfrecord"]
+    ok = {"classes": {"a": {"weight": 2, "shards": shards}, "b": {"weight": 5, "shards": shards}}}
+    assert weigh(json.dumps(ok)) == {"a": 2.0, "b": 5.0}
+    assert weigh('{"classes": {"a": {"weight": 0, "shards": ["x"]}}}') == {"a": 2.0, "b": 5.0}
+    assert weigh('{"classes": ') == {"a": 2.0, "b": 5.0}  # half written
+    path.unlink()
+    assert weights() == {"a": 2.0, "b": 5.0}
+    assert len([r for r in caplog.records if "the last weights stay" in r.message]) == 3
+    ok["classes"]["b"]["weight"] = 0
+    assert weigh(json.dumps(ok)) == {"a": 2.0, "b": 0.0}
 
 
 def endless(label: str) -> Iterator[Record]:

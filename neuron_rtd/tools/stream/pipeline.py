@@ -47,6 +47,7 @@ from neuron_rtd.tools.stream.features import (
 )
 from neuron_rtd.tools.stream.sources import (
     Interleave,
+    ManifestWeights,
     Shard,
     epoch_order,
     read_manifest,
@@ -340,16 +341,7 @@ class Pipeline:
         skips (reads, but does not infer) the units done."""
         o = self.options
         manifest = read_manifest(manifest_path)
-        last = dict(manifest.weights)
-
-        def weights() -> dict[str, float]:
-            nonlocal last
-            try:
-                last = dict(read_manifest(manifest_path, resolve=False).weights)
-            except (OSError, ValueError) as exc:  # a file being rewritten: keep the last
-                log.warning("%s: %s (the last weights stay)", manifest_path, exc)
-            return last
-
+        weights = ManifestWeights(manifest_path, manifest.weights)
         for epoch in range(o.epochs):
             streams = {
                 label: self._class_records(shards, epoch)

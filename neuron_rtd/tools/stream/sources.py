@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from neuron_rtd.tools.stream.tfrecord import (
     guess_compression,
     read_raw,
 )
+
+log = logging.getLogger("neuron_rtd.stream")
 
 READ_AHEAD_BYTES = 8 << 20  # each ranged read of a remote shard, and what it reads ahead
 
@@ -206,6 +209,23 @@ def _augmented_manifest(text: str, path: str, resolve: bool) -> Manifest:
     if not shards:
         raise ValueError(f"{path}: names no shard")
     return Manifest(shards, weights)
+
+
+class ManifestWeights:
+    """The weights of a manifest file, read again at each call (dynamic boosting): a file
+    that cannot be read or parsed now, or whose weights are all 0 (a file being rewritten,
+    a slip), keeps the last weights, with a warning."""
+
+    def __init__(self, path: str | Path, first: Mapping[str, float]) -> None:
+        self.path = path
+        self.last = dict(first)
+
+    def __call__(self) -> dict[str, float]:
+        try:
+            self.last = dict(read_manifest(self.path, resolve=False).weights)
+        except (OSError, ValueError) as exc:
+            log.warning("%s (the last weights stay)", exc)
+        return self.last
 
 
 class Interleave:
