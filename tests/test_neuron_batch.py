@@ -305,24 +305,26 @@ def test_usage_errors_exit_2(
     (work / "a-file").write_text("")
     make_shards(work / "data", shards=1, per_shard=2)
     data = ["--input", str(work / "data" / "*.tfrecord")]
-    for args, why in (
-        (["--input", str(work / "none-*"), "--output", str(work / "o")], "no file there"),
-        (["--input", "x", "--output", "o", "--feature", "x:float32"], "expected NAME:DTYPE"),
-        (["--input", "x", "--output", "o", "--ncgs", "0"], "positive integer"),
-        (["--output", "o"], "give --input (one or more) or --manifest"),
-        (["--manifest", str(work / "none.json"), "--output", "o"], "No such file"),
-        # what the model takes is checked before the daemon is asked or a record read
-        ([*data, "--output", "o", "--feature", "y:float32:3"], "the model has no input 'y'"),
-        ([*data, "--output", "o", "--feature", "y=x:float32:16"], "'x' is fed already"),
-        ([*data, "--output", "o", "--batch", "3"], "the model takes batches of 4"),
-        ([*data, "--output", str(work / "a-file")], "cannot make the folder (a file is there)"),
-        ([*data, "--output", "o", "--neff", str(work / "junk.neff")], "not a NEFF"),
-    ):
-        done = subprocess.run(
-            batch_cmd(daemon, neff, *args), capture_output=True, text=True, timeout=60
+    cases: list[tuple[list[str], str, dict[str, str] | None]] = [
+        (batch_cmd(daemon, neff, *args), why, None)
+        for args, why in (
+            (["--input", str(work / "none-*"), "--output", str(work / "o")], "no file there"),
+            (["--input", "x", "--output", "o", "--feature", "x:float32"], "expected NAME:DTYPE"),
+            (["--input", "x", "--output", "o", "--ncgs", "0"], "positive integer"),
+            (["--output", "o"], "give --input (one or more) or --manifest"),
+            (["--manifest", str(work / "none.json"), "--output", "o"], "No such file"),
+            # what the model takes is checked before the daemon is asked or a record read
+            ([*data, "--output", "o", "--feature", "y:float32:3"], "the model has no input 'y'"),
+            ([*data, "--output", "o", "--feature", "y=x:float32:16"], "'x' is fed already"),
+            ([*data, "--output", "o", "--batch", "3"], "the model takes batches of 4"),
+            ([*data, "--output", str(work / "a-file")], "cannot make the folder (a file is there)"),
+            ([*data, "--output", "o", "--neff", str(work / "junk.neff")], "not a NEFF"),
         )
-        assert done.returncode == 2 and why in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+    ]
+    # a record's shape that is not the model's
+    command = batch_cmd(daemon, neff, *data, "--output", "o")
+    command[command.index(FEATURE)] = "x:float32:4,4"
+    cases.append((command, "'x' is float32 (4, 16), so a record is 16, not 4,4", None))
     # a store that does not answer: said, not taken for an empty one
     unreachable = {
         **os.environ,
@@ -330,21 +332,16 @@ def test_usage_errors_exit_2(
         "AWS_ACCESS_KEY_ID": "x",
         "AWS_SECRET_ACCESS_KEY": "y",
     }
-    done = subprocess.run(
-        batch_cmd(daemon, neff, "--input", "s3://b/x.tfrecord", "--output", "o"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=unreachable,
-    )
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert "--input s3://b/x.tfrecord: EndpointConnectionError" in done.stderr, done.stderr
-    # a record's shape that is not the model's
-    command = batch_cmd(daemon, neff, *data, "--output", "o")
-    command[command.index(FEATURE)] = "x:float32:4,4"
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert "'x' is float32 (4, 16), so a record is 16, not 4,4" in done.stderr
+    command = batch_cmd(daemon, neff, "--input", "s3://b/x.tfrecord", "--output", "o")
+    cases.append((command, "--input s3://b/x.tfrecord: EndpointConnectionError", unreachable))
+    runs = [  # all at once: each is a second of Python's start
+        subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+        for command, _, env in cases
+    ]
+    for run, (_, why, _) in zip(runs, cases, strict=True):
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 2 and why in err, err
+        assert "Traceback" not in err
 
 
 @pytest.fixture
