@@ -391,8 +391,7 @@ class Model:
             raise job.cancel
         if time.monotonic() > deadline:
             raise InferTimeout(
-                f"inference on model {self.id} ran past its timeout of "
-                f"{self.params.timeout_s:g} s"
+                f"inference on model {self.id} ran past its timeout of {self.params.timeout_s:g} s"
             )
 
     def _finish(self, job: Job) -> None:
