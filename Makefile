@@ -15,7 +15,8 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/mypy && $(VENV)/bin/lint-imports \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy \
+		&& $(VENV)/bin/lint-imports \
 		&& $(PY) -m neuron_rtd.protogen --check
 
 # Each fuzz harness for FUZZ_SECONDS (default 60), growing its working corpus in

@@ -1,5 +1,5 @@
-"""Hand-written code stays ruff- and mypy-clean (generated code is excluded), and the
-layers hold (the import-linter contracts in pyproject.toml)."""
+"""Hand-written code stays ruff-clean, ruff-formatted and mypy-clean (generated code is
+excluded), and the layers hold (the import-linter contracts in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def test_ruff() -> None:
     done = run("ruff", "check", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = run("ruff", "format", "--check", ".")  # one layout: `ruff format` gives it
     assert done.returncode == 0, done.stdout + done.stderr
 
 
