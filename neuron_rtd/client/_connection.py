@@ -68,10 +68,10 @@ class Connection:
         self._calls_done = threading.Condition(self._lock)
 
     # --- calls ----------------------------------------------------------------------
-    def unary(self, method: str, request: Any, *, retry: bool = True) -> Any:
-        """Call `method`; retried once when the daemon is UNAVAILABLE (unless `retry` is
-        False). NrtConnectionError when no daemon answers."""
-        call: Callable[..., Any] = getattr(self.stub, method)
+    def unary(self, method: str, request: Any, *, retry: bool = True, stub: Any = None) -> Any:
+        """Call `method` (of the nmgr service, or of `stub`'s); retried once when the daemon
+        is UNAVAILABLE (unless `retry` is False). NrtConnectionError when no daemon answers."""
+        call: Callable[..., Any] = getattr(stub or self.stub, method)
         with transport_errors(method, self.address, self.timeout_s):
             if not retry:
                 return call(request, timeout=self.timeout_s)
@@ -119,15 +119,8 @@ class Connection:
     def snapshot(self, *, retry: bool = True) -> ext_pb.snapshot_response:
         """The daemon's ext snapshot (its NCs, NCGs and models now), its status checked;
         retried once on UNAVAILABLE unless `retry` is False."""
-        call = self.ext.snapshot
         request = ext_pb.snapshot_request()
-        with transport_errors("snapshot", self.address, self.timeout_s):
-            if retry:
-                response = retry_unavailable(
-                    lambda: call(request, timeout=self.timeout_s), self.channel
-                )
-            else:
-                response = call(request, timeout=self.timeout_s)
+        response = self.unary("snapshot", request, retry=retry, stub=self.ext)
         if response.status_code != Nerr.OK:
             raise NrtClientError(response.status_code, response.details, "snapshot")
         return response
