@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --neff {args.neff}: {what}", file=sys.stderr)
         return 2
     try:
-        signature = read_neff(Path(args.neff).read_bytes())
+        neff = read_neff(Path(args.neff).read_bytes())
     except (NrtError, OSError, ValueError) as exc:
         print(f"{PROG}: error: --neff {args.neff}: {exc}", file=sys.stderr)
         return 2
-    try:
-        check_specs(args.feature, signature.inputs, args.batch)
+    try:  # now, before the inputs are looked for (the run checks it again, for the API)
+        check_specs(args.feature, neff.inputs, args.batch)
     except SpecMismatch as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     options = Options(
-        neff=args.neff,
+        neff=neff,
         shards=shards,
         features=args.feature,
         output=args.output,

@@ -38,6 +38,7 @@ import psutil
 
 from neuron_rtd.client import Client, Model, NrtClientError
 from neuron_rtd.client.observe import interval
+from neuron_rtd.neff import Neff, read_neff
 from neuron_rtd.proto import ext_pb
 from neuron_rtd.tools.stream.features import (
     FeatureSpec,
@@ -81,7 +82,7 @@ class Unit:
 
 @dataclass
 class Options:
-    neff: str
+    neff: str | Neff  # a path, or the NEFF read already (as neuron-batch has, to check it)
     shards: Sequence[Shard]
     features: Sequence[FeatureSpec]
     output: Path
@@ -247,6 +248,8 @@ class Pipeline:
         """Run to the end; the first failure (a corrupt record under `fail`, the daemon)
         stops every channel and is raised, its unit left undone."""
         o = self.options
+        neff = o.neff if isinstance(o.neff, Neff) else read_neff(Path(o.neff).read_bytes())
+        batch = check_specs(o.features, neff.inputs, o.batch)  # before the daemon is asked
         o.output.mkdir(parents=True, exist_ok=True)
         checkpoint = Checkpoint(o.output, resume=o.resume)
         with contextlib.ExitStack() as stack:
@@ -257,9 +260,8 @@ class Pipeline:
                 )
             client = stack.enter_context(Client(o.address, async_workers=max(1, o.ncgs * o.ninfer)))
             models = [
-                client.load(o.neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
+                client.load(neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
-            batch = check_specs(o.features, models[0].inputs, o.batch)
             self.totals.restart()  # rates count the streaming, not the models' load
             self._ncs = NcBusy(client, [model.id for model in models])
             copies = _Copies(models, o.ninfer, self._fail)
