@@ -54,12 +54,12 @@ def _positive(text: str) -> int:
     return value
 
 
-_signal = [signal.SIGINT.value]  # the signal that stopped the run
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping the run as Ctrl-C does."""
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    _signal[0] = signum
-    raise KeyboardInterrupt
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def _cores_busy(figures: dict[str, float]) -> float:
@@ -230,17 +230,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the shards done are kept
+    signal.signal(signal.SIGTERM, _terminate)  # as Ctrl-C: the shards done are kept
     try:
         with live if shown else contextlib.nullcontext():
             totals = Pipeline(options, report).run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stopped:
+        by = signal.SIGTERM if isinstance(stopped, _Terminated) else signal.SIGINT
         print(
-            f"{PROG}: stopped by {signal.Signals(_signal[0]).name}; the shards done are kept in "
+            f"{PROG}: stopped by {by.name}; the shards done are kept in "
             f"{args.output}: run the same command with --resume to go on",
             file=sys.stderr,
         )
-        return 128 + _signal[0]
+        return 128 + by
     except (CorruptRecord, DecodeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

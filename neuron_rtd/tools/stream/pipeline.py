@@ -203,7 +203,7 @@ class _Outputs:
             return
         self._keys.extend(keys)
         for name, array in outputs.items():
-            self._arrays.setdefault(name, []).extend(array[: len(keys)])
+            self._arrays.setdefault(name, []).extend(array)
 
     def finish(self) -> None:
         if self._writer is not None:
