@@ -20,13 +20,18 @@ from neuron_rtd.neff import TensorSpec
 from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.features import (
     DecodeError,
+    FeatureSpec,
     SpecMismatch,
     check_specs,
+    decode_batch,
+    decode_into,
     decode_record,
     example_of,
     output_examples,
+    parse_example,
     parse_feature,
 )
+from neuron_rtd.tools.stream.features import _bytes_values as bytes_values
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     ManifestWeights,
@@ -251,6 +256,110 @@ def test_raw_list_and_image_features_decode_to_the_model_inputs() -> None:
             decode_record(example.SerializeToString(), "f@0", [parse_feature(spec)])
     with pytest.raises(DecodeError, match=r"f@9: not a tf\.train\.Example"):
         decode_record(b"\xff\xff\xff", "f@9", specs)
+
+
+def _varint(value: int, pad: int = 0) -> bytes:
+    """A varint, padded with `pad` redundant continuation bytes (valid, non-minimal)."""
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+        if not value:
+            break
+    out.extend([0x80] * pad)
+    out[-1] &= 0x7F
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes, pad: int = 0) -> bytes:
+    return bytes([number << 3 | 2]) + _varint(len(payload), pad) + payload
+
+
+def _entry(key: bytes, feature: bytes) -> bytes:
+    return _field(1, _field(1, key) + _field(2, feature))
+
+
+def _bytes_feature(*values: bytes) -> bytes:
+    return _field(1, b"".join(_field(1, v) for v in values))
+
+
+def _as_protobuf_decodes(data: bytes, specs: list[FeatureSpec]) -> dict[str, np.ndarray] | str:
+    """The inputs protobuf's parse gives, or the DecodeError's message."""
+    try:
+        example = parse_example(data, "k")
+        out = {s.input_name: np.zeros(s.shape, s.dtype) for s in specs}
+        for spec in specs:
+            decode_into(example, spec, "k", out[spec.input_name])
+    except DecodeError as exc:
+        return str(exc)
+    return out
+
+
+def _as_batch_decodes(data: bytes, specs: list[FeatureSpec]) -> dict[str, np.ndarray] | str:
+    try:
+        return {name: a[0] for name, a in decode_batch([(data, "k")], specs, 1).items()}
+    except DecodeError as exc:
+        return str(exc)
+
+
+def test_raw_features_read_in_place_decode_as_protobuf_s_parse() -> None:
+    """decode_batch copies raw values straight from the record's bytes; whatever the
+    record (protobuf's own, merged or repeated parts, unknown fields, non-minimal varints,
+    broken bytes), it gives what protobuf's parse gives, or the same error."""
+    specs = [parse_feature("x:float32:2,3"), parse_feature("y=z:uint8:5")]
+    x, y = np.arange(6, dtype=np.float32).tobytes(), b"abcde"
+    example = tf_pb.Example()
+    example.features.feature["x"].bytes_list.value.append(x)
+    example.features.feature["y"].bytes_list.value.append(y)
+    example.features.feature["label"].int64_list.value.extend([7, 8])
+    plain = example.SerializeToString()
+    spans = bytes_values(plain)
+    assert spans is not None and spans["label"] is None  # read in place: the fast way
+    assert spans["x"] is not None and plain[slice(*spans["x"])] == x
+    entries = [_entry(b"x", _bytes_feature(x)), _entry(b"y", _bytes_feature(y))]
+    one, other = _field(1, entries[0]), _field(1, entries[1])
+    crafted = {
+        "plain": plain,
+        "two parts, merged": one + other,
+        "a key twice, the last wins": _field(1, _entry(b"x", _bytes_feature(y))) + one + other,
+        "padded lengths": _field(
+            1, _field(1, _field(1, b"x", 2) + _field(2, _bytes_feature(x), 1)), 3
+        )
+        + other,
+        "value before key": _field(1, _field(1, _field(2, _bytes_feature(x)) + _field(1, b"x")))
+        + other,
+        "an unknown field": one + other + b"\x18\x01",
+        "two bytes values": _field(1, _entry(b"x", _bytes_feature(x, x))) + other,
+        "a value in two parts": _field(1, _entry(b"x", _bytes_feature(x) + _bytes_feature(x)))
+        + other,
+        "a float list": _field(1, _entry(b"x", _field(2, b"\x0a\x00"))) + other,
+        "a key not UTF-8": _field(1, _entry(b"\xff", _bytes_feature(x))) + one + other,
+        "a key only": _field(1, _field(1, _field(1, b"x"))) + other,
+        "a short value": _field(1, _entry(b"x", _bytes_feature(x[:-1]))) + other,
+        "empty": b"",
+    }
+    for why, data in crafted.items():
+        want, got = _as_protobuf_decodes(data, specs), _as_batch_decodes(data, specs)
+        if isinstance(want, str):
+            assert got == want, why
+        else:
+            assert isinstance(got, dict) and got.keys() == want.keys(), why
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=why)
+    rng = np.random.default_rng(11)
+    for data in crafted.values():
+        cuts = [data[:n] for n in range(0, len(data), 3)]
+        flips = []
+        for _ in range(40):
+            flipped = bytearray(data or b"\x00")
+            flipped[int(rng.integers(len(flipped)))] ^= 1 << int(rng.integers(8))
+            flips.append(bytes(flipped))
+        for broken in cuts + flips:
+            want, got = _as_protobuf_decodes(broken, specs), _as_batch_decodes(broken, specs)
+            if isinstance(want, str) or isinstance(got, str):
+                assert got == want, broken
+            else:
+                assert all(np.array_equal(got[n], want[n]) for n in want), broken
 
 
 def test_feature_specs_are_checked_against_the_model_inputs() -> None:
