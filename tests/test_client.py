@@ -327,6 +327,59 @@ def test_shm_map_no_sends_everything_inline(
         assert recorder.requests("shm_map") == []
 
 
+def test_staged_inputs_are_filled_in_place_and_sent_with_no_copy(
+    daemon: DaemonProcess, stub: Any, recorded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel, recorder = recorded
+    shape = (64, 256)
+    rng = np.random.default_rng(3)
+    with Client(daemon.address, channel=channel) as client:
+        model = client.load(build_relu(shape), ninfer=2)
+        other = client.load(build_relu(shape))
+        staged = model.stage()
+        assert staged is not None and set(staged.inputs) == {"x"}
+        assert staged.inputs["x"].shape == shape and staged.inputs["x"].dtype == np.float32
+        x = rng.standard_normal(shape).astype(np.float32)
+        staged.inputs["x"][...] = x
+        writes: list[Any] = []
+        monkeypatch.setattr("neuron_rtd.client._shm.ShmBuffer.write", lambda *a: writes.append(a))
+        np.testing.assert_array_equal(model.infer(staged)["y"], np.maximum(x, 0))
+        assert writes == []  # sent as filled: no copy into the slot
+        (request,) = recorder.requests("infer")
+        assert request.ifmap[0].WhichOneof("data") == "buf_shm"
+        with pytest.raises(ValueError, match=r"sent \(or given back\) already"):
+            model.infer(staged)
+        futures_ = []
+        for _ in range(4):  # async, more than ninfer: some wait their turn in the pool
+            staged = model.stage()
+            assert staged is not None
+            x = rng.standard_normal(shape).astype(np.float32)
+            staged.inputs["x"][...] = x
+            futures_.append((x, model.infer_async(staged, posted=False)))
+        for x, future in futures_:
+            np.testing.assert_array_equal(future.result()["y"], np.maximum(x, 0))
+        assert writes == []
+        monkeypatch.undo()
+        staged = model.stage()
+        assert staged is not None
+        with pytest.raises(ValueError, match="staged for"):
+            other.infer(staged)
+        model.unstage(staged)  # given back unsent: its slot serves plain inferences again
+        model.unstage(staged)  # a no-op the second time
+        with pytest.raises(ValueError, match="given back"):
+            model.infer(staged)
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(model.infer({"x": x})["y"], np.maximum(x, 0))
+        staged = model.stage()
+        assert staged is not None
+        staged.inputs["x"] = np.zeros(shape, np.float32)  # not filled in place: refused
+        with pytest.raises(ValueError, match="sent as they are"):
+            model.infer(staged)
+    monkeypatch.setenv("NEURON_RTD_SHM_MAP", "no")
+    with Client(daemon.address) as client:
+        assert client.load(build_relu(shape)).stage() is None  # inline: fill arrays of your own
+
+
 def test_varying_inputs_use_objects_of_their_exact_size(
     daemon: DaemonProcess, stub: Any, recorded: Any
 ) -> None:

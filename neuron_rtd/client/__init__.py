@@ -8,7 +8,7 @@ as a dict of numpy arrays.
 from neuron_rtd.client._config import DEFAULT_ADDRESS, default_address
 from neuron_rtd.client.client import Client
 from neuron_rtd.client.errors import NrtClientError, NrtConnectionError
-from neuron_rtd.client.model import Model
+from neuron_rtd.client.model import Model, Staged
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -16,5 +16,6 @@ __all__ = [
     "Model",
     "NrtClientError",
     "NrtConnectionError",
+    "Staged",
     "default_address",
 ]

@@ -5,6 +5,9 @@ client never provokes NERR_QUEUE_FULL. Each in-flight inference uses one slot of
 memory buffers: one per input, and one per output when every output has a fixed size (the
 daemon answers the byte count of a varying output only inline). Slots are made when first
 needed, reused, and freed when the model is unloaded or the client closes.
+
+`Model.stage()` lends a slot's input buffers as arrays for the caller to fill in place
+(decoding straight into them, say), sent with no copy by `infer` or `infer_async`.
 """
 
 from __future__ import annotations
@@ -55,14 +58,38 @@ class Signature:
 
 
 class _Slot:
-    """The shm buffers of one in-flight inference."""
+    """The shm buffers of one in-flight inference; `views`: its inputs as lent to a
+    caller by `Model.stage` (None: not lent)."""
 
     def __init__(self, inputs: dict[str, ShmBuffer], outputs: dict[str, ShmBuffer]) -> None:
         self.inputs = inputs
         self.outputs = outputs
+        self.views: dict[str, np.ndarray] | None = None
 
     def buffers(self) -> list[ShmBuffer]:
         return [*self.inputs.values(), *self.outputs.values()]
+
+
+class Staged:
+    """A model's input tensors in shared memory, lent by `Model.stage()`: fill `inputs`
+    in place, then pass this to the model's `infer` or `infer_async`, which send them
+    with no copy (each input whole, at the shape of its NEFF). Sent once; after it, the
+    arrays belong to the model again (they serve its next inferences): do not touch
+    them. One never sent is given back with `Model.unstage`."""
+
+    def __init__(self, model: Model, slot: _Slot) -> None:
+        self.model = model
+        self.inputs: dict[str, np.ndarray] = dict(slot.views or {})
+        self._slot: _Slot | None = slot
+
+    def take(self, model: Model) -> _Slot:
+        """The slot, for `model` to send (once)."""
+        if model is not self.model:
+            raise ValueError(f"these inputs were staged for {self.model!r}, not {model!r}")
+        slot, self._slot = self._slot, None
+        if slot is None:
+            raise ValueError("these staged inputs were sent (or given back) already")
+        return slot
 
 
 class Model:
@@ -111,11 +138,32 @@ class Model:
     def __call__(self, **inputs: Any) -> dict[str, np.ndarray]:
         return self.infer(inputs)
 
-    def infer(self, inputs: Inputs) -> dict[str, np.ndarray]:
+    def infer(self, inputs: Inputs | Staged) -> dict[str, np.ndarray]:
         """Run one inference: the outputs by name, shaped and typed by the NEFF."""
+        if isinstance(inputs, Staged):
+            slot = inputs.take(self)
+            return self._run(inputs.inputs, posted=False, slot=slot)
         return self._run(inputs, posted=False)
 
-    def infer_async(self, inputs: Inputs, *, posted: bool = True) -> Future[dict[str, np.ndarray]]:
+    def stage(self) -> Staged | None:
+        """Input arrays of this model's shapes and dtypes in shared memory, for the caller
+        to fill in place and send by `infer`/`infer_async` with no copy; None when this
+        client's tensors go inline (shared memory off)."""
+        self._check_loaded()
+        slot = self._take_slot()
+        if slot is None:
+            return None
+        slot.views = {t.name: slot.inputs[t.name].view(t.dtype, t.shape) for t in self.inputs}
+        return Staged(self, slot)
+
+    def unstage(self, staged: Staged) -> None:
+        """Staged inputs given back unsent (a no-op once they were sent)."""
+        with contextlib.suppress(ValueError):
+            self._give_back(staged.take(self), keep=True)
+
+    def infer_async(
+        self, inputs: Inputs | Staged, *, posted: bool = True
+    ) -> Future[dict[str, np.ndarray]]:
         """Start one inference (`infer_post`, then `infer_wait` on the client's thread
         pool; with `posted` False one `infer`: half the calls, for a caller that keeps
         enough in flight itself); the future gives what `infer` returns. Leave the arrays
@@ -126,20 +174,30 @@ class Model:
         on it (a transport failure is then retried once through the pool, as `infer`
         retries); else it waits its turn in the pool."""
         self._check_loaded()
-        if not posted and self.gate is None and self._in_flight.acquire(blocking=False):
-            try:
-                return self._send(dict(inputs))
-            except BaseException:
-                self._in_flight.release()
-                raise
-        return self.connection.executor().submit(self._run, dict(inputs), posted=posted)
+        slot, arrays = (
+            (inputs.take(self), inputs.inputs) if isinstance(inputs, Staged) else (None, inputs)
+        )
+        try:
+            if not posted and self.gate is None and self._in_flight.acquire(blocking=False):
+                try:
+                    return self._send(dict(arrays), slot)
+                except BaseException:
+                    self._in_flight.release()
+                    raise
+            pool = self.connection.executor()
+            return pool.submit(self._run, dict(arrays), posted=posted, slot=slot)
+        except BaseException:
+            if slot is not None:  # never sent: the slot is free again
+                self._give_back(slot, keep=True)
+            raise
 
-    def _send(self, inputs: dict[str, Any]) -> Future[dict[str, np.ndarray]]:
+    def _send(self, inputs: dict[str, Any], slot: _Slot | None) -> Future[dict[str, np.ndarray]]:
         """One `infer` as a gRPC future, holding an in-flight place (taken by the caller)
-        and a slot, both given back when it completes."""
+        and a slot (the one given, else one taken), both given back when it completes."""
         result: Future[dict[str, np.ndarray]] = Future()
         result.set_running_or_notify_cancel()  # as the pool's running ones: not cancellable
-        slot = self._take_slot()
+        if slot is None:
+            slot = self._take_slot()
 
         def done(call: grpc.Future) -> None:
             # the slot and the in-flight place are given back before the caller hears:
@@ -218,9 +276,11 @@ class Model:
             check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
 
-    def _run(self, inputs: Inputs, *, posted: bool) -> dict[str, np.ndarray]:
+    def _run(
+        self, inputs: Inputs, *, posted: bool, slot: _Slot | None = None
+    ) -> dict[str, np.ndarray]:
         self._check_loaded()
-        with self._in_flight, self._slot() as slot, self._running():
+        with self._in_flight, self._slot(slot) as slot, self._running():
             request = self._request(inputs, slot)
             if posted:
                 answer = self.connection.unary("infer_post", request)
@@ -235,6 +295,14 @@ class Model:
 
     def _request(self, inputs: Inputs, slot: _Slot | None) -> Any:
         request = pb.infer_request(h_nn=pb.h_nn(id=self.id))
+        if slot is not None and slot.views is not None:  # staged: sent as filled, no copy
+            views = slot.views
+            if set(inputs) != set(views) or any(inputs[n] is not v for n, v in views.items()):
+                raise ValueError("staged inputs are sent as they are: fill Staged.inputs in place")
+            for name, lent in slot.inputs.items():
+                shm = pb.shared_mem_buf(path=lent.path)
+                request.ifmap.append(pb.infer_io(name=name, buf_shm=shm))
+            inputs = {}
         for name, value in inputs.items():
             array = np.asarray(value)
             spec = self._specs.get(name)
@@ -266,9 +334,10 @@ class Model:
 
     # --- slots ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def _slot(self) -> Iterator[_Slot | None]:
-        """A slot of shm buffers for one inference (None: everything goes inline)."""
-        slot = self._take_slot()
+    def _slot(self, given: _Slot | None = None) -> Iterator[_Slot | None]:
+        """A slot of shm buffers for one inference, the one `given` or one taken (None:
+        everything goes inline)."""
+        slot = given if given is not None else self._take_slot()
         keep = False
         try:
             yield slot
@@ -293,6 +362,7 @@ class Model:
         a transport error the daemon may still write into the buffers)."""
         if slot is None:
             return
+        slot.views = None  # lent no more: the next inference in it copies its inputs in
         with self._lock:
             if keep and not self._unloaded:
                 self._idle.append(slot)
