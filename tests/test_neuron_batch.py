@@ -285,15 +285,27 @@ def test_no_batch_is_sent_after_one_failed() -> None:
 
     failures: list[BaseException] = []
     one, two = Copy(), Copy()
-    copies = _Copies([one, two], 2, failures.append)  # type: ignore[list-item]
-    batches = [copies.infer({}) for _ in range(3)]
+    copies = _Copies([one, two], 2, failures.append, stage=False)  # type: ignore[list-item]
+
+    def send() -> Future[dict[str, np.ndarray]]:
+        index, staged = copies.stage()
+        assert staged is None  # not staged: the batch comes in arrays of its own
+        return copies.send(index, {})
+
+    batches = [send() for _ in range(3)]
     assert [len(one.sent), len(two.sent)] == [2, 1]  # the least busy copy each time
+    index, _ = copies.stage()
+    assert index == 1
+    copies.unstage(index, None)  # given back unsent: still the least busy
+    assert copies.stage()[0] == 1
     batches[0].set_result({})
     gone = NrtClientError(Nerr.FAIL, "no runtime answers", "infer")
     batches[1].set_exception(gone)
     assert failures == [gone]
     with pytest.raises(_Stopped):
-        copies.infer({})
+        copies.send(1, {})  # the one staged before the failure is not sent
+    with pytest.raises(_Stopped):
+        copies.stage()
     assert len(one.sent) + len(two.sent) == 3
 
 

@@ -240,11 +240,19 @@ def decode_record(data: bytes, key: str, specs: Sequence[FeatureSpec]) -> Mappin
 
 
 def decode_batch(
-    records: Sequence[tuple[bytes, str]], specs: Sequence[FeatureSpec], batch: int
+    records: Sequence[tuple[bytes, str]],
+    specs: Sequence[FeatureSpec],
+    batch: int,
+    out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Records (data, key) decoded straight into arrays of `batch` rows, by model input
-    name; rows past the records are zeros (a last, short batch)."""
-    arrays = {spec.input_name: np.empty((batch, *spec.shape), spec.dtype) for spec in specs}
+    name: those of `out` (C-contiguous, of the specs' dtypes and shapes), else new ones;
+    rows past the records are zeros (a last, short batch)."""
+    arrays = (
+        out
+        if out is not None
+        else {spec.input_name: np.empty((batch, *spec.shape), spec.dtype) for spec in specs}
+    )
     # raw inputs are copied straight from the record's bytes where `_bytes_values` finds
     # them (one copy, not protobuf's parse, its copy of the value and ours)
     raw = [

@@ -1,13 +1,14 @@
 """Streaming batch inference: shards in, one model on M NCGs, outputs out, in order.
 
 The work is cut into units, one per shard and epoch. `channels` threads each take a unit,
-read its records (the storage), decode them by the feature specs and batch them, and send
-each batch to the least busy of the M copies of the model (data parallel, `ninfer` in flight on
-each, tensors through shared memory); the unit's outputs are written in the order of its
-records, to a file named after the unit, under a temporary name renamed into place when the
-unit is whole. Then the unit is recorded done in the checkpoint (`.checkpoint.json`,
-replaced atomically): a run started again with `resume` skips the units done, so that no
-output is missing and none is written twice, whatever point the run was killed at.
+read its records (the storage), and decode them by the feature specs, a batch at a time,
+straight into the shared memory of the least busy of the M copies of the model (data
+parallel, `ninfer` in flight on each), which it is sent from with no copy. The unit's
+outputs are written in the order of its records, to a file named after the unit, under a
+temporary name renamed into place when the unit is whole. Then the unit is recorded done in
+the checkpoint (`.checkpoint.json`, replaced atomically): a run started again with `resume`
+skips the units done, so that no output is missing and none is written twice, whatever
+point the run was killed at.
 
 Time is accounted as the channels see it: waiting on the storage (reading records) or on
 the NCs (waiting for a batch's answer); `Totals` reports it with records/s, MB/s, and how
@@ -36,7 +37,7 @@ from typing import Literal
 import numpy as np
 import psutil
 
-from neuron_rtd.client import Client, Model, NrtClientError
+from neuron_rtd.client import Client, Model, NrtClientError, Staged
 from neuron_rtd.client.observe import interval
 from neuron_rtd.neff import Neff, read_neff
 from neuron_rtd.proto import ext_pb
@@ -264,7 +265,9 @@ class Pipeline:
             ]
             self.totals.restart()  # rates count the streaming, not the models' load
             self._ncs = NcBusy(client, [model.id for model in models])
-            copies = _Copies(models, o.ninfer, self._fail)
+            copies = _Copies(
+                models, o.ninfer, self._fail, stage=_decodes_in_place(o.features, neff, batch)
+            )
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()
             try:
@@ -395,13 +398,21 @@ class Pipeline:
             assert unit.shard is not None
             records = shard_records(unit.shard, on_corrupt=o.on_corrupt, stats=stats)
         try:
-            for keys, inputs, count in self._batches(unit, records, batch):
+            for keys, count, fill in self._batches(unit, records, batch):
                 if self._stop.is_set():
                     raise _Stopped
                 began = time.monotonic()
-                window.append((keys, count, copies.infer(inputs)))  # waits while all are full
+                index, staged = copies.stage()  # waits while all are full
+                waited = time.monotonic() - began
+                try:
+                    inputs = fill(staged.inputs if staged is not None else None)
+                except BaseException:
+                    copies.unstage(index, staged)
+                    raise
+                began = time.monotonic()
+                window.append((keys, count, copies.send(index, staged or inputs)))
                 with self.totals.lock:
-                    self.totals.nc_s += time.monotonic() - began
+                    self.totals.nc_s += waited + time.monotonic() - began
                 while len(window) >= limit:
                     self._drain_one(window, out)
             while window:
@@ -432,14 +443,16 @@ class Pipeline:
 
     def _batches(
         self, unit: Unit, records: Iterator[Record], batch: int
-    ) -> Iterator[tuple[list[str], dict[str, np.ndarray], int]]:
-        """The records decoded and stacked in batches of `batch` (the last one padded
-        with zeros to the model's batch): (keys, inputs, real count). Batches are decoded
-        in the decode workers' processes (off this process's GIL, which the client's
-        calls need), a few ahead of the one given."""
+    ) -> Iterator[tuple[list[str], int, Fill]]:
+        """The records in batches of `batch` (the last one padded with zeros to the
+        model's batch): (keys, real count, how to decode it into input arrays). Decoded
+        here, into the arrays given (shared memory: no copy to send it); or, with decode
+        workers, in their processes (off this process's GIL, which the client's calls
+        need), a few batches ahead of the one given, then copied into the arrays."""
         o = self.options
-        ahead: deque[tuple[list[str], int, Future[dict[str, np.ndarray]]]] = deque()
-        depth = max(2, self._decoders_count)
+        specs = list(o.features)
+        ahead: deque[tuple[list[str], int, Fill]] = deque()
+        depth = self._decoders_count
         while True:
             began = time.monotonic()
             part = list(itertools.islice(records, batch))
@@ -450,48 +463,114 @@ class Pipeline:
                 self.totals.bytes += sum(len(record.data) for record in part)
             if part:
                 keys = [f"{r.key}#{unit.epoch}" if o.epochs > 1 else r.key for r in part]
-                decoding = self._decode([(r.data, r.key) for r in part], batch)
-                ahead.append((keys, len(part), decoding))
+                rows = [(r.data, r.key) for r in part]
+                if self._decoders is None:
+                    ahead.append((keys, len(part), _decoder(rows, specs, batch)))
+                else:
+                    decoding = self._decoders.submit(decode_batch, rows, specs, batch)
+                    ahead.append((keys, len(part), _copier(decoding)))
             last = len(part) < batch
-            while ahead and (len(ahead) >= depth or last):
-                done_keys, count, decoding = ahead.popleft()
-                yield done_keys, decoding.result(), count
+            while ahead and (len(ahead) > depth or last):
+                yield ahead.popleft()
             if last:
                 return
 
-    def _decode(self, data: list[tuple[bytes, str]], batch: int) -> Future[dict[str, np.ndarray]]:
-        specs = list(self.options.features)
-        if self._decoders is None:
-            done: Future[dict[str, np.ndarray]] = Future()
-            done.set_result(decode_batch(data, specs, batch))
-            return done
-        return self._decoders.submit(decode_batch, data, specs, batch)
+
+Fill = Callable[[dict[str, np.ndarray] | None], dict[str, np.ndarray]]
+
+
+def _decoder(rows: list[tuple[bytes, str]], specs: list[FeatureSpec], batch: int) -> Fill:
+    """A batch decoded into the arrays given (None: new ones)."""
+    return lambda out: decode_batch(rows, specs, batch, out)
+
+
+def _copier(decoding: Future[dict[str, np.ndarray]]) -> Fill:
+    """A batch decoded elsewhere, copied into the arrays given (None: as it came)."""
+
+    def fill(out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        decoded = decoding.result()
+        if out is None:
+            return decoded
+        for name, array in out.items():
+            array[...] = decoded[name]
+        return out
+
+    return fill
+
+
+def _decodes_in_place(specs: Sequence[FeatureSpec], neff: Neff, batch: int) -> bool:
+    """Whether the batches decode straight into the model's input buffers: each spec of
+    its input's dtype and shape (not a smaller one of a varying axis, not scalars)."""
+    inputs = {t.name: t for t in neff.inputs}
+    return all(
+        spec.input_name in inputs
+        and inputs[spec.input_name].dtype == spec.dtype
+        and tuple(inputs[spec.input_name].shape) == (batch, *spec.shape)
+        for spec in specs
+    )
 
 
 class _Copies:
-    """The M copies of the model (one per NCG), each taking `ninfer` inferences in flight:
-    a batch goes to the least busy, and waits while every copy is full (so that each is
-    sent at once, none queued in the client's pool). The first inference that fails is
-    told to `failed` at once, and no batch is sent after it (_Stopped): a daemon gone
-    stops the run in one reconnection wait, not one per batch."""
+    """The M copies of the model (one per NCG), each taking `ninfer` inferences in flight.
+    A batch takes a place on the least busy copy first (`stage`: its input arrays in that
+    copy's shared memory, to be decoded into), at most one beyond the `ninfer` in flight,
+    and is sent once that copy has a free place (`send`), so that each is sent at once,
+    none queued in the client's pool. The first inference that fails is told to `failed`
+    at once, and no batch is sent after it (_Stopped): a daemon gone stops the run in one
+    reconnection wait, not one per batch."""
 
     def __init__(
-        self, models: Sequence[Model], ninfer: int, failed: Callable[[BaseException], None]
+        self,
+        models: Sequence[Model],
+        ninfer: int,
+        failed: Callable[[BaseException], None],
+        *,
+        stage: bool = True,
     ) -> None:
         self._models = list(models)
         self._ninfer = ninfer
         self._failed = failed
-        self._busy = [0] * len(models)
+        self._stage = stage  # else the batches are decoded into arrays of their own
+        self._placed = [0] * len(models)  # batches staged or in flight
+        self._busy = [0] * len(models)  # in flight
         self._broken = False
         self._changed = threading.Condition()
 
-    def infer(self, inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]]:
+    def stage(self) -> tuple[int, Staged | None]:
+        """A place on the least busy copy: its index and input arrays in its shared memory
+        (None: not to be decoded in place, or the client's tensors go inline)."""
         with self._changed:
-            self._changed.wait_for(lambda: self._broken or min(self._busy) < self._ninfer)
+            self._changed.wait_for(lambda: self._broken or min(self._placed) <= self._ninfer)
             if self._broken:
                 raise _Stopped
-            index = self._busy.index(min(self._busy))
-            self._busy[index] += 1
+            index = self._placed.index(min(self._placed))
+            self._placed[index] += 1
+        try:
+            return index, self._models[index].stage() if self._stage else None
+        except BaseException:
+            self.unstage(index, None)
+            raise
+
+    def unstage(self, index: int, staged: Staged | None) -> None:
+        """A place given back unsent."""
+        if staged is not None:
+            self._models[index].unstage(staged)
+        with self._changed:
+            self._placed[index] -= 1
+            self._changed.notify_all()
+
+    def send(
+        self, index: int, inputs: Staged | dict[str, np.ndarray]
+    ) -> Future[dict[str, np.ndarray]]:
+        """The batch staged on copy `index` sent, once that copy has a free place."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._broken or self._busy[index] < self._ninfer)
+            broken = self._broken
+            if not broken:
+                self._busy[index] += 1
+        if broken:
+            self.unstage(index, inputs if isinstance(inputs, Staged) else None)
+            raise _Stopped
         try:
             future = self._models[index].infer_async(inputs, posted=False)
         except BaseException:
@@ -506,6 +585,7 @@ class _Copies:
             self._failed(error)  # first: the run's failure is this, not a _Stopped after it
         with self._changed:
             self._busy[index] -= 1
+            self._placed[index] -= 1
             self._broken = self._broken or error is not None
             self._changed.notify_all()
 
