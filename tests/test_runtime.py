@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -366,3 +369,18 @@ def test_a_hardware_error_is_recovered_by_resetting_the_device(tmp_path: Path) -
         health = rt.hw_counters(index=0)  # both faults counted, and kept by the reset
         assert (health.nc_errors, health.init_failures) == (1, 1)
         assert rt.hw_counters(index=1).nc_errors == 0
+
+
+def test_thread_pools_are_sized_by_the_cpus_the_daemon_may_run_on() -> None:
+    """A daemon held to one CPU (systemd's CPUAffinity=, a cpuset, taskset) sizes its NC
+    runs' and CPU nodes' threads to that CPU, not to every CPU of the host."""
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from neuron_rtd.runtime.driver import nc_threads; "
+        "from neuron_rtd.runtime.host import host_threads; "
+        "from neuron_rtd.runtime.shm import READ_THREADS; "
+        "print(nc_threads(), host_threads(), READ_THREADS)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_RTD_HOST_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["1", "1", "2"], done.stderr  # the shm readers: at least 2

@@ -216,10 +216,16 @@ def nc_engine(name: str | None = None) -> str:
     return driver_sim.fast.check_engine(chosen)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (a systemd CPUAffinity=, a
+    container's cpuset, taskset), not every CPU of the host."""
+    return len(os.sched_getaffinity(0)) or 1
+
+
 def nc_threads() -> int:
-    """The threads one NC run of the fast engine may use: the host's cores (its pools do
+    """The threads one NC run of the fast engine may use: the usable cores (its pools do
     not spin, so NCs running at once share them)."""
-    return os.cpu_count() or 1
+    return usable_cpus()
 
 
 SIM_SPEC = DeviceSpec(

@@ -19,14 +19,20 @@ from neuron_rtd import onnxrt
 from neuron_rtd.errors import InferError, NeffInvalid
 from neuron_rtd.neff import Stage
 from neuron_rtd.neff.cpu_node import ORT_MODEL, ORT_OP, is_ort_stage
-from neuron_rtd.runtime.driver import DynamicBuffer, HostFn, driver_errors, host_program
+from neuron_rtd.runtime.driver import (
+    DynamicBuffer,
+    HostFn,
+    driver_errors,
+    host_program,
+    usable_cpus,
+)
 
 
 def host_threads() -> int:
     """Threads onnxruntime may use for one CPU node (NEURON_RTD_HOST_THREADS, default:
-    the CPUs of this machine)."""
+    the CPUs this process may run on)."""
     value = os.environ.get("NEURON_RTD_HOST_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+    return int(value) if value.isdigit() and int(value) > 0 else usable_cpus()
 
 
 def compile_host_stage(node: str, stage: Stage) -> HostFn:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -56,6 +55,7 @@ from neuron_rtd.runtime.driver import (
     ProfiledRunFn,
     RunFn,
     driver_errors,
+    usable_cpus,
 )
 from neuron_rtd.runtime.profile import InferenceProfile, InstrRecord, Profiler, StepRecord
 from neuron_rtd.runtime.stats import Tally
@@ -211,7 +211,7 @@ class Job:
 
 
 def _default_host_pool() -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(os.cpu_count() or 1)
+    return threading.BoundedSemaphore(usable_cpus())
 
 
 @dataclass

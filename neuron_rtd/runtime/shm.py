@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_rtd.errors import BadInput, InvalidError, ResourceError
+from neuron_rtd.runtime.driver import usable_cpus
 
 SHM_ROOT = Path("/dev/shm")
 PROT_READ = 0x1
@@ -191,7 +192,7 @@ class ShmTable:
 
 
 PARALLEL_READ_BYTES = 4 << 20  # reads this large are split over READ_THREADS threads
-READ_THREADS = max(2, min(4, os.cpu_count() or 1))
+READ_THREADS = max(2, min(4, usable_cpus()))
 _readers: ThreadPoolExecutor | None = None
 _readers_lock = threading.Lock()
 
