@@ -21,10 +21,11 @@ pipeline's own work per record (reading, decoding, writing) timed on one thread.
 Here the NCs are simulated on the host's CPUs, which the storage (page cache, or the moto
 server) and the pipeline's decoding share. So it also measures the host's busy CPU seconds
 per record (every process) of each ceiling, and prints a third bound: the records/s the
-host's cores could give if they did nothing but the storage's work and the model's
-(`cpus / (storage CPU per record + model CPU per record)`); no pipeline on this host can pass
-it, whatever it overlaps. The last column says whether the goal was met, missed, or is
-beyond this host (its CPU bound under 90% of the lower ceiling).
+host's cores could give if they did nothing but the storage's work, the model's and the
+pipeline's own decoding and writing (`cpus / (storage CPU + model CPU + decode and write
+CPU, per record)`, the last timed on one thread); no pipeline on this host can pass it,
+whatever it overlaps. The last column says whether the goal was met, missed, or is beyond
+this host (its CPU bound under 90% of the lower ceiling).
 
 With `--pin`, the daemon (the simulated NCs) runs on the first CPU alone, and this process
 (the storage's reads, the pipeline, the model ceiling's client) and the s3 server on the
@@ -279,7 +280,8 @@ def main() -> int:
                 rates = [n / seconds for n, seconds, _ in (storage, model, streamed)]
                 lower = min(rates[0], rates[1])
                 share = rates[2] / lower
-                cpu_bound = cpus / sum(cpu / n for n, _, cpu in (storage, model))
+                own_s = (work_us[1] + work_us[2]) / 1e6  # decoding and writing (reading: storage's)
+                cpu_bound = cpus / (sum(cpu / n for n, _, cpu in (storage, model)) + own_s)
                 row = f"{name:36} {store:9} {rates[0]:9.0f} {rates[1]:8.0f} {rates[2]:10.0f}"
                 if args.pin:
                     row += f" {share:5.0%}  {'-':>11} {'-':>5} "
