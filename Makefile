@@ -23,7 +23,7 @@ lint: setup
 # fuzz/.work/NAME from the seeds in fuzz/corpus/NAME; what it finds goes to fuzz/.work.
 FUZZ_SECONDS ?= 60
 fuzz: setup
-	@for h in neff_reader wire_requests; do \
+	@for h in neff_reader wire_requests example_records; do \
 		mkdir -p fuzz/.work/$$h && echo "fuzz: $$h for $(FUZZ_SECONDS) s"; \
 		$(PY) fuzz/$$h.py fuzz/.work/$$h fuzz/corpus/$$h -max_total_time=$(FUZZ_SECONDS) \
 			-timeout=30 -rss_limit_mb=3072 -artifact_prefix=fuzz/.work/$$h- \

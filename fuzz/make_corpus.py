@@ -6,6 +6,8 @@ fuzz/corpus/neff_reader/: small valid NEFFs (one node, two nodes with a CPU node
 two stages), each with the leading byte that asks the harness to fit the header.
 fuzz/corpus/wire_requests/: call sequences a client makes (load and infer, an NCG with posted
 inferences, the streamed infer, counters and the version).
+fuzz/corpus/example_records/: tf.train.Example records with the features the harness
+decodes (x, y) and one it does not (label), as protobuf writes them and in two parts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from neuron_rtd.neff import HEADER_SIZE
 from neuron_rtd.neff.archive import pack_members
 from neuron_rtd.neff.header import parse_header
 from neuron_rtd.neff.samples import build_mlp, build_relu
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import pb, tf_pb
 
 HERE = Path(__file__).parent
 METHOD = {m.name: i for i, m in enumerate(pb.DESCRIPTOR.services_by_name["nmgr_v1"].methods)}
@@ -82,6 +84,24 @@ def sequences() -> dict[str, bytes]:
     }
 
 
+def examples() -> dict[str, bytes]:
+    example = tf_pb.Example()
+    features = example.features.feature
+    features["x"].bytes_list.value.append(bytes(range(24)))
+    features["y"].bytes_list.value.append(b"abcde")
+    plain = example.SerializeToString()
+    features["label"].int64_list.value.extend([7, 300])
+    labelled = example.SerializeToString()
+    parts = [tf_pb.Example(), tf_pb.Example()]
+    parts[0].features.feature["x"].bytes_list.value.append(bytes(24))
+    parts[1].features.feature["y"].bytes_list.value.append(b"vwxyz")
+    return {
+        "x_y": plain,
+        "x_y_label": labelled,
+        "two_parts": b"".join(p.SerializeToString() for p in parts),  # merged by protobuf
+    }
+
+
 def regressions() -> dict[str, bytes]:
     """NEFFs of the kinds refused since the harness began (regressions/neff_reader): a
     decompression bomb, and archive members that are a link and a climbing name."""
@@ -124,5 +144,6 @@ def write(folder: Path, items: dict[str, bytes], prefix: Callable[[bytes], bytes
 if __name__ == "__main__":
     write(HERE / "corpus" / "neff_reader", neffs(), lambda d: b"\x01" + d)
     write(HERE / "corpus" / "wire_requests", sequences(), lambda d: d)
+    write(HERE / "corpus" / "example_records", examples(), lambda d: d)
     write(HERE / "regressions" / "neff_reader", regressions(), lambda d: b"\x00" + d)
     print(f"wrote {HERE / 'corpus'} and {HERE / 'regressions' / 'neff_reader'}")

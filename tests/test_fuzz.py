@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
-RUNS = {"neff_reader": 4000, "wire_requests": 1500}
+RUNS = {"neff_reader": 4000, "wire_requests": 1500, "example_records": 20000}
 
 
 def libfuzzer(harness: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -24,11 +24,9 @@ from neuron_rtd.tools.stream.features import (
     SpecMismatch,
     check_specs,
     decode_batch,
-    decode_into,
     decode_record,
     example_of,
     output_examples,
-    parse_example,
     parse_feature,
 )
 from neuron_rtd.tools.stream.features import _bytes_values as bytes_values
@@ -283,23 +281,13 @@ def _bytes_feature(*values: bytes) -> bytes:
     return _field(1, b"".join(_field(1, v) for v in values))
 
 
-def _as_protobuf_decodes(data: bytes, specs: list[FeatureSpec]) -> dict[str, np.ndarray] | str:
-    """The inputs protobuf's parse gives, or the DecodeError's message."""
+def _decodes(data: bytes, specs: list[FeatureSpec], in_place: bool) -> dict[str, np.ndarray] | str:
+    """One record's inputs, or its DecodeError's message."""
     try:
-        example = parse_example(data, "k")
-        out = {s.input_name: np.zeros(s.shape, s.dtype) for s in specs}
-        for spec in specs:
-            decode_into(example, spec, "k", out[spec.input_name])
+        decoded = decode_batch([(data, "k")], specs, 1, in_place=in_place)
     except DecodeError as exc:
         return str(exc)
-    return out
-
-
-def _as_batch_decodes(data: bytes, specs: list[FeatureSpec]) -> dict[str, np.ndarray] | str:
-    try:
-        return {name: a[0] for name, a in decode_batch([(data, "k")], specs, 1).items()}
-    except DecodeError as exc:
-        return str(exc)
+    return {name: array[0] for name, array in decoded.items()}
 
 
 def test_raw_features_read_in_place_decode_as_protobuf_s_parse() -> None:
@@ -339,7 +327,7 @@ def test_raw_features_read_in_place_decode_as_protobuf_s_parse() -> None:
         "empty": b"",
     }
     for why, data in crafted.items():
-        want, got = _as_protobuf_decodes(data, specs), _as_batch_decodes(data, specs)
+        want, got = _decodes(data, specs, False), _decodes(data, specs, True)
         if isinstance(want, str):
             assert got == want, why
         else:
@@ -355,7 +343,7 @@ def test_raw_features_read_in_place_decode_as_protobuf_s_parse() -> None:
             flipped[int(rng.integers(len(flipped)))] ^= 1 << int(rng.integers(8))
             flips.append(bytes(flipped))
         for broken in cuts + flips:
-            want, got = _as_protobuf_decodes(broken, specs), _as_batch_decodes(broken, specs)
+            want, got = _decodes(broken, specs, False), _decodes(broken, specs, True)
             if isinstance(want, str) or isinstance(got, str):
                 assert got == want, broken
             else:

@@ -244,10 +244,13 @@ def decode_batch(
     specs: Sequence[FeatureSpec],
     batch: int,
     out: dict[str, np.ndarray] | None = None,
+    *,
+    in_place: bool = True,
 ) -> dict[str, np.ndarray]:
     """Records (data, key) decoded straight into arrays of `batch` rows, by model input
     name: those of `out` (C-contiguous, of the specs' dtypes and shapes), else new ones;
-    rows past the records are zeros (a last, short batch)."""
+    rows past the records are zeros (a last, short batch). `in_place` False: every record
+    parsed by protobuf (what reading raw values in place must agree with)."""
     arrays = (
         out
         if out is not None
@@ -258,7 +261,7 @@ def decode_batch(
     raw = [
         (spec, arrays[spec.input_name].view(np.uint8).reshape(batch, spec.nbytes)) for spec in specs
     ]
-    fast = all(spec.decode == "raw" for spec in specs)
+    fast = in_place and all(spec.decode == "raw" for spec in specs)
     for row, (data, key) in enumerate(records):
         if fast and _raw_into(data, raw, row):
             continue
