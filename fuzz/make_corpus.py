@@ -7,7 +7,9 @@ two stages), each with the leading byte that asks the harness to fit the header.
 fuzz/corpus/wire_requests/: call sequences a client makes (load and infer, an NCG with posted
 inferences, the streamed infer, counters and the version).
 fuzz/corpus/example_records/: tf.train.Example records with the features the harness
-decodes (x, y) and one it does not (label), as protobuf writes them and in two parts.
+decodes (x, y) and one it does not (label), as protobuf writes them and in two parts, and
+one whose y is a float list; fuzz/regressions/example_records/: a record whose label (a
+feature not decoded) is malformed, which reading in place once took.
 """
 
 from __future__ import annotations
@@ -95,11 +97,25 @@ def examples() -> dict[str, bytes]:
     parts = [tf_pb.Example(), tf_pb.Example()]
     parts[0].features.feature["x"].bytes_list.value.append(bytes(24))
     parts[1].features.feature["y"].bytes_list.value.append(b"vwxyz")
+    floats = tf_pb.Example()
+    floats.CopyFrom(example)
+    floats.features.feature["y"].float_list.value.extend([1.0, 2.0])
     return {
         "x_y": plain,
         "x_y_label": labelled,
         "two_parts": b"".join(p.SerializeToString() for p in parts),  # merged by protobuf
+        "y_floats": floats.SerializeToString(),
     }
+
+
+def example_regressions() -> dict[str, bytes]:
+    example = tf_pb.Example()
+    example.features.feature["x"].bytes_list.value.append(bytes(24))
+    example.features.feature["y"].bytes_list.value.append(b"abcde")
+    # an entry "label" whose Int64List holds a varint cut short (its last byte continues)
+    label = b"\x0a\x05label" + b"\x12\x05" + b"\x1a\x03" + b"\x0a\x01\x80"
+    entries = example.features.SerializeToString() + b"\x0a" + bytes([len(label)]) + label
+    return {"malformed_label": b"\x0a" + bytes([len(entries)]) + entries}
 
 
 def regressions() -> dict[str, bytes]:
@@ -145,5 +161,6 @@ if __name__ == "__main__":
     write(HERE / "corpus" / "neff_reader", neffs(), lambda d: b"\x01" + d)
     write(HERE / "corpus" / "wire_requests", sequences(), lambda d: d)
     write(HERE / "corpus" / "example_records", examples(), lambda d: d)
+    write(HERE / "regressions" / "example_records", example_regressions(), lambda d: d)
     write(HERE / "regressions" / "neff_reader", regressions(), lambda d: b"\x00" + d)
     print(f"wrote {HERE / 'corpus'} and {HERE / 'regressions' / 'neff_reader'}")
