@@ -295,14 +295,11 @@ class Model:
 
     def _request(self, inputs: Inputs, slot: _Slot | None) -> Any:
         request = pb.infer_request(h_nn=pb.h_nn(id=self.id))
-        if slot is not None and slot.views is not None:  # staged: sent as filled, no copy
-            views = slot.views
-            if set(inputs) != set(views) or any(inputs[n] is not v for n, v in views.items()):
-                raise ValueError("staged inputs are sent as they are: fill Staged.inputs in place")
-            for name, lent in slot.inputs.items():
-                shm = pb.shared_mem_buf(path=lent.path)
-                request.ifmap.append(pb.infer_io(name=name, buf_shm=shm))
-            inputs = {}
+        views = slot.views if slot is not None else None
+        if views is not None and (
+            set(inputs) != set(views) or any(inputs[n] is not v for n, v in views.items())
+        ):
+            raise ValueError("staged inputs are sent as they are: fill Staged.inputs in place")
         for name, value in inputs.items():
             array = np.asarray(value)
             spec = self._specs.get(name)
@@ -314,7 +311,8 @@ class Model:
             if buffer is not None and spec.varying_axes:
                 buffer.resize(nbytes)  # the daemon reads all of a varying input's object
             if buffer is not None and nbytes == buffer.size:
-                buffer.write(array, spec.dtype)
+                if views is None:  # staged inputs are in the buffer already: no copy
+                    buffer.write(array, spec.dtype)
                 shm = pb.shared_mem_buf(path=buffer.path)
                 request.ifmap.append(pb.infer_io(name=name, buf_shm=shm))
             else:  # a size the NEFF does not take: inline, for the daemon's own error

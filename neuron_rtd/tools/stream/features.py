@@ -258,10 +258,11 @@ def decode_batch(
     )
     # raw inputs are copied straight from the record's bytes where `_bytes_values` finds
     # them (one copy, not protobuf's parse, its copy of the value and ours)
-    raw = [
-        (spec, arrays[spec.input_name].view(np.uint8).reshape(batch, spec.nbytes)) for spec in specs
-    ]
     fast = in_place and all(spec.decode == "raw" for spec in specs)
+    raw = [
+        (spec, arrays[spec.input_name].view(np.uint8).reshape(batch, spec.nbytes))
+        for spec in (specs if fast else ())
+    ]
     for row, (data, key) in enumerate(records):
         if fast and _raw_into(data, raw, row):
             continue
