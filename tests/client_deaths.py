@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.daemon.config import DaemonConfig
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
@@ -69,6 +70,27 @@ def client(address: str, neff: bytes, shm_path: str, x_bytes: int) -> None:
         for handle in (model, implicit):
             stub.infer_post(pb.infer_request(h_nn=handle, ifmap=[x]))
         stub.infer(pb.infer_request(h_nn=implicit, ifmap=[x]))
+
+
+def fill_pool(address: str, count: int) -> None:
+    """Grow the daemon's gRPC worker pool to `count` threads, its most (each session stream
+    holds a worker while it is open): `count` streams opened at once, then ended. A pool
+    at its most grows no more, so that any thread more afterwards is one left behind."""
+    gate = threading.Event()
+
+    def monitor() -> Any:
+        yield pb.session_monitor_request(framework_name="deaths-fill")
+        gate.wait()
+
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub: Any = pb_grpc.nmgr_session_managerStub(channel)
+        streams = [stub.session_monitor(monitor()) for _ in range(count)]
+        for stream in streams:
+            next(stream)  # answered: its worker is held
+        gate.set()
+        for stream in streams:
+            for _ in stream:  # the daemon ends each stream once its requests end
+                pass
 
 
 @dataclass
@@ -125,8 +147,9 @@ class Snapshot:
 
 def settled(before: Snapshot, after: Snapshot) -> bool:
     """Nothing left of the clients: the same NCGs and DRAM, no more fds (gRPC may keep one
-    more for good) and no more threads (gRPC's worker pool may grow by a thread or two
-    past the first wave's; a thread left per client would show as dozens)."""
+    more for good) and no more threads (the worker pool is at its most before; gRPC's own
+    native threads may come and go by one or two; a thread left per client would show as
+    dozens)."""
     return (
         (after.ncgs, after.dram) == (before.ncgs, before.dram)
         and after.fds <= before.fds + 1
@@ -182,9 +205,11 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
             proc.join()
 
     try:
-        # A first wave, not counted, grows gRPC's worker pool (each client's session
-        # stream holds a worker) to what the waves need, so that what stays is a leak.
+        # A first wave, not counted, starts what stays for good (pools of the models'
+        # runs, shm readers), and gRPC's worker pool is grown to its most, so that what
+        # stays after the counted waves is a leak, however busy this host is.
         wave(parallel)
+        fill_pool(address, DaemonConfig.server_threads)
         time.sleep(1.0)
         before = Snapshot.of(stub, ext, pid)
         started = time.monotonic()
