@@ -19,18 +19,21 @@ and prints the pipeline's share of the lower ceiling (the goal: >= 90%), and the
 pipeline's own work per record (reading, decoding, writing) timed on one thread.
 
 Here the NCs are simulated on the host's CPUs, which the storage (page cache, or the moto
-server) and the pipeline's decoding share. So it also measures the host's busy CPU seconds
-per record (every process) of each ceiling, and prints a third bound: the records/s the
-host's cores could give if they did nothing but the storage's work, the model's and the
-pipeline's own decoding and writing (`cpus / (storage CPU + model CPU + decode and write
-CPU, per record)`, the last timed on one thread); no pipeline on this host can pass it,
-whatever it overlaps. The last column says whether the goal was met, missed, or is beyond
-this host (its CPU bound under 90% of the lower ceiling).
+server) and the pipeline's decoding share. So it also measures the busy CPU seconds per
+record (every process) of each ceiling, and prints a third bound: the records/s the
+CPUs could give if they did nothing but the storage's work, the model's (without its
+client's copy of each batch into shared memory: the pipeline decodes into it) and the
+pipeline's own decoding and writing (`cpus / (storage CPU + model CPU - copy + decode and
+write CPU, per record)`, the last two timed on one thread); no pipeline on this host can
+pass it, whatever it overlaps. The last column says whether the goal was met, missed, or
+is beyond this host (that bound under 90% of the lower ceiling).
 
 With `--pin`, the daemon (the simulated NCs) runs on the first CPU alone, and this process
 (the storage's reads, the pipeline, the model ceiling's client) and the s3 server on the
 others: as on the real machine, where the NCs' work takes none of the host's cores. Both
-ceilings and the pipeline are measured so, and the CPU bound is not shown.
+ceilings and the pipeline are measured so, and the CPU bound is the pipeline's CPUs' own:
+their busy seconds per record in the storage ceiling and the model ceiling's client,
+and the pipeline's decoding and writing.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from neuron_rtd.tools.stream.features import (
     output_examples,
     parse_feature,
 )
-from neuron_rtd.tools.stream.pipeline import NcBusy, Options, Pipeline, host_busy_cpu_s
+from neuron_rtd.tools.stream.pipeline import NcBusy, Options, Pipeline
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
 from neuron_rtd.tools.stream.tfrecord import Writer
@@ -74,16 +77,27 @@ GOAL = 0.9  # the pipeline's share of the lower ceiling the issue asks for
 OWN = ("read", "decode", "write")
 
 
-def storage_ceiling(shards: list[Shard], channels: int, at_least_s: float = 1.0) -> Run:
-    """Every record read and CRC-checked, `channels` shards at once (as the pipeline reads);
-    the shards read again until `at_least_s` have passed, so that the host's CPU time
-    (counted in 10 ms ticks) is measured on enough of it."""
-    began, cpu = time.perf_counter(), host_busy_cpu_s()
+def busy_cpu_s() -> np.ndarray:
+    """CPU seconds each CPU of the host spent busy (every process) since boot."""
+    return np.array(
+        [sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in psutil.cpu_times(percpu=True)]
+    )
+
+
+def storage_ceiling(
+    shards: list[Shard], channels: int, cpus: list[int], at_least_s: float = 1.0
+) -> tuple[Run, float]:
+    """Every record read and CRC-checked, `channels` shards at once (as the pipeline reads),
+    and the busy seconds of the CPUs `cpus` in it; the shards read again until
+    `at_least_s` have passed, so that the CPU time (counted in 10 ms ticks) is measured on
+    enough of it."""
+    began, cpu = time.perf_counter(), busy_cpu_s()
     count = 0
     with ThreadPoolExecutor(channels) as pool:
         while count == 0 or time.perf_counter() - began < at_least_s:
             count += sum(pool.map(lambda shard: sum(1 for _ in shard_records(shard)), shards))
-    return count, time.perf_counter() - began, host_busy_cpu_s() - cpu
+    busy = busy_cpu_s() - cpu
+    return (count, time.perf_counter() - began, float(busy.sum())), float(busy[cpus].sum())
 
 
 def own_work(shards: list[Shard], specs: list[FeatureSpec], neff: Path, out: Path) -> list[float]:
@@ -124,8 +138,11 @@ def model_ceiling(
     batch: int,
     ncgs: int,
     ninfer: int,
-) -> tuple[Run, float]:
-    """The model's run over decoded batches, and how busy it kept its NCs (0..1)."""
+    cpus: list[int],
+) -> tuple[Run, float, float, float]:
+    """The model's run over decoded batches; the busy seconds of the CPUs `cpus` in it;
+    the CPU seconds this thread spent copying the batches into the models' shared memory
+    (which the pipeline does not: it decodes into it); how busy it kept its NCs (0..1)."""
     rows = [(r.data, r.key) for s in shards for r in shard_records(s)]
     batches = [decode_batch(rows[i : i + batch], specs, batch) for i in range(0, len(rows), batch)]
     with Client(address, async_workers=ncgs * ninfer) as client:
@@ -134,18 +151,27 @@ def model_ceiling(
             model.infer(batches[0])
         window: deque[Future[dict[str, np.ndarray]]] = deque()
         ncs = NcBusy(client, [model.id for model in models])
-        began, cpu = time.perf_counter(), host_busy_cpu_s()
+        copy_s = 0.0
+        began, cpu = time.perf_counter(), busy_cpu_s()
         for i, inputs in enumerate(batches):
-            window.append(models[i % ncgs].infer_async(inputs, posted=False))
+            model = models[i % ncgs]
+            staged = model.stage()
+            copying = time.thread_time()
+            if staged is not None:
+                for name, array in staged.inputs.items():
+                    np.copyto(array, inputs[name])
+            copy_s += time.thread_time() - copying
+            window.append(model.infer_async(staged or inputs, posted=False))
             while len(window) >= ncgs * ninfer:
                 window.popleft().result()
         while window:
             window.popleft().result()
-        seconds, cpu = time.perf_counter() - began, host_busy_cpu_s() - cpu
-        busy = ncs.busy_share() or 0.0
+        seconds, busy = time.perf_counter() - began, busy_cpu_s() - cpu
+        nc_busy = ncs.busy_share() or 0.0
         for model in models:
             model.unload()
-    return (len(rows), seconds, cpu), busy
+    run = (len(rows), seconds, float(busy.sum()))
+    return run, float(busy[cpus].sum()), copy_s, nc_busy
 
 
 def pipeline(
@@ -228,6 +254,8 @@ def main() -> int:
         except (FileNotFoundError, RuntimeError) as exc:
             print(f"(no s3: {exc})")
         cpus = psutil.cpu_count() or 1
+        # the CPUs the pipeline's side runs on: all, or all but the daemon's
+        bound_cpus = usable[1:] if args.pin else usable
         head = f"{'case':36} {'store':9} {'storage/s':>9} {'model/s':>8} {'pipeline/s':>10}"
         print(
             f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits  NCs"
@@ -236,10 +264,12 @@ def main() -> int:
         for name, neff, paths, specs in cases(work, args.quick, args.only):
             sources = {store: _shards(name, paths, env) for store, env in stores.items()}
             runs: dict[str, list[Run]] = {}
+            # per run of a ceiling: busy CPU seconds of bound_cpus (and the model's copy's)
+            bound_cpu_s: dict[str, list[float]] = {}
             waits: dict[str, list[tuple[float, float, float]]] = {}
             model_busy: list[float] = []
             for _ in range(args.repeat):  # interleaved, so that the host's drift hits all alike
-                ceiling, busy = model_ceiling(
+                ceiling, on_bound, copy_s, busy = model_ceiling(
                     daemon.address,
                     neff,
                     sources["local"],
@@ -247,13 +277,16 @@ def main() -> int:
                     _batch(neff),
                     args.ncgs,
                     args.ninfer,
+                    bound_cpus,
                 )
                 runs.setdefault("model", []).append(ceiling)
+                bound_cpu_s.setdefault("model", []).append(on_bound - copy_s)
+                bound_cpu_s.setdefault("copy", []).append(copy_s)
                 model_busy.append(busy)
                 for store, shards in sources.items():
-                    runs.setdefault(f"storage {store}", []).append(
-                        storage_ceiling(shards, args.channels)
-                    )
+                    read, on_bound = storage_ceiling(shards, args.channels, bound_cpus)
+                    runs.setdefault(f"storage {store}", []).append(read)
+                    bound_cpu_s.setdefault(f"storage {store}", []).append(on_bound)
                     streamed, figures = pipeline(
                         daemon.address,
                         neff,
@@ -281,15 +314,16 @@ def main() -> int:
                 lower = min(rates[0], rates[1])
                 share = rates[2] / lower
                 own_s = (work_us[1] + work_us[2]) / 1e6  # decoding and writing (reading: storage's)
-                cpu_bound = cpus / (sum(cpu / n for n, _, cpu in (storage, model)) + own_s)
+                per_record = [
+                    _at_median(runs[key], bound_cpu_s[key]) / _median(runs[key])[0]
+                    for key in (f"storage {store}", "model")
+                ]
+                cpu_bound = len(bound_cpus) / (sum(per_record) + own_s)
                 row = f"{name:36} {store:9} {rates[0]:9.0f} {rates[1]:8.0f} {rates[2]:10.0f}"
-                if args.pin:
-                    row += f" {share:5.0%}  {'-':>11} {'-':>5} "
-                else:
-                    row += f" {share:5.0%}  {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
+                row += f" {share:5.0%}  {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
                 if share >= GOAL:
                     goal = "met"
-                elif not args.pin and cpu_bound < GOAL * lower:
+                elif cpu_bound < GOAL * lower:
                     goal = "beyond this host"
                 else:
                     goal = "missed"
@@ -302,19 +336,22 @@ def main() -> int:
                     flush=True,
                 )
             parts = " + ".join(f"{what} {us:.0f}" for what, us in zip(OWN, work_us, strict=True))
+            copy_us = _at_median(runs["model"], bound_cpu_s["copy"]) / model[0] * 1e6
             print(
                 f"  the pipeline's own work on one thread: {parts} = {sum(work_us):.0f} us per "
-                f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU, "
-                f"NCs {model_busy[runs['model'].index(model)]:.0%} busy"
+                f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU "
+                f"(its client's copy in: {copy_us:.0f} us), "
+                f"NCs {_at_median(runs['model'], model_busy):.0%} busy"
             )
         print(f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and")
         print(f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the")
         print("storage / on the NCs; NCs: how busy the pipeline kept its NCs; goal: the pipeline")
-        print(f"at >= {GOAL:.0%} of the lower ceiling.", end=" ")
+        print(f"at >= {GOAL:.0%} of the lower ceiling; beyond this host: its CPU bound is under")
+        print(f"that. The CPU bound is of CPUs {bound_cpus}", end="")
         if args.pin:
-            print(f"The daemon on CPU {usable[0]} alone, the rest on {usable[1:]}.")
+            print(f"; the daemon on CPU {usable[0]} alone, the rest on them.")
         else:
-            print("Beyond this host: its CPU bound is under that.")
+            print(", shared by all.")
     return 0
 
 
@@ -335,6 +372,11 @@ def _shards(name: str, paths: list[Path], env: dict[str, str] | None) -> list[Sh
 def _median(runs: list[Run]) -> Run:
     """The run of the median rate."""
     return sorted(runs, key=lambda run: run[0] / run[1])[len(runs) // 2]
+
+
+def _at_median(runs: list[Run], figures: list[float]) -> float:
+    """The figure of the run of the median rate."""
+    return figures[runs.index(_median(runs))]
 
 
 def _batch(neff: Path) -> int:
