@@ -44,12 +44,15 @@ import os
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import fsspec
 import numpy as np
@@ -74,7 +77,24 @@ from neuron_rtd.tools.stream.tfrecord import Writer
 
 Run = tuple[int, float, float]  # records, seconds, host CPU seconds busy
 GOAL = 0.9  # the pipeline's share of the lower ceiling the issue asks for
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the daemon did in a run: how busy it kept the run's NCs (0..1), and its CPU
+    seconds."""
+
+    nc_busy: float
+    daemon_cpu_s: float
+
+    def per_record(self, run: Run) -> tuple[float, float]:
+        """NC busy seconds (of each NC) and daemon CPU seconds, per record."""
+        records, seconds, _ = run
+        return self.nc_busy * seconds / records, self.daemon_cpu_s / records
+
+
 OWN = ("read", "decode", "write")
+T = TypeVar("T")
 
 
 def busy_cpu_s() -> np.ndarray:
@@ -139,10 +159,10 @@ def model_ceiling(
     ncgs: int,
     ninfer: int,
     cpus: list[int],
-) -> tuple[Run, float, float, float]:
+) -> tuple[Run, float, float, Machine]:
     """The model's run over decoded batches; the busy seconds of the CPUs `cpus` in it;
     the CPU seconds this thread spent copying the batches into the models' shared memory
-    (which the pipeline does not: it decodes into it); how busy it kept its NCs (0..1)."""
+    (which the pipeline does not: it decodes into it); what the simulated machine did."""
     rows = [(r.data, r.key) for s in shards for r in shard_records(s)]
     batches = [decode_batch(rows[i : i + batch], specs, batch) for i in range(0, len(rows), batch)]
     with Client(address, async_workers=ncgs * ninfer) as client:
@@ -167,11 +187,11 @@ def model_ceiling(
         while window:
             window.popleft().result()
         seconds, busy = time.perf_counter() - began, busy_cpu_s() - cpu
-        nc_busy = ncs.busy_share() or 0.0
+        nc_busy, daemon_cpu_s = ncs.busy()
         for model in models:
             model.unload()
     run = (len(rows), seconds, float(busy.sum()))
-    return run, float(busy[cpus].sum()), copy_s, nc_busy
+    return run, float(busy[cpus].sum()), copy_s, Machine(nc_busy or 0.0, daemon_cpu_s or 0.0)
 
 
 def pipeline(
@@ -259,7 +279,7 @@ def main() -> int:
         head = f"{'case':36} {'store':9} {'storage/s':>9} {'model/s':>8} {'pipeline/s':>10}"
         print(
             f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits  NCs"
-            "   goal"
+            "   x NC/daemon  goal"
         )
         for name, neff, paths, specs in cases(work, args.quick, args.only):
             sources = {store: _shards(name, paths, env) for store, env in stores.items()}
@@ -267,9 +287,9 @@ def main() -> int:
             # per run of a ceiling: busy CPU seconds of bound_cpus (and the model's copy's)
             bound_cpu_s: dict[str, list[float]] = {}
             waits: dict[str, list[tuple[float, float, float]]] = {}
-            model_busy: list[float] = []
+            machines: dict[str, list[Machine]] = {}  # per run of the model and the pipelines
             for _ in range(args.repeat):  # interleaved, so that the host's drift hits all alike
-                ceiling, on_bound, copy_s, busy = model_ceiling(
+                ceiling, on_bound, copy_s, machine = model_ceiling(
                     daemon.address,
                     neff,
                     sources["local"],
@@ -282,7 +302,7 @@ def main() -> int:
                 runs.setdefault("model", []).append(ceiling)
                 bound_cpu_s.setdefault("model", []).append(on_bound - copy_s)
                 bound_cpu_s.setdefault("copy", []).append(copy_s)
-                model_busy.append(busy)
+                machines.setdefault("model", []).append(machine)
                 for store, shards in sources.items():
                     read, on_bound = storage_ceiling(shards, args.channels, bound_cpus)
                     runs.setdefault(f"storage {store}", []).append(read)
@@ -298,6 +318,9 @@ def main() -> int:
                         args.ninfer,
                     )
                     runs.setdefault(f"pipeline {store}", []).append(streamed)
+                    machines.setdefault(f"pipeline {store}", []).append(
+                        Machine(figures["nc_busy_share"], figures["daemon_cpu_s"])
+                    )
                     waits.setdefault(store, []).append(
                         (
                             figures["storage_wait_share"],
@@ -331,8 +354,19 @@ def main() -> int:
                     f"{cpu / seconds:.2f}" for _, seconds, cpu in (storage, model, streamed)
                 )
                 wait = waits[store][runs[f"pipeline {store}"].index(streamed)]
+                slower = [  # the simulated machine's work per record, against the ceiling's
+                    p / c if c else float("nan")
+                    for p, c in zip(
+                        _at_median(
+                            runs[f"pipeline {store}"], machines[f"pipeline {store}"]
+                        ).per_record(streamed),
+                        _at_median(runs["model"], machines["model"]).per_record(model),
+                        strict=True,
+                    )
+                ]
                 print(
-                    f"{row} {cores}  {wait[0]:.0%}/{wait[1]:.0%}  {wait[2]:.0%}  {goal}",
+                    f"{row} {cores}  {wait[0]:.0%}/{wait[1]:.0%}  {wait[2]:.0%}  "
+                    f"{slower[0]:.2f}/{slower[1]:.2f}  {goal}",
                     flush=True,
                 )
             parts = " + ".join(f"{what} {us:.0f}" for what, us in zip(OWN, work_us, strict=True))
@@ -341,17 +375,23 @@ def main() -> int:
                 f"  the pipeline's own work on one thread: {parts} = {sum(work_us):.0f} us per "
                 f"record; the model ceiling's: {model[2] / model[0] * 1e6:.0f} us of host CPU "
                 f"(its client's copy in: {copy_us:.0f} us), "
-                f"NCs {_at_median(runs['model'], model_busy):.0%} busy"
+                f"NCs {_at_median(runs['model'], machines['model']).nc_busy:.0%} busy"
             )
-        print(f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and")
-        print(f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the")
-        print("storage / on the NCs; NCs: how busy the pipeline kept its NCs; goal: the pipeline")
-        print(f"at >= {GOAL:.0%} of the lower ceiling; beyond this host: its CPU bound is under")
-        print(f"that. The CPU bound is of CPUs {bound_cpus}", end="")
-        if args.pin:
-            print(f"; the daemon on CPU {usable[0]} alone, the rest on them.")
-        else:
-            print(", shared by all.")
+        where = f"The CPU bound is of CPUs {bound_cpus}" + (
+            f"; the daemon on CPU {usable[0]} alone, the rest on them."
+            if args.pin
+            else ", shared by all."
+        )
+        legend = (
+            f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and "
+            f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the "
+            "storage / on the NCs; NCs: how busy the pipeline kept its NCs; x NC/daemon: the "
+            "NCs' busy time and the daemon's CPU time per record in the pipeline, against the "
+            "model ceiling's (above 1: the simulated machine slowed by what shares its CPUs); "
+            f"goal: the pipeline at >= {GOAL:.0%} of the lower ceiling; beyond this host: its "
+            f"CPU bound is under that. {where}"
+        )
+        print(textwrap.fill(legend, 88))
     return 0
 
 
@@ -374,7 +414,7 @@ def _median(runs: list[Run]) -> Run:
     return sorted(runs, key=lambda run: run[0] / run[1])[len(runs) // 2]
 
 
-def _at_median(runs: list[Run], figures: list[float]) -> float:
+def _at_median(runs: list[Run], figures: list[T]) -> T:
     """The figure of the run of the median rate."""
     return figures[runs.index(_median(runs))]
 

@@ -124,6 +124,8 @@ def test_every_record_is_answered_in_order_with_its_key(
     # the host's busy CPU time over the streaming alone: at most all its cores (a tick more)
     assert 0 <= final["host_cpu_s"] <= final["seconds"] * final["host_cpus"] + 0.02
     assert 0 < final["nc_busy_share"] <= 1  # the daemon's busy time of the run's NCs
+    # and its CPU time, over a window inside the streaming's
+    assert 0 < final["daemon_cpu_s"] <= final["seconds"] * final["host_cpus"] + 0.02
     got = outputs_of(out)
     assert set(got) == set(xs)
     for key, probs in got.items():  # each answer is the model's on that record's x

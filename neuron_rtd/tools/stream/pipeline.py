@@ -126,6 +126,7 @@ class Totals:
     host_cpu_started: float = field(default_factory=host_busy_cpu_s)
     ended: tuple[float, float] | None = None  # (monotonic, host CPU) when streaming ended
     nc_busy_share: float = 0.0  # of the NCs of the run's models, since it started (last read)
+    daemon_cpu_s: float = 0.0  # the daemon's CPU seconds since it started (last read)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def restart(self) -> None:
@@ -157,6 +158,7 @@ class Totals:
                 "host_cpu_s": round(cpu - self.host_cpu_started, 3),
                 "host_cpus": psutil.cpu_count() or 1,
                 "nc_busy_share": round(self.nc_busy_share, 3),
+                "daemon_cpu_s": round(self.daemon_cpu_s, 3),
             }
 
 
@@ -332,10 +334,12 @@ class Pipeline:
             self.report(self.totals.snapshot())
 
     def _read_ncs(self) -> None:
-        share = self._ncs.busy_share() if self._ncs is not None else None
-        if share is not None:
-            with self.totals.lock:
+        share, cpu_s = self._ncs.busy() if self._ncs is not None else (None, None)
+        with self.totals.lock:
+            if share is not None:
                 self.totals.nc_busy_share = share
+            if cpu_s is not None:
+                self.totals.daemon_cpu_s = cpu_s
 
     def _run_manifest(
         self, manifest_path: Path, checkpoint: Checkpoint, copies: _Copies, batch: int
@@ -591,8 +595,9 @@ class _Copies:
 
 
 class NcBusy:
-    """How busy the NCs of the run's models have been since it started: their busy time in
-    the daemon's ext snapshots (what neuron-top and neuron-monitor read)."""
+    """How busy the NCs of the run's models, and the daemon, have been since it started:
+    their busy time and its CPU time in the daemon's ext snapshots (what neuron-top and
+    neuron-monitor read)."""
 
     def __init__(self, client: Client, model_ids: Sequence[int]) -> None:
         self._client = client
@@ -606,11 +611,15 @@ class NcBusy:
             log.debug("no NC busy time: %s", exc)
             return None
 
-    def busy_share(self) -> float | None:
-        """The share (0..1) of the time since the start the NCs were busy; None unread."""
+    def busy(self) -> tuple[float | None, float | None]:
+        """Since the start: the share (0..1) of the time the NCs were busy, and the CPU
+        seconds the daemon spent (each None: unread)."""
         now = self._read()
         if self._first is None or now is None:
-            return None
+            return None, None
+        cpu_s = (now.cpu_user_s + now.cpu_system_s) - (
+            self._first.cpu_user_s + self._first.cpu_system_s
+        )
         ncs = {
             vnc
             for ncg in now.ncgs
@@ -619,7 +628,7 @@ class NcBusy:
         }
         utilization = interval(self._first, now).nc_utilization
         shares = [utilization[vnc] / 100 for vnc in ncs if vnc in utilization]
-        return sum(shares) / len(shares) if shares else None
+        return (sum(shares) / len(shares) if shares else None), cpu_s
 
 
 class _Stopped(Exception):
