@@ -62,10 +62,14 @@ def _terminate(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def _cores_busy(figures: dict[str, float]) -> float:
-    """The host's cores busy on average: its CPU time is counted in ticks of 10 ms, so a
-    short run's may read above the cores there are."""
-    return min(figures["host_cpu_s"] / figures["seconds"], figures["host_cpus"])
+def _cores_busy(figures: dict[str, float]) -> str:
+    """The host's cores busy on average, and the daemon's share of them: CPU time is
+    counted in ticks of 10 ms, so a short run's may read above the cores there are."""
+    cores = figures["host_cpus"]
+    host, daemon = (
+        min(figures[k] / figures["seconds"], cores) for k in ("host_cpu_s", "daemon_cpu_s")
+    )
+    return f"host CPU {host:.1f} of {cores:.0f} cores busy, the daemon {daemon:.1f}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -224,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{figures['mb_per_s']:.1f} MB/s  {figures['units_done']:.0f} shard(s) done  "
                     f"waiting on storage {figures['storage_wait_share']:.0%}, "
                     f"on the NCs {figures['nc_wait_share']:.0%}  "
-                    f"NCs {figures['nc_busy_share']:.0%} busy  "
-                    f"host CPU {_cores_busy(figures):.1f} of "
-                    f"{figures['host_cpus']:.0f} cores busy"
+                    f"NCs {figures['nc_busy_share']:.0%} busy  {_cores_busy(figures)}"
                 )
             )
 
@@ -256,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{PROG}: {figures['records']:.0f} records in {figures['seconds']:.1f} s "
             f"({figures['records_per_s']:.0f}/s, {figures['mb_per_s']:.1f} MB/s, NCs "
-            f"{figures['nc_busy_share']:.0%} busy, host CPU "
-            f"{_cores_busy(figures):.1f} of {figures['host_cpus']:.0f} "
-            "cores busy), "
+            f"{figures['nc_busy_share']:.0%} busy, {_cores_busy(figures)}), "
             f"{figures['skipped']:.0f} skipped; {figures['units_done']:.0f} shard(s) written to "
             f"{args.output}, {figures['units_skipped']:.0f} done before",
             file=sys.stderr if shown else sys.stdout,
