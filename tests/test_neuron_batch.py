@@ -26,7 +26,7 @@ from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
 from neuron_rtd.tools.stream.features import parse_feature
-from neuron_rtd.tools.stream.pipeline import Options, Pipeline, _Copies, _Stopped
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline, Totals, _Copies, _Stopped
 from neuron_rtd.tools.stream.sample import local_s3
 from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
 
@@ -475,3 +475,14 @@ def test_progress_on_a_terminal(tmp_path: Path) -> None:
     screen = typescript.read_text(errors="replace")
     assert " records  " in screen and "/s  " in screen and "MB/s" in screen
     assert "neuron-batch: 2048 records in" in screen and "Traceback" not in screen
+
+
+def test_the_readme_names_every_key_of_the_json_lines() -> None:
+    """Scripts read `--json`'s lines by the README's table of keys: it lists them all."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = readme[readme.index("| key | what |") :].split("\n\n")[0]
+    rows = [row.strip().split("|")[1] for row in table.splitlines()[2:]]
+    documented = {key for row in rows for key in re.findall(r"`(\w+)`", row)}
+    assert documented == set(Totals().snapshot())
