@@ -15,8 +15,10 @@ and s3 through a local moto server when moto is installed), it measures records/
 - the pipeline: `neuron-batch`'s run (read, decode, batch, infer, write), as a user runs it
   (Pipeline in process, the daemon a separate process), timed from its first record (the
   models' load apart, as the model ceiling's is);
-and prints the pipeline's share of the lower ceiling (the goal: >= 90%), and the
-pipeline's own work per record (reading, decoding, writing) timed on one thread.
+and prints the pipeline's share of the lower ceiling (the goal: >= 90%): the median over
+the runs of each pipeline run's against the ceilings measured just before it, so that the
+host's drift from run to run cancels, with their range; and the pipeline's own work per
+record (reading, decoding, writing) timed on one thread.
 
 Here the NCs are simulated on the host's CPUs, which the storage (page cache, or the moto
 server) and the pipeline's decoding share. So it also measures the busy CPU seconds per
@@ -278,7 +280,8 @@ def main() -> int:
         bound_cpus = usable[1:] if args.pin else usable
         head = f"{'case':36} {'store':9} {'storage/s':>9} {'model/s':>8} {'pipeline/s':>10}"
         print(
-            f"{head} {'share':>5}  {'CPU bound/s':>11} {'share':>5}  host cores busy  waits  NCs"
+            f"{head} {'share':>5} {'(range)':11} {'CPU bound/s':>11} {'share':>5}  host cores busy"
+            "  waits  NCs"
             "   x NC/daemon  goal"
         )
         for name, neff, paths, specs in cases(work, args.quick, args.only):
@@ -335,7 +338,17 @@ def main() -> int:
                 streamed = _median(runs[f"pipeline {store}"])
                 rates = [n / seconds for n, seconds, _ in (storage, model, streamed)]
                 lower = min(rates[0], rates[1])
-                share = rates[2] / lower
+                shares = sorted(  # each repeat's pipeline against the ceilings measured beside it
+                    _rate(p) / min(_rate(r), _rate(m))
+                    for p, r, m in zip(
+                        runs[f"pipeline {store}"],
+                        runs[f"storage {store}"],
+                        runs["model"],
+                        strict=True,
+                    )
+                )
+                share = shares[len(shares) // 2]
+                spread = f"({shares[0]:.0%}-{shares[-1]:.0%})" if len(shares) > 1 else ""
                 own_s = (work_us[1] + work_us[2]) / 1e6  # decoding and writing (reading: storage's)
                 per_record = [
                     _at_median(runs[key], bound_cpu_s[key]) / _median(runs[key])[0]
@@ -343,7 +356,7 @@ def main() -> int:
                 ]
                 cpu_bound = len(bound_cpus) / (sum(per_record) + own_s)
                 row = f"{name:36} {store:9} {rates[0]:9.0f} {rates[1]:8.0f} {rates[2]:10.0f}"
-                row += f" {share:5.0%}  {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
+                row += f" {share:5.0%} {spread:11} {cpu_bound:11.0f} {rates[2] / cpu_bound:5.0%} "
                 if share >= GOAL:
                     goal = "met"
                 elif cpu_bound < GOAL * lower:
@@ -383,7 +396,9 @@ def main() -> int:
             else ", shared by all."
         )
         legend = (
-            f"Medians of {args.repeat} run(s). host cores busy: in the storage, model and "
+            f"Medians of {args.repeat} run(s); share: the median of each run's pipeline against "
+            "the lower of the ceilings measured beside it (the host's drift between runs "
+            "cancels), and their range. host cores busy: in the storage, model and "
             f"pipeline runs, of {cpus}; waits: the pipeline's channels' time waiting on the "
             "storage / on the NCs; NCs: how busy the pipeline kept its NCs; x NC/daemon: the "
             "NCs' busy time and the daemon's CPU time per record in the pipeline, against the "
@@ -407,6 +422,10 @@ def _shards(name: str, paths: list[Path], env: dict[str, str] | None) -> list[Sh
     for p in paths:
         fs.put(str(p), f"{bucket}/{p.name}")
     return expand([f"s3://{bucket}/*.tfrecord"])
+
+
+def _rate(run: Run) -> float:
+    return run[0] / run[1]
 
 
 def _median(runs: list[Run]) -> Run:
