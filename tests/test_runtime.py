@@ -384,3 +384,15 @@ def test_thread_pools_are_sized_by_the_cpus_the_daemon_may_run_on() -> None:
     env = {k: v for k, v in os.environ.items() if k != "NEURON_RTD_HOST_THREADS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.split() == ["1", "1", "2"], done.stderr  # the shm readers: at least 2
+
+
+def test_the_snapshots_cpu_time_counts_a_few_ms(runtime: Runtime) -> None:
+    """The process's CPU time in a snapshot has the precision of getrusage (us), not of
+    the kernel's 10 ms ticks: a few ms of work between two snapshots show."""
+    before = runtime.snapshot()
+    began = time.thread_time()
+    while time.thread_time() - began < 0.003:  # 3 ms of CPU on this thread
+        pass
+    after = runtime.snapshot()
+    spent = (after.cpu_user_s + after.cpu_system_s) - (before.cpu_user_s + before.cpu_system_s)
+    assert spent >= 0.003
