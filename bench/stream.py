@@ -72,7 +72,7 @@ from neuron_rtd.tools.stream.features import (
     output_examples,
     parse_feature,
 )
-from neuron_rtd.tools.stream.pipeline import NcBusy, Options, Pipeline
+from neuron_rtd.tools.stream.pipeline import DaemonBusy, Options, Pipeline
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
 from neuron_rtd.tools.stream.tfrecord import Writer
@@ -172,7 +172,7 @@ def model_ceiling(
         for model in models:  # warm: the first run of a program builds its session
             model.infer(batches[0])
         window: deque[Future[dict[str, np.ndarray]]] = deque()
-        ncs = NcBusy(client, [model.id for model in models])
+        watch = DaemonBusy(client, [model.id for model in models])
         copy_s = 0.0
         began, cpu = time.perf_counter(), busy_cpu_s()
         for i, inputs in enumerate(batches):
@@ -189,7 +189,7 @@ def model_ceiling(
         while window:
             window.popleft().result()
         seconds, busy = time.perf_counter() - began, busy_cpu_s() - cpu
-        nc_busy, daemon_cpu_s = ncs.busy()
+        nc_busy, daemon_cpu_s = watch.since_start()
         for model in models:
             model.unload()
     run = (len(rows), seconds, float(busy.sum()))

@@ -236,7 +236,7 @@ class Pipeline:
         self._failing = threading.Lock()
         self._stop = threading.Event()
         self._decoders: ProcessPoolExecutor | None = None
-        self._ncs: NcBusy | None = None
+        self._busy: DaemonBusy | None = None
         self._decoders_count = options.decode_workers
 
     def units(self) -> list[Unit]:
@@ -266,7 +266,7 @@ class Pipeline:
                 client.load(neff, ninfer=o.ninfer, timeout_s=o.timeout_s) for _ in range(o.ncgs)
             ]
             self.totals.restart()  # rates count the streaming, not the models' load
-            self._ncs = NcBusy(client, [model.id for model in models])
+            self._busy = DaemonBusy(client, [model.id for model in models])
             copies = _Copies(
                 models, o.ninfer, self._fail, stage=_decodes_in_place(o.features, neff, batch)
             )
@@ -282,7 +282,7 @@ class Pipeline:
             finally:
                 self._stop.set()
                 ticker.join()
-                self._read_ncs()
+                self._read_busy()
                 self.totals.end()
         self.report(self.totals.snapshot())
         if self._failed is not None:
@@ -330,11 +330,11 @@ class Pipeline:
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
-            self._read_ncs()
+            self._read_busy()
             self.report(self.totals.snapshot())
 
-    def _read_ncs(self) -> None:
-        share, cpu_s = self._ncs.busy() if self._ncs is not None else (None, None)
+    def _read_busy(self) -> None:
+        share, cpu_s = self._busy.since_start() if self._busy is not None else (None, None)
         with self.totals.lock:
             if share is not None:
                 self.totals.nc_busy_share = share
@@ -594,7 +594,7 @@ class _Copies:
             self._changed.notify_all()
 
 
-class NcBusy:
+class DaemonBusy:
     """How busy the NCs of the run's models, and the daemon, have been since it started:
     their busy time and its CPU time in the daemon's ext snapshots (what neuron-top and
     neuron-monitor read)."""
@@ -611,7 +611,7 @@ class NcBusy:
             log.debug("no NC busy time: %s", exc)
             return None
 
-    def busy(self) -> tuple[float | None, float | None]:
+    def since_start(self) -> tuple[float | None, float | None]:
         """Since the start: the share (0..1) of the time the NCs were busy, and the CPU
         seconds the daemon spent (each None: unread)."""
         now = self._read()
