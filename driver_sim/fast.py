@@ -21,7 +21,6 @@ NC's own generator), or when onnxruntime does not take the graph it makes.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -120,7 +119,7 @@ class FastProgram:
         binding: onnxruntime reads the inputs and writes the outputs in place."""
         ins = [inputs[name] for name in self._input_names]
         outs = [outputs[name] for name in self._output_names]
-        threads = blas.run_starts(1 if os.environ.get("NC1") else self.threads)
+        threads = blas.run_starts(self.threads)
         try:
             key = (threads, *map(id, ins), *map(id, outs))
             bound = self._bound.get(key)
