@@ -21,13 +21,20 @@ import pytest
 from onnx import TensorProto, helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client import DEFAULT_ADDRESS, Client, NrtClientError, NrtConnectionError
+from neuron_rtd.client import (
+    DEFAULT_ADDRESS,
+    Client,
+    NrtClientError,
+    NrtConnectionError,
+    _connection,
+)
 from neuron_rtd.client import default_address as default_address_exported
+from neuron_rtd.client._shm import pass_objects
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
-from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
+from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, pb, pb_grpc
 
 pytestmark = pytest.mark.daemon
 
@@ -65,11 +72,26 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):
         with self._lock:
             return [resp for name, _, resp in self.calls if name == method]
 
+    def passed(self, socket_path: str, session_id: int, buffers: Any, prot: int) -> None:
+        """Records the objects a client passes over the shm socket, as "shm_share"
+        requests, then passes them."""
+        with self._lock:
+            for buffer in buffers:
+                request = ext_pb.shm_share_request(
+                    session_id=session_id, path=buffer.path, mmap_prot=prot
+                )
+                self.calls.append(("shm_share", request, None))
+        pass_objects(socket_path, session_id, buffers, prot)
+
 
 @pytest.fixture
-def recorded(daemon: DaemonProcess) -> Iterator[tuple[grpc.Channel, Recorder]]:
-    """A channel to the daemon whose unary calls are recorded."""
+def recorded(
+    daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[grpc.Channel, Recorder]]:
+    """A channel to the daemon whose unary calls, and the shm objects passed, are
+    recorded."""
     recorder = Recorder()
+    monkeypatch.setattr(_connection, "pass_objects", recorder.passed)
     with grpc.insecure_channel(daemon.address, options=CHANNEL_OPTIONS) as raw:
         yield grpc.intercept_channel(raw, recorder), recorder
 
@@ -294,7 +316,7 @@ def test_tensors_go_through_shared_memory(
             assert [io.WhichOneof("data") for io in request.ifmap] == ["buf_shm"]
             assert [io.name for io in request.shm_ofmap] == ["probs"]
         assert all(len(r.ofmap) == 0 for r in recorder.responses("infer"))
-        maps = recorder.requests("shm_map")
+        maps = recorder.requests("shm_share")
         assert len(maps) == 2  # one input and one output buffer, reused for all 5 calls
         paths = {m.path for m in maps}
         for request in maps:
@@ -397,7 +419,7 @@ def test_varying_inputs_use_objects_of_their_exact_size(
         for request in recorder.requests("infer"):
             assert request.ifmap[0].WhichOneof("data") == "buf_shm"
             assert not request.shm_ofmap  # a varying output's size comes only inline
-        assert len(recorder.requests("shm_map")) == 1  # one input object, resized each time
+        assert len(recorder.requests("shm_share")) == 1  # one input object, resized each time
 
 
 # --- sessions and NEURONCORE_GROUP_SIZES ----------------------------------------------
@@ -437,8 +459,8 @@ def test_close_releases_everything_the_session_made(
 
     session = client.session_id
     assert {r.session_id for r in recorder.requests("create_eg")} == {session}
-    assert {r.session_id for r in recorder.requests("shm_map")} == {session}
-    paths = {r.path for r in recorder.requests("shm_map")}
+    assert {r.session_id for r in recorder.requests("shm_share")} == {session}
+    paths = {r.path for r in recorder.requests("shm_share")}
     assert daemon_shm(daemon.pid) >= paths and len(paths) == 6
     client.close()  # returns once the daemon has ended the session
 
@@ -466,13 +488,15 @@ def test_without_a_session_what_the_client_made_outlives_it_and_others_attach(
         ncg, _ = maker.create_ncg(1)
         model = maker.load(mlp.neff, ncg=ncg, start=True)
         assert_probs(model(x=x), mlp, x)
-        paths = {r.path for r in recorder.requests("shm_map")}
+        paths = {r.path for r in recorder.requests("shm_share")}
         assert len(paths) == 2 and daemon_shm(daemon.pid) == paths
     assert [r.session_id for r in recorder.requests("create_eg")] == [0]
-    assert {r.session_id for r in recorder.requests("shm_map")} == {0}
-    # closed: its NCG and model stay, its shared memory does not
+    # its shared memory went in a session of its own, which its models do not belong to
+    (shm_session,) = {r.session_id for r in recorder.requests("shm_share")}
+    assert shm_session != 0
+    assert {r.session_id for r in recorder.requests("create_eg")} == {0}
+    # closed: its NCG and model stay; its shared memory went with its session
     assert [e.eg.id for e in stub.list_egs(pb.empty()).eg_info] == [ncg]
-    assert {r.path for r in recorder.requests("shm_unmap")} == paths
     assert daemon_shm(daemon.pid) == set()
 
     with Client(daemon.address) as other:
@@ -575,7 +599,7 @@ def test_ninfer_bounds_what_the_client_sends(
         np.testing.assert_array_equal(outputs["probs"], results[i])
     assert len(recorder.requests("infer")) == 32 + 12
     assert len(recorder.requests("infer_post")) == len(recorder.requests("infer_wait")) == 12
-    assert len(recorder.requests("shm_map")) == 4  # 2 slots x (input + output)
+    assert len(recorder.requests("shm_share")) == 4  # 2 slots x (input + output)
     codes = {r.status.code for r in recorder.responses("infer") + recorder.responses("infer_post")}
     assert codes == {Nerr.OK}  # never NERR_QUEUE_FULL
 

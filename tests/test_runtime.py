@@ -35,6 +35,7 @@ from neuron_rtd.runtime import (
     RuntimeOptions,
     SimDevice,
     acquire_sim,
+    session_tag,
 )
 from neuron_rtd.runtime.model import all_finite
 
@@ -240,7 +241,8 @@ def test_session_quotas(machine: driver_sim.Machine, tmp_path: Path) -> None:
         neff = read_neff(build_mlp((8, 8, 4)).neff)
         mine, other = rt.open_session(), rt.open_session()
         ncg = rt.create_ncg(2, session_id=mine)
-        with pytest.raises(ResourceError, match=f"session {mine} would hold 3 NeuronCores"):
+        tag = session_tag(mine)
+        with pytest.raises(ResourceError, match=f"session {tag} would hold 3 NeuronCores"):
             rt.create_ncg(1, session_id=mine)
         with pytest.raises(ResourceError, match="session_max_ncs 2"):
             rt.load(neff, session_id=mine)  # an implicit NCG counts too
@@ -253,7 +255,7 @@ def test_session_quotas(machine: driver_sim.Machine, tmp_path: Path) -> None:
         rt.start(first.id)
         x = {"x": np.zeros((1, 8), np.float32).tobytes()}
         cookies = [rt.post(first.id, x), rt.post(first.id, x)]
-        with pytest.raises(ResourceError, match=f"session {mine}: 2 inferences posted.*inflight 2"):
+        with pytest.raises(ResourceError, match=f"session {tag}: 2 inferences posted.*inflight 2"):
             rt.post(first.id, x)
         rt.wait(cookies.pop())
         cookies.append(rt.post(first.id, x))  # one waited for: one more may be posted

@@ -24,6 +24,7 @@ from neuron_rtd.daemon.main import DRAIN_GRACE_S
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.runtime import session_tag
 
 pytestmark = pytest.mark.daemon
 
@@ -156,7 +157,7 @@ def test_unknown_session_ids_are_refused(daemon: DaemonProcess, neff_file: Path)
         stub = pb_grpc.nmgr_v1Stub(channel)
         made = stub.create_eg(pb.create_eg_request(nc_count=1, session_id=12345))
         assert made.status.code == Nerr.INVALID and made.h_eg.id == 0
-        assert "session 12345 is not open" in made.status.details.decode()
+        assert "this session id names no open session" in made.status.details.decode()
         mapped = stub.shm_map(pb.shm_map_request(path="/x", mmap_prot=3, session_id=12345))
         assert mapped.status.code == Nerr.INVALID
         requests = [pb.load_request(session_id=12345), *load_stream(neff_file.read_bytes())]
@@ -178,7 +179,7 @@ def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:
         began = time.monotonic()
         assert proc.stop() == 0
         took = time.monotonic() - began
-        assert f"Session {session} ended: the daemon stops" in proc.log()
+        assert f"Session {session_tag(session)} ended: the daemon stops" in proc.log()
         assert took < DRAIN_GRACE_S, took
         with pytest.raises(grpc.RpcError):
             next(stream)

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from neuron_rtd.client._session import Session
-from neuron_rtd.client._shm import ShmBuffer
+from neuron_rtd.client._shm import ShmBuffer, pass_objects
 from neuron_rtd.client.errors import (
     RECONNECT_OPTIONS,
     NrtClientError,
@@ -31,6 +31,7 @@ from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 log = logging.getLogger("neuron_rtd.client")
 
 PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
+SESSION_METADATA = "nrt-session-id"  # how a call presents its session (server/caller.py)
 
 
 class ClientClosed(RuntimeError):
@@ -62,6 +63,7 @@ class Connection:
         self.session: Session | None = None
         self.closed = False
         self._shm = shm
+        self._shm_socket: str | None = None  # where the daemon takes passed objects ("": none)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._calls: set[grpc.Future] = set()  # unary calls in flight as futures
@@ -72,10 +74,22 @@ class Connection:
         """Call `method` (of the nmgr service, or of `stub`'s); retried once when the daemon
         is UNAVAILABLE (unless `retry` is False). NrtConnectionError when no daemon answers."""
         call: Callable[..., Any] = getattr(stub or self.stub, method)
+        metadata = self.metadata
         with transport_errors(method, self.address, self.timeout_s):
             if not retry:
-                return call(request, timeout=self.timeout_s)
-            return retry_unavailable(lambda: call(request, timeout=self.timeout_s), self.channel)
+                return call(request, timeout=self.timeout_s, metadata=metadata)
+            return retry_unavailable(
+                lambda: call(request, timeout=self.timeout_s, metadata=metadata), self.channel
+            )
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call sends: the session it presents, once one is open (the
+        shared memory it names is this session's, and only its calls name it)."""
+        session = self.session
+        if session is None or not session.id or session.ended:
+            return ()
+        return ((SESSION_METADATA, str(session.id)),)
 
     def unary_future(
         self, method: str, request: Any, on_done: Callable[[grpc.Future], None]
@@ -87,7 +101,9 @@ class Connection:
         with self._lock:
             if self.closed:
                 raise ClientClosed
-            call: grpc.Future = getattr(self.stub, method).future(request, timeout=self.timeout_s)
+            call: grpc.Future = getattr(self.stub, method).future(
+                request, timeout=self.timeout_s, metadata=self.metadata
+            )
             self._calls.add(call)
 
         def done(call: grpc.Future) -> None:
@@ -105,7 +121,8 @@ class Connection:
         stream loads nothing)."""
         with transport_errors("load", self.address, self.timeout_s):
             return retry_unavailable(
-                lambda: self.stub.load(stream(), timeout=self.timeout_s), self.channel
+                lambda: self.stub.load(stream(), timeout=self.timeout_s, metadata=self.metadata),
+                self.channel,
             )
 
     def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
@@ -130,10 +147,13 @@ class Connection:
         """Open the session stream unless one is open; True when a new one was opened
         (the first, or the daemon went away since: a new daemon holds nothing of ours).
         Without sessions there is nothing to open: always False."""
-        if self.closed:
-            raise ClientClosed
         if not self.use_session:
             return False
+        return self._open_stream()
+
+    def _open_stream(self) -> bool:
+        if self.closed:
+            raise ClientClosed
         if self.session is not None and not self.session.ended:
             return False
         with transport_errors("session_monitor", self.address, self.timeout_s):
@@ -170,9 +190,58 @@ class Connection:
     def shm_enabled(self) -> bool:
         return self._shm
 
+    def shm_socket(self) -> str:
+        """Where the daemon takes passed shm objects (its describe says; "": nowhere)."""
+        if self._shm_socket is None:
+            try:
+                response = self.unary("describe", ext_pb.describe_request(), stub=self.ext)
+            except NrtConnectionError as exc:
+                if exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                response = ext_pb.describe_response()  # not our daemon: by name
+            self._shm_socket = response.shm_socket
+        return self._shm_socket
+
     def share(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
-        """`shm_map` the buffers with the session id and unlink their names. False (and
-        shared memory off for this client) when the daemon cannot map them."""
+        """Give the daemon the buffers: passed over its shm socket in this client's
+        session stream (one is opened for them if the client has none: its end unmaps
+        them), or, where the daemon has no shm socket, `shm_map`ped by name with
+        `session_id`. Their names are unlinked either way. False (and shared memory off
+        for this client) when the daemon cannot map them."""
+        try:
+            if self.shm_socket():
+                self._open_stream()
+                assert self.session is not None
+                if self.session.id:
+                    return self._pass(buffers, self.session.id)
+        except NrtClientError as exc:
+            return self._share_failed(buffers, [], exc)
+        return self._map_by_name(buffers, session_id)
+
+    def _pass(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
+        for buffer in buffers:
+            buffer.unlink()  # passed, not named: no one else can open it
+        try:
+            pass_objects(self.shm_socket(), session_id, buffers, PROT_READ_WRITE)
+        except NrtClientError as exc:
+            return self._share_failed(buffers, [], exc)
+        return True
+
+    def _share_failed(
+        self, buffers: Sequence[ShmBuffer], mapped: Sequence[ShmBuffer], exc: NrtClientError
+    ) -> bool:
+        self.unshare(mapped)
+        for buffer in buffers:
+            buffer.close()
+        if (
+            isinstance(exc, NrtConnectionError)  # not the daemon saying no: none answered
+            and exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED
+        ):
+            raise exc
+        self.shm_failed(str(exc))
+        return False
+
+    def _map_by_name(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
         mapped: list[ShmBuffer] = []
         try:
             for buffer in buffers:
@@ -186,16 +255,7 @@ class Connection:
                 check("shm_map", response.status)
                 mapped.append(buffer)
         except NrtClientError as exc:
-            self.unshare(mapped)
-            for buffer in buffers:
-                buffer.close()
-            if (
-                isinstance(exc, NrtConnectionError)  # not the daemon saying no: none answered
-                and exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED
-            ):
-                raise
-            self.shm_failed(str(exc))
-            return False
+            return self._share_failed(buffers, mapped, exc)
         return True
 
     def unshare(self, buffers: Sequence[ShmBuffer], *, unmap: bool = True) -> None:

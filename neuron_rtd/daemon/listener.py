@@ -139,14 +139,26 @@ class UnixListener:
         if port == 0:
             raise AddressError(f"cannot listen on unix:{self.path}")
 
+    @property
+    def shm_socket_path(self) -> Path:
+        """Where clients pass shared memory objects (`server/shm_socket.py`): beside
+        the socket, under the same lock."""
+        return self.path.with_name(self.path.name + ".shm")
+
+    def gid(self) -> int | None:
+        """The id of `socket_group` (None: the daemon's own group)."""
+        if not self.group:
+            return None
+        try:
+            return grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            raise AddressError(f"socket_group '{self.group}' does not exist") from None
+
     def finish(self) -> None:
         """Fix mode and group once the server started (the socket file exists then)."""
         os.chmod(self.path, self.mode)
-        if self.group:
-            try:
-                gid = grp.getgrnam(self.group).gr_gid
-            except KeyError:
-                raise AddressError(f"socket_group '{self.group}' does not exist") from None
+        gid = self.gid()
+        if gid is not None:
             os.chown(self.path, -1, gid)
         self._inode = self.path.stat().st_ino
 

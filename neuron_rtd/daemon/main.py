@@ -40,7 +40,7 @@ from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
-from neuron_rtd.server import Health, SessionServicer, add_servicers
+from neuron_rtd.server import Health, SessionServicer, ShmSocket, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -127,6 +127,7 @@ class Daemon:
         self.logs_to_stderr = logs_to_stderr  # then a refusal's log line is its only word
         self.address = parse_address(config.server_address)
         self.listener: UnixListener | None = None
+        self.shm_socket: ShmSocket | None = None
         self.devices: list[SimDevice] = []
         self._stop = threading.Event()
 
@@ -203,12 +204,20 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),
             ],
         )
+        if self.listener and config.shmem_enabled:
+            self.shm_socket = ShmSocket(
+                runtime,
+                self.listener.shm_socket_path,
+                mode=config.socket_mode,
+                gid=self.listener.gid(),
+            )
         sessions, health = add_servicers(
             server,
             runtime,
             address=self.address.text,
             sim_root=str(machine.root),
             instance_type=machine.instance_type,
+            shm_socket=str(self.shm_socket.path) if self.shm_socket else "",
         )
         if self.listener:
             self.listener.bind(server)
@@ -217,6 +226,8 @@ class Daemon:
         server.start()
         if self.listener:
             self.listener.finish()
+        if self.shm_socket:
+            self.shm_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
         sd.notify(
@@ -229,6 +240,9 @@ class Daemon:
         for device in self.devices:
             device.release()
         self.devices = []
+        if self.shm_socket:
+            self.shm_socket.close()
+            self.shm_socket = None
         if self.listener:
             self.listener.close()
 

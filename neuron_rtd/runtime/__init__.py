@@ -50,6 +50,7 @@ from neuron_rtd.runtime.runtime import (
     SessionRelease,
     parse_version,
 )
+from neuron_rtd.runtime.sessions import session_tag
 from neuron_rtd.runtime.stats import (
     LATENCY_BOUNDS_US,
     Aggregate,
@@ -103,4 +104,5 @@ __all__ = [
     "acquire_sim",
     "nc_engine",
     "parse_version",
+    "session_tag",
 ]

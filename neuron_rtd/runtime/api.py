@@ -18,6 +18,7 @@ from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi
 from neuron_rtd.runtime.model import LoadMode, Model, ModelParams, ModelState
+from neuron_rtd.runtime.sessions import session_tag
 from neuron_rtd.runtime.stats import Histogram, NmgrCounters, Tally
 
 
@@ -61,7 +62,7 @@ class ModelInfo:
     dram_bytes: int
     host_bytes: int
     in_flight: int  # inferences holding a slot: submitted, not yet answered
-    session_id: int
+    session: str  # its session's tag ("": none); the id itself is its client's secret
     failure: str  # why it FAILED, when it did
 
     @classmethod
@@ -78,7 +79,7 @@ class ModelInfo:
             dram_bytes=model.dram_bytes,
             host_bytes=model.host_bytes,
             in_flight=model.in_flight,
-            session_id=model.session_id,
+            session=session_tag(model.session_id),
             failure=model.failure,
         )
 
@@ -90,7 +91,7 @@ class NcgInfo:
     nc_count: int
     device_index: int  # the device of its first NC
     nc_start: int  # its first NC's index on that device
-    session_id: int
+    session: str  # its session's tag ("": none)
     implicit: bool  # made for a model's load, and goes with it
     models: tuple[int, ...]
 

@@ -9,17 +9,20 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
+from neuron_rtd.runtime.api import InferResult, Input, ShmInput
 from neuron_rtd.runtime.model import Job, Model, Source
-from neuron_rtd.runtime.shm import ShmTable
+from neuron_rtd.runtime.shm import ShmMapping, ShmTable
+
+ShmSinks = Mapping[str, ShmMapping]  # output name -> the mapping it is written to
 
 
 def sources(
-    model: Model, inputs: Mapping[str, Input], shm: ShmTable
+    model: Model, inputs: Mapping[str, Input], shm: ShmTable, caller: int | None
 ) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
     """The inputs as the model reads them: bytes-like objects as they are, shared memory
-    as a source read straight into the slot (as many bytes as the input takes; for an
-    input whose size varies, the whole object)."""
+    (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
+    read straight into the slot (as many bytes as the input takes; for an input whose
+    size varies, the whole object)."""
     resolved: dict[str, bytes | bytearray | memoryview | np.ndarray | Source] = {}
     specs = model.input_specs
     for name, value in inputs.items():
@@ -27,22 +30,28 @@ def sources(
             spec = specs.get(name)
             fixed = spec is not None and not spec.varying_axes
             size = spec.nbytes if spec is not None and fixed else None
-            resolved[name] = shm.source(value.path, size, f"ifmap '{name}'")
+            what = f"ifmap '{name}'"
+            mapping = shm.find(value.path, caller, model.session_id, what)
+            resolved[name] = shm.source(mapping, size, what)
         else:
             resolved[name] = value
     return resolved
 
 
 def run(
-    model: Model, inputs: Mapping[str, Input], shm: ShmTable, outputs: ShmOutputs
+    model: Model,
+    inputs: Mapping[str, Input],
+    shm: ShmTable,
+    outputs: ShmSinks,
+    caller: int | None,
 ) -> InferResult:
     """One inference in the caller's thread, answered."""
-    job = model.submit(sources(model, inputs, shm))
+    job = model.submit(sources(model, inputs, shm, caller))
     model.run(job)
     return answer(model, job, shm, outputs)
 
 
-def answer(model: Model, job: Job, shm: ShmTable, outputs: ShmOutputs) -> InferResult:
+def answer(model: Model, job: Job, shm: ShmTable, outputs: ShmSinks) -> InferResult:
     """The result of an ended job: its outputs inline, or written from its slot straight
     to the client's shared memory when the call names any there (then only those)."""
     inline: dict[str, bytes] = {}

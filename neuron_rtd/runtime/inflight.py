@@ -12,8 +12,8 @@ threads are not held up to `ttl_s` by cookies nobody will collect.
 
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import Counter
@@ -29,7 +29,7 @@ from neuron_rtd.errors import (
     ResourceError,
 )
 from neuron_rtd.runtime.model import Job, Model
-from neuron_rtd.runtime.shm import session_name
+from neuron_rtd.runtime.sessions import session_name
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -41,7 +41,7 @@ class Posted:
     cookie: int
     model: Model
     job: Job
-    extra: Any = None  # what the caller keeps with it (the server: shm OFMAP paths)
+    extra: Any = None  # what the caller keeps with it (the runtime: shm OFMAP mappings)
 
     @property
     def done(self) -> bool:
@@ -50,7 +50,6 @@ class Posted:
 
 class Inflight:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, session_limit: int = 0) -> None:
-        self._cookies = itertools.count(1)
         self._posted: dict[int, Posted] = {}
         self._gone: dict[int, tuple[float, NrtError]] = {}  # an unloaded model's: its answer
         self._lock = threading.Lock()
@@ -80,7 +79,7 @@ class Inflight:
             self._drop_held(session)
             raise
         with self._lock:
-            cookie = next(self._cookies)
+            cookie = self._new_cookie()
             self._posted[cookie] = Posted(cookie, model, job, extra)
             if self._sweeper is None:
                 self._sweeper = threading.Thread(
@@ -88,6 +87,14 @@ class Inflight:
                 )
                 self._sweeper.start()
         return cookie
+
+    def _new_cookie(self) -> int:
+        """A cookie no one can guess (random 64-bit, never 0), so that only the client
+        that posted can wait for its answer (under the lock)."""
+        while True:
+            cookie = secrets.randbits(64)
+            if cookie and cookie not in self._posted and cookie not in self._gone:
+                return cookie
 
     def peek(self, cookie: int) -> Posted:
         with self._lock:

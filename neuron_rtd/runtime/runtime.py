@@ -43,7 +43,8 @@ from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import Model, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
-from neuron_rtd.runtime.shm import ShmTable, session_name
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name, session_tag
+from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
@@ -69,6 +70,7 @@ class RuntimeOptions:
     session_max_models: int = 64
     session_max_shm_maps: int = 256
     session_max_inflight: int = 1024  # cookies posted and not waited for, by model session
+    session_max_open: int = 4096  # sessions open at once, all clients (0: any)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -115,10 +117,7 @@ class Runtime:
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self._transfer_adjustment = 0
-        # Session ids start from the time in microseconds, so that ids from before a
-        # restart do not name a session of this run.
-        self._session_ids = itertools.count(time.time_ns() // 1000)
-        self._sessions: set[int] = set()
+        self._sessions = SessionTable(limit=self.options.session_max_open)
 
     # --- devices -------------------------------------------------------------------
     def init_devices(self) -> None:
@@ -170,17 +169,20 @@ class Runtime:
 
     # --- sessions ------------------------------------------------------------------
     def open_session(self) -> int:
-        with self._lock:
-            session_id = next(self._session_ids)
-            self._sessions.add(session_id)
-        return session_id
+        """A new session's id (random, for its client's eyes only); ResourceError past
+        `session_max_open`."""
+        return self._sessions.open()
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
 
     def end_session(self, session_id: int, *, release: bool = True) -> SessionRelease | None:
         """Forget an ended session and, with `release`, unload its models (and any model
         on its NCGs), destroy its NCGs and unmap its shared memory: what a client that
         went away leaves. Nothing new is tied to the session once it is forgotten."""
         with self._lock:
-            self._sessions.discard(session_id)
+            self._sessions.end(session_id)
             if not release:
                 return None
             ncgs = [ncg for ncg in self._ncgs.list() if ncg.session_id == session_id]
@@ -201,11 +203,14 @@ class Runtime:
 
     def _check_session(self, session_id: int) -> None:
         """InvalidError unless `session_id` is 0 (no session) or an open session."""
-        if session_id and session_id not in self._sessions:
-            raise InvalidError(
-                f"session {session_id} is not open (its session_monitor stream ended, or "
-                "it was opened with another daemon); use 0 for no session"
-            )
+        self._sessions.check(session_id)
+
+    def _caller(self, session: int | None) -> int | None:
+        """The session a call presents (None or 0: none), checked to be open."""
+        if not session:
+            return None
+        self._sessions.check(session)
+        return session
 
     def _check_ncs_quota(self, session_id: int, more: int) -> None:
         """ResourceError if the session's NCGs would hold more NCs than its quota
@@ -280,7 +285,7 @@ class Runtime:
             nc_count=ncg.nc_count,
             device_index=self._devices[loc.device_slot].index,
             nc_start=loc.nc,
-            session_id=ncg.session_id,
+            session=session_tag(ncg.session_id),
             implicit=ncg.implicit,
             models=tuple(ncg.models),
         )
@@ -299,10 +304,17 @@ class Runtime:
         with self._lock:
             return [ModelInfo.of(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
 
-    def profile(self, model_id: int, last: int = 0) -> ModelProfile:
+    def profile(self, model_id: int, last: int = 0, *, session: int | None = None) -> ModelProfile:
         """The per-op profiles a model loaded with `enable_node_profiling` kept of its
-        last inferences (the `last` most recent, 0: all kept), oldest first."""
+        last inferences (the `last` most recent, 0: all kept), oldest first. A model of a
+        session tells them only to a call that presents that session (`session`)."""
         model = self._model(model_id)
+        if model.session_id != NO_SESSION and self._caller(session) != model.session_id:
+            raise InvalidError(
+                f"model {model_id} belongs to {session_name(model.session_id)}: its profile "
+                "is told only to calls that present the session (gRPC metadata "
+                "nrt-session-id)"
+            )
         profiler = model.profiler
         if profiler is None:
             raise InvalidError(
@@ -588,39 +600,65 @@ class Runtime:
         log.info("Unloaded all models and destroyed all NCGs", extra={"fn": "unload_all"})
 
     # --- inference -----------------------------------------------------------------
+    # `session`: the session the call presents (gRPC metadata), whose shared memory its
+    # tensors name; None: none (then by-name maps of the model's session, see `shm`).
     def infer(
-        self, model_id: int, inputs: Mapping[str, Input], shm_outputs: ShmOutputs | None = None
+        self,
+        model_id: int,
+        inputs: Mapping[str, Input],
+        shm_outputs: ShmOutputs | None = None,
+        *,
+        session: int | None = None,
     ) -> InferResult:
         """One inference, in this thread: inputs as bytes-like objects or `ShmInput`s by
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
         self.ensure_ready()
-        return dataplane.run(self._model(model_id), inputs, self._shm, shm_outputs or {})
+        model = self._model(model_id)
+        caller = self._caller(session)
+        return dataplane.run(
+            model, inputs, self._shm, self._shm_outputs(model, shm_outputs, caller), caller
+        )
 
     def post(
-        self, model_id: int, inputs: Mapping[str, Input], shm_outputs: ShmOutputs | None = None
+        self,
+        model_id: int,
+        inputs: Mapping[str, Input],
+        shm_outputs: ShmOutputs | None = None,
+        *,
+        session: int | None = None,
     ) -> int:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
         self.ensure_ready()
         model = self._model(model_id)
-        return self._inflight.post(
-            model, dataplane.sources(model, inputs, self._shm), dict(shm_outputs or {})
-        )
+        caller = self._caller(session)
+        outputs = self._shm_outputs(model, shm_outputs, caller)
+        inputs_read = dataplane.sources(model, inputs, self._shm, caller)
+        return self._inflight.post(model, inputs_read, outputs)
 
-    def wait(self, cookie: int, shm_outputs: ShmOutputs | None = None) -> InferResult:
+    def wait(
+        self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
+    ) -> InferResult:
         """The result of a posted inference once it has ended; the cookie is spent. Its
         outputs go to the shared memory named here, else to that named by the post."""
         self.ensure_ready()
+        caller = self._caller(session)
         posted = self._inflight.wait(cookie)
-        outputs = shm_outputs or posted.extra or {}
-        return dataplane.answer(posted.model, posted.job, self._shm, outputs)
+        try:
+            named = self._shm_outputs(posted.model, shm_outputs, caller)
+        except NrtError:
+            posted.model.answered(posted.job)  # the cookie is spent: its slot goes back
+            raise
+        return dataplane.answer(posted.model, posted.job, self._shm, named or posted.extra or {})
 
-    def poll(self, cookie: int, shm_outputs: ShmOutputs | None = None) -> InferResult | None:
+    def poll(
+        self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
+    ) -> InferResult | None:
         """As `wait` once the inference has ended; None (the cookie kept) until then."""
         self.ensure_ready()
         if not self._inflight.peek(cookie).done:
             return None
-        return self.wait(cookie, shm_outputs)
+        return self.wait(cookie, shm_outputs, session=session)
 
     def completed(self, cookies: Iterable[int]) -> list[int]:
         """The cookies, of those given, whose inferences have ended (still to be waited
@@ -628,19 +666,44 @@ class Runtime:
         self.ensure_ready()
         return self._inflight.completed(cookies)
 
+    def _shm_outputs(
+        self, model: Model, outputs: ShmOutputs | None, caller: int | None
+    ) -> dict[str, ShmMapping]:
+        return {
+            name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
+            for name, path in (outputs or {}).items()
+        }
+
     # --- shared memory -------------------------------------------------------------
-    def shm_map(self, path: str | None, prot: int, session_id: int = 0) -> None:
-        """Map the client's shm object `path` (None: the client gave none, as with
-        hugetlb memory, which is not supported)."""
+    def shm_map(self, path: str | None, prot: int, session_id: int = NO_SESSION) -> None:
+        """Map the client's shm object `path` by name, opened with the daemon's rights
+        (None: the client gave none, as with hugetlb memory, which is not supported)."""
         self.ensure_ready()
         if path is None:
             raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
         self._check_session(session_id)
         self._shm.map(path, prot, session_id, limit=self.options.session_max_shm_maps)
 
-    def shm_unmap(self, path: str) -> None:
+    def shm_adopt(self, fd: int, path: str, prot: int, session_id: int) -> None:
+        """Map the object a client passed (its file descriptor, which this takes) as
+        `path` of the open session `session_id`: the caller's own object, named only by
+        calls that present the session."""
+        try:
+            self.ensure_ready()
+            if session_id == NO_SESSION:
+                raise InvalidError(
+                    "a passed shared memory object needs a session: open one with "
+                    "session_monitor and give its id"
+                )
+            self._check_session(session_id)
+        except NrtError:
+            os.close(fd)
+            raise
+        self._shm.adopt(fd, path, prot, session_id, limit=self.options.session_max_shm_maps)
+
+    def shm_unmap(self, path: str, *, session: int | None = None) -> None:
         self.ensure_ready()
-        self._shm.unmap(path)
+        self._shm.unmap(path, self._caller(session))
 
     # --- counters ------------------------------------------------------------------
     def nc_counters(self, vnc: int) -> NcCounters:

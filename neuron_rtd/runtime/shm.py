@@ -1,16 +1,26 @@
 """Client shared memory: POSIX shm objects a client maps for IFMAPs and OFMAPs.
 
-`shm_map` opens the object at once (the client may unlink its name right after) and keeps
-the file descriptor; tensors move with `os.preadv`/`os.pwritev` on it, never through an
+A mapping belongs to the session that made it: the same name mapped by another session is
+another mapping, never the first one's. An object comes in one of two ways:
+- passed: the client sends the open object itself over the daemon's shm socket
+  (`server/shm_socket.py`), so the daemon uses exactly what the caller could open, and the
+  object may stay private to its owner (mode 0600). Only calls that present the session
+  (gRPC metadata `nrt-session-id`) name it.
+- by name (`shm_map`, the original interface): the daemon opens `/dev/shm/NAME` with its
+  own rights at once (the client may unlink the name right after), so the kernel refuses
+  what the daemon's user may not open. Calls that present no session name it through
+  the session of the model they run (as the original's clients expect).
+Either way the daemon keeps the file descriptor: an object replaced under the same name
+since is never used. Tensors move with `os.preadv`/`os.pwritev` on it, never through an
 mmap, so a client that shrinks its object makes a clean error (a short read), not a
-SIGBUS in the daemon. Names are plain shm names (`/name`, no other `/`); the object must
-be a regular file in the shm folder. `shm_unmap` of an object an inference is using is
-deferred until that inference lets it go.
+SIGBUS in the daemon. `shm_unmap` of an object an inference is using is deferred until
+that inference lets it go.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -22,35 +32,37 @@ from pathlib import Path
 
 from neuron_rtd.errors import BadInput, InvalidError, ResourceError
 from neuron_rtd.runtime.driver import usable_cpus
+from neuron_rtd.runtime.sessions import NO_SESSION, session_name
 
 SHM_ROOT = Path("/dev/shm")
 PROT_READ = 0x1
 PROT_WRITE = 0x2
 _NAME = re.compile(r"/?([A-Za-z0-9_.\-]{1,255})")
+PRESENT_SESSION = (
+    "present the session that mapped it (gRPC metadata 'nrt-session-id', see docs/wire-api.md)"
+)
 
 
 @dataclass(eq=False)
-class _Mapping:
+class ShmMapping:
+    """One mapped object: what a call's tensor names once resolved."""
+
     path: str
     fd: int
     writable: bool
     session_id: int
+    passed: bool  # the client passed the object itself (else: opened by name)
     users: int = 0
     unmapped: bool = False
 
 
-def session_name(session_id: int) -> str:
-    """Who holds what a session holds, in messages (no session: one quota for all)."""
-    return f"session {session_id}" if session_id else "the clients with no session"
-
-
 class ShmTable:
-    """The shm objects mapped by clients, by the path they gave."""
+    """The shm objects mapped by clients, by session and the path they gave."""
 
     def __init__(self, *, root: Path = SHM_ROOT, enabled: bool = True) -> None:
         self.root = root
         self.enabled = enabled
-        self._maps: dict[str, _Mapping] = {}
+        self._maps: dict[tuple[int, str], ShmMapping] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -58,53 +70,88 @@ class ShmTable:
             return len(self._maps)
 
     # --- map / unmap ----------------------------------------------------------------
-    def map(self, path: str, prot: int, session_id: int = 0, *, limit: int = 0) -> None:
-        """Open the object `path` names (read-write when `prot` has PROT_WRITE); with a
-        `limit`, ResourceError if the session has that many objects mapped already."""
-        if not self.enabled:
-            raise InvalidError(
-                "shared memory is disabled in this daemon's config (shmem_enabled false): "
-                "send tensors inline"
-            )
+    def map(self, path: str, prot: int, session_id: int = NO_SESSION, *, limit: int = 0) -> None:
+        """Open the object `path` names with the daemon's own rights (read-write when
+        `prot` has PROT_WRITE); with a `limit`, ResourceError if the session has that many
+        objects mapped already. An object this process may not open, or that does not
+        exist, is refused alike: the answer does not tell which."""
+        self._check_enabled()
         name = _plain_name(path)
         writable = bool(prot & PROT_WRITE)
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(self.root / name, flags | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise InvalidError(f"shm_map: no shared memory object '{path}'") from None
         except OSError as exc:
-            raise InvalidError(f"shm_map: cannot open '{path}': {exc.strerror}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            hidden = exc.errno in _HIDDEN
+            reason = "no such object, or the daemon may not open it" if hidden else exc.strerror
+            raise InvalidError(
+                f"shm_map: cannot map '{path}' ({reason}): pass the object itself over the "
+                "daemon's shm socket, or let the daemon's user open it (docs/wire-api.md, "
+                "shared memory)"
+            ) from None
+        self._add(ShmMapping(path, fd, writable, session_id, passed=False), limit)
+
+    def adopt(self, fd: int, path: str, prot: int, session_id: int, *, limit: int = 0) -> None:
+        """Take the object a client passed (its open file descriptor, now ours) as
+        `path` of `session_id`; the fd is closed here on a refusal."""
+        try:
+            self._check_enabled()
+            _plain_name(path)
+        except InvalidError:
             os.close(fd)
-            raise InvalidError(f"shm_map: '{path}' is not a shared memory object")
-        mapping = _Mapping(path, fd, writable, session_id)
+            raise
+        self._add(ShmMapping(path, fd, bool(prot & PROT_WRITE), session_id, passed=True), limit)
+
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise InvalidError(
+                "shared memory is disabled in this daemon's config (shmem_enabled false): "
+                "send tensors inline"
+            )
+
+    def _add(self, mapping: ShmMapping, limit: int) -> None:
+        if not stat.S_ISREG(os.fstat(mapping.fd).st_mode):
+            os.close(mapping.fd)
+            raise InvalidError(f"shm_map: '{mapping.path}' is not a shared memory object")
+        key = (mapping.session_id, mapping.path)
         with self._lock:
-            held = sum(m.session_id == session_id for m in self._maps.values())
-            if limit and path not in self._maps and held >= limit:
-                os.close(fd)
+            held = sum(s == mapping.session_id for s, _ in self._maps)
+            if limit and key not in self._maps and held >= limit:
+                os.close(mapping.fd)
                 raise ResourceError(
-                    f"shm_map: {session_name(session_id)} has {held} shared memory objects mapped, "
-                    f"the most one may (session_max_shm_maps {limit}): unmap one first"
+                    f"shm_map: {session_name(mapping.session_id)} has {held} shared memory "
+                    f"objects mapped, the most one may (session_max_shm_maps {limit}): unmap "
+                    "one first"
                 )
-            old = self._maps.pop(path, None)
-            self._maps[path] = mapping
+            old = self._maps.pop(key, None)
+            self._maps[key] = mapping
         if old is not None:  # mapped again (the client made a new object of that name)
             self._drop(old)
 
-    def unmap(self, path: str) -> None:
+    def unmap(self, path: str, caller: int | None = None) -> None:
+        """Unmap `path` of the session the call presents; a call that presents none
+        unmaps it among the clients with no session, else the one mapping by name of
+        that path there is."""
         with self._lock:
-            mapping = self._maps.pop(path, None)
+            if caller is not None:
+                key: tuple[int, str] | None = (caller, path)
+            elif (NO_SESSION, path) in self._maps:
+                key = (NO_SESSION, path)
+            else:
+                named = [k for k, m in self._maps.items() if k[1] == path and not m.passed]
+                key = named[0] if len(named) == 1 else None
+            mapping = self._maps.pop(key, None) if key is not None else None
         if mapping is None:
-            raise InvalidError(f"shm_unmap: '{path}' is not mapped")
+            where = "" if caller is None else f" by {session_name(caller)}"
+            raise InvalidError(f"shm_unmap: '{path}' is not mapped{where}")
         self._drop(mapping)
 
     def unmap_session(self, session_id: int) -> list[str]:
         """Unmap every object mapped with `session_id`; their paths."""
         with self._lock:
-            gone = [m for m in self._maps.values() if m.session_id == session_id]
+            gone = [m for (s, _), m in self._maps.items() if s == session_id]
             for mapping in gone:
-                del self._maps[mapping.path]
+                del self._maps[(session_id, mapping.path)]
         for mapping in gone:
             self._drop(mapping)
         return [m.path for m in gone]
@@ -116,7 +163,7 @@ class ShmTable:
         for mapping in gone:
             self._drop(mapping)
 
-    def _drop(self, mapping: _Mapping) -> None:
+    def _drop(self, mapping: ShmMapping) -> None:
         """Close the object now, or when its last user lets it go."""
         with self._lock:
             mapping.unmapped = True
@@ -124,15 +171,40 @@ class ShmTable:
         if idle:
             os.close(mapping.fd)
 
-    @contextlib.contextmanager
-    def _use(self, path: str, what: str) -> Iterator[_Mapping]:
+    # --- naming ---------------------------------------------------------------------
+    def find(self, path: str, caller: int | None, owner: int, what: str) -> ShmMapping:
+        """The mapping a call's tensor names: in the session the call presents
+        (`caller`); for a call that presents none, a by-name mapping of the session of
+        the model it runs (`owner`), or of the clients with no session."""
         with self._lock:
-            mapping = self._maps.get(path)
-            if mapping is None:
-                raise BadInput(f"{what}: shared memory '{path}' is not mapped (shm_map it first)")
+            if caller is not None:
+                mapping = self._maps.get((caller, path))
+            else:
+                mapping = self._maps.get((owner, path))
+                if mapping is not None and mapping.passed:
+                    raise BadInput(
+                        f"{what}: shared memory '{path}' of {session_name(owner)} is named "
+                        f"only by calls that present it: {PRESENT_SESSION}"
+                    )
+                if mapping is None:
+                    mapping = self._maps.get((NO_SESSION, path))
+        if mapping is None:
+            whose = session_name(caller if caller is not None else owner)
+            raise BadInput(
+                f"{what}: shared memory '{path}' is not mapped for {whose} (shm_map it first "
+                "in the session this call presents)"
+            )
+        return mapping
+
+    @contextlib.contextmanager
+    def _use(self, mapping: ShmMapping, what: str) -> Iterator[int]:
+        """The mapping's fd, held open while in use; BadInput once it was unmapped."""
+        with self._lock:
+            if mapping.unmapped:
+                raise BadInput(f"{what}: shared memory '{mapping.path}' was unmapped")
             mapping.users += 1
         try:
-            yield mapping
+            yield mapping.fd
         finally:
             with self._lock:
                 mapping.users -= 1
@@ -141,55 +213,59 @@ class ShmTable:
                 os.close(mapping.fd)
 
     # --- tensors --------------------------------------------------------------------
-    def size(self, path: str, what: str) -> int:
-        with self._use(path, what) as mapping:
-            return os.fstat(mapping.fd).st_size
+    def size(self, mapping: ShmMapping, what: str) -> int:
+        with self._use(mapping, what) as fd:
+            return os.fstat(fd).st_size
 
-    def read(self, path: str, nbytes: int, what: str) -> bytearray:
+    def read(self, mapping: ShmMapping, nbytes: int, what: str) -> bytearray:
         """The first `nbytes` of the object; BadInput if it holds fewer."""
         buffer = bytearray(nbytes)
-        self.read_into(path, memoryview(buffer), what)
+        self.read_into(mapping, memoryview(buffer), what)
         return buffer
 
-    def source(self, path: str, nbytes: int | None, what: str) -> ShmSource:
-        """An input read from `path` when the model copies it in: its first `nbytes`
+    def source(self, mapping: ShmMapping, nbytes: int | None, what: str) -> ShmSource:
+        """An input read from `mapping` when the model copies it in: its first `nbytes`
         (None: the whole object, as it is now)."""
         if nbytes is None:
-            nbytes = self.size(path, what)
+            nbytes = self.size(mapping, what)
         else:
-            with self._use(path, what):
-                pass  # mapped now: a clean error at once if not
-        return ShmSource(self, path, nbytes, what)
+            with self._use(mapping, what):
+                pass  # still mapped now: a clean error at once if not
+        return ShmSource(self, mapping, nbytes, what)
 
-    def read_into(self, path: str, target: memoryview, what: str) -> None:
+    def read_into(self, mapping: ShmMapping, target: memoryview, what: str) -> None:
         """Fill `target` from the start of the object; BadInput if it holds fewer bytes.
         A large tensor is read in parts by several threads at once: the kernel's copy out
         of tmpfs runs at a third of memcpy's speed on one core, and reads of one object
         run side by side (writes do not: they take the file's lock)."""
         nbytes = target.nbytes
-        with self._use(path, what) as mapping:
-            got = _read_parts(mapping.fd, target.cast("B"))
+        with self._use(mapping, what) as fd:
+            got = _read_parts(fd, target.cast("B"))
         if got < nbytes:
             raise BadInput(
-                f"{what}: shared memory '{path}' holds {got} bytes, the tensor takes {nbytes}"
+                f"{what}: shared memory '{mapping.path}' holds {got} bytes, the tensor "
+                f"takes {nbytes}"
             )
 
-    def write(self, path: str, data: bytes | memoryview, what: str) -> None:
+    def write(self, mapping: ShmMapping, data: bytes | memoryview, what: str) -> None:
         """Write `data` at the start of the object, which must already be large enough
         (writing past its end would grow the client's object)."""
         size = memoryview(data).nbytes
-        with self._use(path, what) as mapping:
+        path = mapping.path
+        with self._use(mapping, what) as fd:
             if not mapping.writable:
                 raise BadInput(f"{what}: shared memory '{path}' was mapped without PROT_WRITE")
-            held = os.fstat(mapping.fd).st_size
+            held = os.fstat(fd).st_size
             if held < size:
                 raise BadInput(
                     f"{what}: shared memory '{path}' holds {held} bytes, the tensor takes {size}"
                 )
-            written = os.pwritev(mapping.fd, [data], 0) if size else 0
+            written = os.pwritev(fd, [data], 0) if size else 0
         if written != size:
             raise BadInput(f"{what}: wrote {written} of {size} bytes to '{path}'")
 
+
+_HIDDEN = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EPERM)  # told apart for nobody
 
 PARALLEL_READ_BYTES = 4 << 20  # reads this large are split over READ_THREADS threads
 READ_THREADS = max(2, min(4, usable_cpus()))
@@ -227,12 +303,12 @@ class ShmSource:
     """A model input in client shared memory (a `model.Source`)."""
 
     table: ShmTable
-    path: str
+    mapping: ShmMapping
     nbytes: int
     what: str
 
     def read_into(self, target: memoryview) -> None:
-        self.table.read_into(self.path, target, self.what)
+        self.table.read_into(self.mapping, target, self.what)
 
 
 def _plain_name(path: str) -> str:

@@ -1,9 +1,18 @@
 """The gRPC adapters over the runtime's face: the nmgr service and streamed inference
 (`nmgr`), client sessions (`sessions`), our extension (`ext`), load-stream reading
-(`load_stream`), wire conversion (`wire`), the one error mapping (`calls`), and the
-standard health and reflection services (`health`)."""
+(`load_stream`), wire conversion (`wire`), the one error mapping (`calls`), the session a
+call presents (`caller`), the shm socket where clients pass shared memory
+(`shm_socket`), and the standard health and reflection services (`health`).
+
+Long streams never hold the server's call threads: session and health-watch streams hold
+no thread at all, and each `load` or `infer_stream` runs on a pool of its own
+(`STREAM_THREADS`), so clients that keep streams open cannot starve the unary calls."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
@@ -13,22 +22,52 @@ from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
 from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
 from neuron_rtd.server.sessions import SessionServicer
+from neuron_rtd.server.shm_socket import ShmSocket
 
-__all__ = ["Health", "SessionServicer", "add_servicers"]
+__all__ = ["Health", "SessionServicer", "ShmSocket", "add_servicers"]
+
+STREAM_THREADS = 64  # loads and infer streams running at once, each kind
+
+
+def _on_pool(method: Callable[..., Any], pool: ThreadPoolExecutor) -> Callable[..., Any]:
+    """`method`, run by gRPC on `pool` instead of the server's call threads."""
+
+    def handler(*args: Any) -> Any:
+        return method(*args)
+
+    handler.experimental_thread_pool = pool  # type: ignore[attr-defined]
+    return handler
 
 
 def add_servicers(
-    server: grpc.Server, runtime: Runtime, *, address: str, sim_root: str, instance_type: str
+    server: grpc.Server,
+    runtime: Runtime,
+    *,
+    address: str,
+    sim_root: str,
+    instance_type: str,
+    shm_socket: str = "",
 ) -> tuple[SessionServicer, Health]:
     """Add every service to `server`; the session service, which the daemon closes at
     its stop, and the health service, which it keeps up to date."""
     nmgr = NmgrServicer(runtime)
+    nmgr.load = _on_pool(nmgr.load, ThreadPoolExecutor(STREAM_THREADS, "nmgr-load"))  # type: ignore[method-assign]
+    streams = StreamServicer(nmgr)
+    streams.infer_stream = _on_pool(  # type: ignore[method-assign]
+        streams.infer_stream, ThreadPoolExecutor(STREAM_THREADS, "nmgr-stream")
+    )
     sessions = SessionServicer(runtime)
     pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
-    pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), server)
+    pb_grpc.add_nmgr_streamServicer_to_server(streams, server)
     pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(
-        ExtServicer(runtime, address=address, sim_root=sim_root, instance_type=instance_type),
+        ExtServicer(
+            runtime,
+            address=address,
+            sim_root=sim_root,
+            instance_type=instance_type,
+            shm_socket=shm_socket,
+        ),
         server,
     )
     return sessions, Health(server, runtime)

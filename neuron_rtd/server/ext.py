@@ -12,12 +12,22 @@ from neuron_rtd.errors import NrtError
 from neuron_rtd.proto import ext_pb, ext_pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server import wire
+from neuron_rtd.server.caller import presented_session
 
 
 class ExtServicer(ext_pb_grpc.nmgr_extServicer):
-    def __init__(self, runtime: Runtime, *, address: str, sim_root: str, instance_type: str):
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        address: str,
+        sim_root: str,
+        instance_type: str,
+        shm_socket: str = "",
+    ):
         self.runtime = runtime
         self.address = address
+        self.shm_socket = shm_socket
         self.sim_root = sim_root
         self.instance_type = instance_type
 
@@ -31,6 +41,7 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
             sim_root=self.sim_root,
             instance_type=self.instance_type,
             start_time_ns=self.runtime.started_ns,
+            shm_socket=self.shm_socket,
         )
         try:  # the devices, while they answer (their init may be failing)
             devices = self.runtime.devices()
@@ -57,10 +68,12 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
     def profile(
         self, request: ext_pb.profile_request, context: grpc.ServicerContext
     ) -> ext_pb.profile_response:
-        return _answer(
-            lambda: wire.profile(self.runtime.profile(request.model_id, request.last)),
-            ext_pb.profile_response,
-        )
+        def make() -> ext_pb.profile_response:
+            session = presented_session(context)
+            profile = self.runtime.profile(request.model_id, request.last, session=session)
+            return wire.profile(profile)
+
+        return _answer(make, ext_pb.profile_response)
 
 
 R = TypeVar("R")

@@ -16,6 +16,7 @@ from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import pb, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server import wire
+from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import read_load_stream
 
@@ -79,7 +80,10 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def infer(self, request: pb.infer_request, context: grpc.ServicerContext) -> pb.infer_response:
         def make() -> pb.infer_response:
             result = self.runtime.infer(
-                request.h_nn.id, wire.ifmaps(request.ifmap), wire.shm_ofmaps(request.shm_ofmap)
+                request.h_nn.id,
+                wire.ifmaps(request.ifmap),
+                wire.shm_ofmaps(request.shm_ofmap),
+                session=presented_session(context),
             )
             return wire.infer_response(result)
 
@@ -90,7 +94,10 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     ) -> pb.infer_post_response:
         def make() -> pb.infer_post_response:
             cookie = self.runtime.post(
-                request.h_nn.id, wire.ifmaps(request.ifmap), wire.shm_ofmaps(request.shm_ofmap)
+                request.h_nn.id,
+                wire.ifmaps(request.ifmap),
+                wire.shm_ofmaps(request.shm_ofmap),
+                session=presented_session(context),
             )
             return pb.infer_post_response(cookie=cookie)
 
@@ -100,7 +107,11 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.infer_wait_request, context: grpc.ServicerContext
     ) -> pb.infer_response:
         def make() -> pb.infer_response:
-            result = self.runtime.wait(request.cookie, wire.shm_ofmaps(request.shm_ofmap))
+            result = self.runtime.wait(
+                request.cookie,
+                wire.shm_ofmaps(request.shm_ofmap),
+                session=presented_session(context),
+            )
             return wire.infer_response(result)
 
         return finish("infer_wait", make, pb.infer_response)
@@ -109,7 +120,11 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.infer_wait_request, context: grpc.ServicerContext
     ) -> pb.infer_response:
         def make() -> pb.infer_response:
-            result = self.runtime.poll(request.cookie, wire.shm_ofmaps(request.shm_ofmap))
+            result = self.runtime.poll(
+                request.cookie,
+                wire.shm_ofmaps(request.shm_ofmap),
+                session=presented_session(context),
+            )
             if result is None:
                 return pb.infer_response(status=pb.status(code=Nerr.INFER_PENDING))
             return wire.infer_response(result)
@@ -256,7 +271,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.shm_unmap_request, context: grpc.ServicerContext
     ) -> pb.shm_unmap_response:
         def make() -> pb.shm_unmap_response:
-            self.runtime.shm_unmap(request.path)
+            self.runtime.shm_unmap(request.path, session=presented_session(context))
             return pb.shm_unmap_response()
 
         return finish("shm_unmap", make, pb.shm_unmap_response)

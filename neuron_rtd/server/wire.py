@@ -188,7 +188,7 @@ def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
             nc_count=ncg.nc_count,
             device_index=ncg.device_index,
             implicit=ncg.implicit,
-            session_id=ncg.session_id,
+            session=ncg.session,
             model_ids=ncg.models,
         )
     for model, tally in zip(snap.models, snap.tallies, strict=True):
@@ -204,7 +204,7 @@ def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:
             ninfer=model.params.ninfer,
             timeout_s=model.params.timeout_s,
             in_flight=model.in_flight,
-            session_id=model.session_id,
+            session=model.session,
             tally=ext_pb.ext_infer_tally(**dataclasses.asdict(tally)),
             failure=model.failure,
             nc_count=model.neff.nc_count,

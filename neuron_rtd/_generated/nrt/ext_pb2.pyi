@@ -47,7 +47,7 @@ class ext_hw_counters(_message.Message):
     def __init__(self, mem_ecc_corr: _Optional[int] = ..., mem_ecc_uncorr: _Optional[int] = ..., sram_ecc_corr: _Optional[int] = ..., sram_ecc_uncorr: _Optional[int] = ..., nc_errors: _Optional[int] = ..., nc_hangs: _Optional[int] = ..., dma_timeouts: _Optional[int] = ..., init_failures: _Optional[int] = ...) -> None: ...
 
 class describe_response(_message.Message):
-    __slots__ = ("runtime_version", "pid", "address", "sim_root", "instance_type", "devices", "start_time_ns", "status_code", "details")
+    __slots__ = ("runtime_version", "pid", "address", "sim_root", "instance_type", "devices", "start_time_ns", "status_code", "details", "shm_socket")
     RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class describe_response(_message.Message):
     START_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
     runtime_version: str
     pid: int
     address: str
@@ -66,7 +67,26 @@ class describe_response(_message.Message):
     start_time_ns: int
     status_code: int
     details: str
-    def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+    shm_socket: str
+    def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ..., shm_socket: _Optional[str] = ...) -> None: ...
+
+class shm_share_request(_message.Message):
+    __slots__ = ("session_id", "path", "mmap_prot")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MMAP_PROT_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    path: str
+    mmap_prot: int
+    def __init__(self, session_id: _Optional[int] = ..., path: _Optional[str] = ..., mmap_prot: _Optional[int] = ...) -> None: ...
+
+class shm_share_response(_message.Message):
+    __slots__ = ("status_code", "details")
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    status_code: int
+    details: str
+    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
 
 class snapshot_request(_message.Message):
     __slots__ = ()
@@ -87,22 +107,22 @@ class ext_nc(_message.Message):
     def __init__(self, vnc: _Optional[int] = ..., device_index: _Optional[int] = ..., nc_index: _Optional[int] = ..., busy_ns: _Optional[int] = ..., ncg_id: _Optional[int] = ...) -> None: ...
 
 class ext_ncg(_message.Message):
-    __slots__ = ("id", "vnc_start", "nc_count", "device_index", "implicit", "session_id", "model_ids")
+    __slots__ = ("id", "vnc_start", "nc_count", "device_index", "implicit", "model_ids", "session")
     ID_FIELD_NUMBER: _ClassVar[int]
     VNC_START_FIELD_NUMBER: _ClassVar[int]
     NC_COUNT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     IMPLICIT_FIELD_NUMBER: _ClassVar[int]
-    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     id: int
     vnc_start: int
     nc_count: int
     device_index: int
     implicit: bool
-    session_id: int
     model_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., vnc_start: _Optional[int] = ..., nc_count: _Optional[int] = ..., device_index: _Optional[int] = ..., implicit: _Optional[bool] = ..., session_id: _Optional[int] = ..., model_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    session: str
+    def __init__(self, id: _Optional[int] = ..., vnc_start: _Optional[int] = ..., nc_count: _Optional[int] = ..., device_index: _Optional[int] = ..., implicit: _Optional[bool] = ..., model_ids: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class ext_infer_tally(_message.Message):
     __slots__ = ("completed", "completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input", "failed_to_queue", "cancelled")
@@ -123,7 +143,7 @@ class ext_infer_tally(_message.Message):
     def __init__(self, completed: _Optional[int] = ..., completed_with_err: _Optional[int] = ..., completed_with_num_err: _Optional[int] = ..., timed_out: _Optional[int] = ..., incorrect_input: _Optional[int] = ..., failed_to_queue: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class ext_model(_message.Message):
-    __slots__ = ("id", "name", "ncg_id", "state", "mode", "vncs", "device_bytes", "host_bytes", "ninfer", "timeout_s", "in_flight", "session_id", "tally", "failure", "nc_count", "inputs", "outputs")
+    __slots__ = ("id", "name", "ncg_id", "state", "mode", "vncs", "device_bytes", "host_bytes", "ninfer", "timeout_s", "in_flight", "tally", "failure", "nc_count", "inputs", "outputs", "session")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NCG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,12 +155,12 @@ class ext_model(_message.Message):
     NINFER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
-    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TALLY_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     NC_COUNT_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     ncg_id: int
@@ -152,13 +172,13 @@ class ext_model(_message.Message):
     ninfer: int
     timeout_s: float
     in_flight: int
-    session_id: int
     tally: ext_infer_tally
     failure: str
     nc_count: int
     inputs: _containers.RepeatedCompositeFieldContainer[ext_tensor]
     outputs: _containers.RepeatedCompositeFieldContainer[ext_tensor]
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ncg_id: _Optional[int] = ..., state: _Optional[str] = ..., mode: _Optional[str] = ..., vncs: _Optional[_Iterable[int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., ninfer: _Optional[int] = ..., timeout_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., session_id: _Optional[int] = ..., tally: _Optional[_Union[ext_infer_tally, _Mapping]] = ..., failure: _Optional[str] = ..., nc_count: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ...) -> None: ...
+    session: str
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ncg_id: _Optional[int] = ..., state: _Optional[str] = ..., mode: _Optional[str] = ..., vncs: _Optional[_Iterable[int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., ninfer: _Optional[int] = ..., timeout_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., tally: _Optional[_Union[ext_infer_tally, _Mapping]] = ..., failure: _Optional[str] = ..., nc_count: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ext_tensor, _Mapping]]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class ext_tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape")

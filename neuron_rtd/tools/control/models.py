@@ -33,7 +33,7 @@ def model_json(model: Any) -> dict[str, Any]:
         "timeout_s": model.timeout_s,
         "device_bytes": model.device_bytes,
         "host_bytes": model.host_bytes,
-        "session_id": model.session_id,
+        "session": model.session,
         "inputs": [tensor_json(t) for t in model.inputs],
         "outputs": [tensor_json(t) for t in model.outputs],
         "failure": model.failure,
