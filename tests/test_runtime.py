@@ -31,6 +31,7 @@ from neuron_rtd.runtime import (
     FIRST_MODEL_ID,
     LoadMode,
     ModelState,
+    NeffFile,
     Runtime,
     RuntimeOptions,
     SimDevice,
@@ -398,3 +399,49 @@ def test_the_snapshots_cpu_time_counts_a_few_ms(runtime: Runtime) -> None:
     after = runtime.snapshot()
     spent = (after.cpu_user_s + after.cpu_system_s) - (before.cpu_user_s + before.cpu_system_s)
     assert spent >= 0.003
+
+
+def test_neff_memory_is_reserved_per_load_until_it_is_over(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """Loads in progress cannot together take more than the admission bound (half the
+    available memory): each buffer is reserved until its load is over, loaded or not."""
+    import psutil
+
+    bound = psutil.virtual_memory().available // 2
+    first = runtime.neff_buffer(bound * 6 // 10)  # claimed, not written: costs nothing
+    with pytest.raises(ResourceError, match="taken by loads in progress"):
+        runtime.neff_buffer(bound * 6 // 10)
+    with pytest.raises(InvalidError):
+        runtime.load(first)  # a buffer of zeros is no NEFF: its load is over all the same
+    second = runtime.neff_buffer(bound * 6 // 10)
+    del first
+    neff = build_relu((1, 8))
+    buffer = runtime.neff_buffer(len(neff))
+    buffer[:] = neff
+    runtime.unload(runtime.load(buffer).id)
+    assert runtime._reserved == len(second)
+
+
+def test_a_neff_files_header_is_checked_before_its_body_is_read(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """A 3 GiB sparse file is refused from its first bytes: no buffer is taken for it."""
+    sparse = tmp_path / "sparse.neff"
+    with open(sparse, "wb") as f:
+        f.truncate(3 << 30)
+    taken: list[int] = []
+    real = runtime.neff_buffer
+
+    def recorded(size: int) -> memoryview:
+        taken.append(size)
+        return real(size)
+
+    runtime.neff_buffer = recorded  # type: ignore[method-assign]
+    with pytest.raises(InvalidError, match="not a NEFF"):
+        runtime.load(NeffFile(str(sparse)))
+    cut = tmp_path / "cut.neff"
+    cut.write_bytes(build_relu((1, 8))[:-1])
+    with pytest.raises(InvalidError, match="NEFF is truncated"):
+        runtime.load(NeffFile(str(cut)))
+    assert taken == [] and runtime._reserved == 0

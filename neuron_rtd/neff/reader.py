@@ -84,6 +84,7 @@ def read_neff_file(
             raise NeffInvalid(f"'{name}' is not a regular file")
         if size < HEADER_SIZE:
             raise NeffInvalid(f"'{name}' is not a NEFF: it is shorter than a NEFF header")
+        _check_file_header(os.pread(fd, HEADER_SIZE, 0), size, name)
         if into is None:
             data = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
         else:
@@ -92,6 +93,14 @@ def read_neff_file(
     finally:
         os.close(fd)
     return read_neff(data, max_unpacked=max_unpacked)
+
+
+def _check_file_header(head: bytes, size: int, name: str) -> None:
+    """A file's header, checked before any of its body is read or memory taken for it:
+    a file whose size is not the one its header declares is refused from these bytes."""
+    if len(head) < HEADER_SIZE:
+        raise NeffInvalid(f"'{name}' shrank while it was being read")
+    _check_size(parse_header(head), size - HEADER_SIZE)
 
 
 def _read_exactly(fd: int, target: memoryview, name: str) -> None:
@@ -104,7 +113,12 @@ def _read_exactly(fd: int, target: memoryview, name: str) -> None:
 
 
 def _payload(view: memoryview, header: NeffHeader) -> memoryview:
-    present = len(view) - HEADER_SIZE
+    _check_size(header, len(view) - HEADER_SIZE)
+    return view[HEADER_SIZE:]
+
+
+def _check_size(header: NeffHeader, present: int) -> None:
+    """NeffInvalid unless `present` data bytes are what the header declares."""
     declared = header.data_size
     if present < declared:
         raise NeffInvalid(
@@ -115,7 +129,6 @@ def _payload(view: memoryview, header: NeffHeader) -> memoryview:
             f"NEFF has {present - declared} trailing bytes: header declares {declared} "
             f"data bytes, {present} present"
         )
-    return view[HEADER_SIZE:]
 
 
 def _check_hash(header: NeffHeader, payload: memoryview) -> None:

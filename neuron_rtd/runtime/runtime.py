@@ -6,6 +6,7 @@ use it directly. Control-plane calls serialize on one lock; inference takes no g
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import mmap
@@ -13,6 +14,7 @@ import os
 import resource
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -114,6 +116,9 @@ class Runtime:
         )
         self._shm = ShmTable(enabled=self.options.shmem_enabled)
         self._stats = Stats()
+        self._admitting = threading.Lock()  # NEFF buffers admitted and not yet settled:
+        self._reserved = 0
+        self._reservations: dict[int, weakref.finalize] = {}
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self._transfer_adjustment = 0
@@ -350,17 +355,38 @@ class Runtime:
         return ModelParams(timeout_s=float(timeout), ninfer=depth, profile=profile)
 
     def neff_buffer(self, size: int) -> memoryview:
-        """A buffer for a NEFF of `size` bytes a client sends: admitted only while the
-        host has twice that memory available. Its memory is taken as it is written (an
-        anonymous mapping), so a size claimed and never sent costs nothing."""
+        """A buffer for a NEFF of `size` bytes a client sends or names: admitted only
+        while half the host's available memory, less what loads in progress have been
+        admitted, holds it. Its memory is taken as it is written (an anonymous mapping),
+        so it is reserved from admission until its load is over (`_settle`), and a size
+        claimed and never sent costs nothing."""
         self.ensure_ready()
-        available = psutil.virtual_memory().available
-        if size > available // 2:
-            raise ResourceError(
-                f"neff_size {size} bytes is more than the host can hold now "
-                f"({available} bytes available)"
-            )
-        return memoryview(mmap.mmap(-1, size) if size else bytearray())
+        with self._admitting:
+            available = psutil.virtual_memory().available
+            if size > available // 2 - self._reserved:
+                raise ResourceError(
+                    f"a NEFF of {size} bytes is more than the host can hold now "
+                    f"({available} bytes available, {self._reserved} taken by loads in "
+                    "progress): load it when memory is free, or a smaller NEFF"
+                )
+            if not size:
+                return memoryview(bytearray())
+            self._reserved += size
+            buffer = mmap.mmap(-1, size)
+            self._reservations[id(buffer)] = weakref.finalize(buffer, self._unreserve, size)
+        return memoryview(buffer)
+
+    def _unreserve(self, size: int) -> None:
+        with self._admitting:
+            self._reserved -= size
+
+    def _settle(self, buffer: memoryview | None) -> None:
+        """The load that took `buffer` is over: its memory is the model's now, or free."""
+        if buffer is not None:
+            with self._admitting:
+                finalizer = self._reservations.pop(id(buffer.obj), None)
+            if finalizer is not None:
+                finalizer()
 
     def _read_neff(self, neff: NeffSource) -> Neff:
         if isinstance(neff, Neff):
@@ -383,7 +409,13 @@ class Runtime:
         try:
             return read_neff_file(real, into=self.neff_buffer)
         except OSError as exc:
-            raise InvalidError(f"cannot read neff_file '{path}': {exc.strerror}") from exc
+            hidden = exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ELOOP)
+            reason = "no such file, or the daemon may not read it" if hidden else exc.strerror
+            raise InvalidError(
+                f"cannot read neff_file '{path}' ({reason}): the daemon reads it with its own "
+                "rights; make it readable to the daemon's user in one of neff_file_dirs, or "
+                "stream the NEFF instead"
+            ) from None
 
     def load(
         self,
@@ -399,7 +431,25 @@ class Runtime:
         (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None.
         `profile` (enable_node_profiling): its inferences record each op (`profile`)."""
         self.ensure_ready()
-        parsed = self._read_neff(neff)
+        parsed: Neff | None = None
+        try:
+            parsed = self._read_neff(neff)
+            return self._load(parsed, ncg_id, timeout_s, ninfer, session_id, profile)
+        finally:
+            if parsed is not None:
+                self._settle(parsed.buffer)
+            elif isinstance(neff, memoryview):
+                self._settle(neff)
+
+    def _load(
+        self,
+        parsed: Neff,
+        ncg_id: int | None,
+        timeout_s: float | None,
+        ninfer: int | None,
+        session_id: int,
+        profile: bool,
+    ) -> ModelInfo:
         params = self.params(timeout_s=timeout_s, ninfer=ninfer, profile=profile)
         began = time.monotonic()
         with self._lock:
