@@ -205,12 +205,13 @@ class Daemon:
             ],
         )
         if self.listener and config.shmem_enabled:
-            self.shm_socket = ShmSocket(
-                runtime,
-                self.listener.shm_socket_path,
-                mode=config.socket_mode,
-                gid=self.listener.gid(),
-            )
+            path = self.listener.shm_socket_path
+            try:
+                self.shm_socket = ShmSocket(
+                    runtime, path, mode=config.socket_mode, gid=self.listener.gid()
+                )
+            except OSError as exc:
+                raise AddressError(f"cannot listen on {path}: {exc.strerror}") from None
         sessions, health = add_servicers(
             server,
             runtime,
