@@ -1,14 +1,17 @@
 """TFRecord framing: round trips, files from an independent writer (the `tfrecord`
 package, test data only), corruption at random offsets in fail and skip modes, truncation,
-GZIP and ZLIB, resuming at an offset, and the index."""
+GZIP and ZLIB, resuming at an offset, the index, and records over the size limit refused
+before they are read."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import json
+import struct
+import tracemalloc
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fsspec
@@ -41,12 +44,16 @@ from neuron_rtd.tools.stream.sources import (
     shard_records,
 )
 from neuron_rtd.tools.stream.tfrecord import (
+    MAX_RECORD_BYTES,
     CorruptRecord,
+    OnCorrupt,
     ReadStats,
     Record,
+    RecordTooLarge,
     Writer,
     build_index,
     frame,
+    is_whole,
     masked_crc,
     read_file,
     read_index,
@@ -183,6 +190,96 @@ def test_a_broken_compressed_stream_is_corrupt_in_both_modes(tmp_path: Path, nam
             assert record.data in got  # a record of the file, after the one before it
         assert stats.skipped >= 1
     assert "the compressed stream is corrupt" in stats.corrupt[-1][2]
+
+
+def header(length: int) -> bytes:
+    """A frame's header claiming `length` bytes of data, its CRC right."""
+    packed = struct.pack("<Q", length)
+    return packed + struct.pack("<I", masked_crc(packed))
+
+
+def peak_bytes_allocated(read: Callable[[], None]) -> int:
+    """The most memory Python held at once while `read()` ran, over what it held before."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        read()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip"])
+def test_a_record_over_the_limit_is_refused_before_it_is_read(
+    tmp_path: Path, mode: OnCorrupt
+) -> None:
+    """A small gzip shard whose one record claims 2 GiB (64 MiB of it there): refused from
+    its header, naming the shard, the offset and the size, in either mode, none of it
+    buffered (reading it whole first took a 2 GiB record's memory)."""
+    records = payloads(3, seed=9)
+    offset = sum(len(frame(r)) for r in records)
+    plain = b"".join(frame(r) for r in records) + header(2 << 30) + bytes(64 << 20)
+    shard = tmp_path / "huge.tfrecord.gz"
+    shard.write_bytes(gzip.compress(plain, compresslevel=1))
+    assert shard.stat().st_size < 1 << 20
+    got: list[bytes] = []
+
+    def read() -> None:
+        with pytest.raises(RecordTooLarge) as caught:
+            got.extend(r.data for r in shard_records(Shard(str(shard)), on_corrupt=mode))
+        assert str(caught.value) == (
+            f"{shard}: the record at offset {offset} is 2147483648 bytes (2048 MiB), over the "
+            "limit of 256 MiB: refused unread"
+        )
+
+    assert peak_bytes_allocated(read) < 4 << 20
+    assert got == records  # the records before it are given
+    assert MAX_RECORD_BYTES == 256 << 20
+
+
+def test_the_record_limit_is_the_caller_s(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.tfrecord", [b"x" * 2000])
+    with pytest.raises(RecordTooLarge, match="at offset 0 is 2000 bytes"):
+        list(read_file(path, max_record_bytes=1999))
+    assert [len(r.data) for r in read_file(path, max_record_bytes=2000)] == [2000]
+
+
+def test_a_frame_claiming_more_than_the_file_holds_costs_what_it_holds(tmp_path: Path) -> None:
+    """Under the limit, a record's data is read a chunk at a time: a header claiming 200 MiB
+    in a file of 1 MiB holds 1 MiB, not 200, before the file is found cut short."""
+    path = tmp_path / "cut.tfrecord"
+    path.write_bytes(header(200 << 20) + bytes(1 << 20))
+
+    def read() -> None:
+        with pytest.raises(CorruptRecord, match="ends inside a record of 209715200 bytes"):
+            list(read_file(path))
+
+    assert peak_bytes_allocated(read) < 4 << 20
+
+
+def test_a_record_of_many_chunks_is_crc_checked_whole(tmp_path: Path) -> None:
+    """The CRC summed chunk by chunk is the record's: a byte changed in its last chunk is
+    caught, and the record read back is the one written."""
+    data = np.random.default_rng(10).bytes((3 << 20) + 7)
+    path = write(tmp_path / "big.tfrecord", [data, b"after"])
+    assert [r.data for r in read_file(path)] == [data, b"after"]
+    broken = bytearray(path.read_bytes())
+    broken[12 + len(data) - 2] ^= 1
+    path.write_bytes(broken)
+    with pytest.raises(CorruptRecord, match="at offset 0: the data's CRC does not match"):
+        list(read_file(path))
+
+
+def test_a_whole_file_is_told_from_one_cut_short_without_reading_its_data(
+    tmp_path: Path,
+) -> None:
+    data = write(tmp_path / "a.tfrecord", payloads(20, seed=11)).read_bytes()
+    assert is_whole(tmp_path / "a.tfrecord")
+    assert is_whole(write(tmp_path / "empty.tfrecord", []))
+    for broken in (data[:-1], data[: len(data) // 2], data + b"\0", data[:5]):
+        (tmp_path / "b.tfrecord").write_bytes(broken)
+        assert not is_whole(tmp_path / "b.tfrecord")
 
 
 def test_a_malformed_index_names_its_line(tmp_path: Path) -> None:

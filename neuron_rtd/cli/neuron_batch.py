@@ -24,16 +24,18 @@ from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import read_neff
 from neuron_rtd.tools.stream.features import DecodeError, SpecMismatch, check_specs, parse_feature
-from neuron_rtd.tools.stream.pipeline import Options, Pipeline
-from neuron_rtd.tools.stream.sources import expand, read_manifest
-from neuron_rtd.tools.stream.tfrecord import CorruptRecord
+from neuron_rtd.tools.stream.output_folder import UnsafeOutput, prepare
+from neuron_rtd.tools.stream.pipeline import BadCheckpoint, Options, Pipeline
+from neuron_rtd.tools.stream.sources import expand, read_manifest, redact
+from neuron_rtd.tools.stream.tfrecord import CorruptRecord, RecordTooLarge
 
 PROG = "neuron-batch"
 EXIT_CODES = (
     "Exit codes: 0 every record answered (or skipped under --on-corrupt skip); 1 the data, "
-    "the storage or the daemon failed the run (a corrupt record under fail: which and where); "
-    "2 a usage error (also a --feature or --batch the model does not take); 130 or 143 "
-    "stopped by Ctrl-C or SIGTERM (--resume goes on)."
+    "the storage or the daemon failed the run (a corrupt record under fail: which and where; "
+    "a record over --max-record-mb); 2 a usage error (also a --feature or --batch the model "
+    "does not take, an --output folder refused, a checkpoint --resume cannot read); 130 or "
+    "143 stopped by Ctrl-C or SIGTERM (--resume goes on)."
 )
 
 
@@ -76,8 +78,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Stream TFRecord shards (local paths, globs or fsspec URLs such as "
-        "s3://) through a model loaded on M NeuronCore Groups of the daemon, and write the "
-        "outputs in order, each with its input record's key. A run is resumable.",
+        "s3:// or https://) through a model loaded on M NeuronCore Groups of the daemon, and "
+        "write the outputs in order, each with its input record's key. A run is resumable.",
         epilog=EXIT_CODES,
         formatter_class=PlainHelp,
     )
@@ -105,7 +107,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME:DTYPE:D0,D1,...[:raw|list|image]",
         help="an Example feature to a model input of one record's shape (repeatable)",
     )
-    p.add_argument("--output", required=True, type=Path, help="the directory of the outputs")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="the folder of the outputs: made (0755 at most) if it is not there; one another "
+        "user owns, or others than its owner may write in, is refused",
+    )
     p.add_argument(
         "--format",
         choices=("tfrecord", "npy"),
@@ -149,7 +157,19 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long one batch's inference may take (default 60)",
     )
-    p.add_argument("--resume", action="store_true", help="skip the shards a killed run finished")
+    p.add_argument(
+        "--max-record-mb",
+        type=_positive,
+        default=256,
+        metavar="MIB",
+        help="a record longer than this is refused (exit 1) from its header, before it is read "
+        "(default 256)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the shards a killed run finished (one whose output is missing is done again)",
+    )
     p.add_argument("--json", action="store_true", help="progress as JSON lines on stdout")
     p.add_argument(
         "-a",
@@ -161,38 +181,43 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+
+    def error(text: str) -> None:
+        """An error line on stderr, with no credentials of any URL in it."""
+        print(f"{PROG}: error: {redact(text, *args.input)}", file=sys.stderr)
+
     if not Path(args.neff).is_file():
         what = "not a file" if Path(args.neff).exists() else "no such file"
-        print(f"{PROG}: error: --neff {args.neff}: {what}", file=sys.stderr)
+        error(f"--neff {args.neff}: {what}")
         return 2
     try:
         neff = read_neff(Path(args.neff).read_bytes())
     except (NrtError, OSError, ValueError) as exc:
-        print(f"{PROG}: error: --neff {args.neff}: {exc}", file=sys.stderr)
+        error(f"--neff {args.neff}: {exc}")
         return 2
     try:  # now, before the inputs are looked for (the run checks it again, for the API)
         check_specs(args.feature, neff.inputs, args.batch)
     except SpecMismatch as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     if bool(args.input) == (args.manifest is not None):
-        print(f"{PROG}: error: give --input (one or more) or --manifest", file=sys.stderr)
+        error("give --input (one or more) or --manifest")
         return 2
     try:
         shards = expand(args.input) if args.input else []
         if args.manifest is not None:
             read_manifest(args.manifest)  # checked now, read again during the run
     except (ValueError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     try:
-        args.output.mkdir(parents=True, exist_ok=True)
+        prepare(args.output)
+    except UnsafeOutput as exc:
+        error(f"--output {exc}")
+        return 2
     except OSError as exc:
         why = "a file is there" if args.output.is_file() else exc.strerror
-        print(
-            f"{PROG}: error: --output {args.output}: cannot make the folder ({why})",
-            file=sys.stderr,
-        )
+        error(f"--output {args.output}: cannot make the folder ({why})")
         return 2
     options = Options(
         neff=neff,
@@ -212,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         manifest=args.manifest,
         decode_workers=max(0, args.decode_workers),
+        max_record_bytes=args.max_record_mb << 20,
     )
 
     console = Console(stderr=True)
@@ -244,14 +270,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + by
+    except (UnsafeOutput, BadCheckpoint) as exc:
+        error(str(exc))
+        return 2
+    except RecordTooLarge as exc:
+        error(f"{exc} (--max-record-mb raises the limit)")
+        return 1
     except (CorruptRecord, DecodeError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 1
     except NrtClientError as exc:
-        print(f"{PROG}: error: the daemon: {exc}", file=sys.stderr)
+        error(f"the daemon: {exc}")
         return 1
     except (NrtError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 1
     if not args.json:
         figures = totals.snapshot()

@@ -5,10 +5,12 @@ read its records (the storage), and decode them by the feature specs, a batch at
 straight into the shared memory of the least busy of the M copies of the model (data
 parallel, `ninfer` in flight on each), which it is sent from with no copy. The unit's
 outputs are written in the order of its records, to a file named after the unit, under a
-temporary name renamed into place when the unit is whole. Then the unit is recorded done in
-the checkpoint (`.checkpoint.json`, replaced atomically): a run started again with `resume`
-skips the units done, so that no output is missing and none is written twice, whatever
-point the run was killed at.
+temporary name renamed into place when the unit is whole (`output_folder`: a folder of the
+run's own, temporaries no planted link can redirect). Then the unit is recorded
+done in the checkpoint (`.checkpoint.json`, replaced atomically): a run started again with
+`resume` skips the units done whose output is there and whole (one missing or cut short is
+done again), so that no output is missing and none is written twice, whatever point the
+run was killed at.
 
 Time is accounted as the channels see it: waiting on the storage (reading records) or on
 the NCs (waiting for a batch's answer); `Totals` reports it with records/s, MB/s, and how
@@ -24,12 +26,12 @@ import itertools
 import json
 import logging
 import multiprocessing
-import os
 import threading
 import time
+import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -47,15 +49,24 @@ from neuron_rtd.tools.stream.features import (
     decode_batch,
     output_examples,
 )
+from neuron_rtd.tools.stream.output_folder import Temporary, prepare, remove_leftovers, write_whole
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     ManifestWeights,
     Shard,
     epoch_order,
     read_manifest,
+    redact,
     shard_records,
 )
-from neuron_rtd.tools.stream.tfrecord import OnCorrupt, ReadStats, Record, Writer
+from neuron_rtd.tools.stream.tfrecord import (
+    MAX_RECORD_BYTES,
+    OnCorrupt,
+    ReadStats,
+    Record,
+    Writer,
+    is_whole,
+)
 
 log = logging.getLogger("neuron_rtd.stream")
 
@@ -71,14 +82,19 @@ class Unit:
 
     @property
     def name(self) -> str:
-        """Stable across runs: the epoch and the shard's URL (or the chunk's index)."""
+        """Stable across runs: the epoch and the shard's URL without its credentials (or
+        the chunk's index)."""
         if self.shard is None:
             return f"e{self.epoch:03d}-mix-{self.chunk:05d}"
-        digest = hashlib.sha1(self.shard.url.encode()).hexdigest()[:8]
-        base = Path(self.shard.url.split("://", 1)[-1]).name
+        url = redact(self.shard.url)
+        digest = hashlib.sha1(url.encode()).hexdigest()[:8]
+        base = Path(url.split("://", 1)[-1]).name
         for suffix in (".gz", ".zz", ".zlib", ".tfrecord", ".tfrecords"):
             base = base.removesuffix(suffix)
         return f"e{self.epoch:03d}-{digest}-{base}"
+
+    def output_name(self, fmt: OutputFormat) -> str:
+        return f"{self.name}{'.tfrecord' if fmt == 'tfrecord' else '.npz'}"
 
 
 @dataclass
@@ -103,6 +119,7 @@ class Options:
     # two to start and a pickle of every batch: on 2 cores, a third slower for PNG images.
     decode_workers: int = 0
     chunk_records: int = 256  # records a unit of a manifest's interleave
+    max_record_bytes: int = MAX_RECORD_BYTES  # a longer record is refused unread
 
 
 def host_busy_cpu_s() -> float:
@@ -162,40 +179,86 @@ class Totals:
             }
 
 
+class BadCheckpoint(ValueError):
+    """A checkpoint a run cannot resume from: which file, and what is wrong with it."""
+
+
 class Checkpoint:
     """The units done, in `output/.checkpoint.json`, each write atomic."""
 
     def __init__(self, output: Path, *, resume: bool) -> None:
+        self.folder = output
         self.path = output / CHECKPOINT
         self._lock = threading.Lock()
         self.done: set[str] = set()
         # a manifest run's weights, per epoch, as its interleave read them: replayed
         self.weights: dict[str, list[dict[str, float]]] = {}
         if resume and self.path.exists():
-            saved = json.loads(self.path.read_text())
-            self.done = set(saved["done"])
-            self.weights = saved.get("weights", {})
+            self.done, self.weights = _read_checkpoint(self.path)
 
     def mark(self, unit: Unit, weights: list[dict[str, float]] | None = None) -> None:
         with self._lock:
             self.done.add(unit.name)
             if weights is not None:
                 self.weights[str(unit.epoch)] = weights
-            temporary = self.path.with_suffix(".tmp")
             saved = {"done": sorted(self.done), "weights": self.weights}
-            temporary.write_text(json.dumps(saved))
-            os.replace(temporary, self.path)
+            write_whole(self.folder, CHECKPOINT, json.dumps(saved).encode())
+
+
+def _read_checkpoint(path: Path) -> tuple[set[str], dict[str, list[dict[str, float]]]]:
+    """The units done and the weights a checkpoint file holds; BadCheckpoint for one that
+    cannot be read, or is not what `Checkpoint.mark` writes."""
+
+    def bad(why: str) -> BadCheckpoint:
+        return BadCheckpoint(f"{path}: cannot resume from it ({why}); remove it to start over")
+
+    try:
+        saved = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise bad(exc.strerror or type(exc).__name__) from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise bad(f"not JSON: {' '.join(str(exc).split())}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("done"), list):
+        raise bad('expected {"done": [UNIT, ...], "weights": {...}}')
+    done, weights = saved["done"], saved.get("weights", {})
+    if not all(isinstance(name, str) for name in done):
+        raise bad('"done" must list unit names (strings)')
+    if not isinstance(weights, dict) or not all(
+        isinstance(turns, list) and all(_is_weights(turn) for turn in turns)
+        for turns in weights.values()
+    ):
+        raise bad('"weights" must map each epoch to a list of {CLASS: WEIGHT}')
+    return set(done), weights
+
+
+def _is_weights(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(weight, int | float) and not isinstance(weight, bool)
+        for weight in value.values()
+    )
+
+
+def _is_written(path: Path, fmt: OutputFormat) -> bool:
+    """Whether a unit's output is there and whole, as far as a cheap look tells: a
+    TFRecord file's frames end where it does; an npz's zip directory (at its end) reads."""
+    try:
+        if fmt == "tfrecord":
+            return is_whole(path)
+        with zipfile.ZipFile(path):
+            return True
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 class _Outputs:
     """One unit's outputs, written in order under a temporary name."""
 
     def __init__(self, output: Path, unit: Unit, fmt: OutputFormat) -> None:
-        suffix = ".tfrecord" if fmt == "tfrecord" else ".npz"
-        self.final = output / f"{unit.name}{suffix}"
-        self.temporary = output / f".{unit.name}{suffix}.partial"
+        self.temporary = Temporary(output, unit.output_name(fmt))
         self.fmt = fmt
-        self._writer = Writer(self.temporary) if fmt == "tfrecord" else None
+        self._writer = (
+            Writer(self.temporary.path, self.temporary.file) if fmt == "tfrecord" else None
+        )
         self._keys: list[str] = []
         self._arrays: dict[str, list[np.ndarray]] = {}
 
@@ -216,15 +279,13 @@ class _Outputs:
                 name: np.stack(rows) for name, rows in self._arrays.items()
             }
             arrays["keys"] = np.array(self._keys)
-            with open(self.temporary, "wb") as file:
-                np.savez(file, **arrays)  # type: ignore[arg-type]
-        os.replace(self.temporary, self.final)
+            np.savez(self.temporary.file, **arrays)  # type: ignore[arg-type]
+        self.temporary.commit()
 
     def abandon(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.temporary.unlink()
+        self.temporary.discard()
 
 
 class Pipeline:
@@ -253,7 +314,8 @@ class Pipeline:
         o = self.options
         neff = o.neff if isinstance(o.neff, Neff) else read_neff(Path(o.neff).read_bytes())
         batch = check_specs(o.features, neff.inputs, o.batch)  # before the daemon is asked
-        o.output.mkdir(parents=True, exist_ok=True)
+        prepare(o.output)
+        remove_leftovers(o.output)
         checkpoint = Checkpoint(o.output, resume=o.resume)
         with contextlib.ExitStack() as stack:
             if o.decode_workers > 0:  # spawned: forking a process with gRPC threads is unsafe
@@ -294,7 +356,7 @@ class Pipeline:
         `_failed` and stops them all."""
         o = self.options
         units = self.units()
-        todo = [u for u in units if u.name not in checkpoint.done]
+        todo = [u for u in units if not self._done_before(u, checkpoint)]
         self.totals.units_skipped = len(units) - len(todo)
         pending: deque[Unit] = deque(todo)
         lock = threading.Lock()
@@ -312,14 +374,19 @@ class Pipeline:
                     return
 
         channels = ThreadPoolExecutor(o.channels, thread_name_prefix="channel")
+        running: list[Future[None]] = []
         try:
-            for _ in range(o.channels):
-                channels.submit(channel)
-            channels.shutdown(wait=True)
+            running = [channels.submit(channel) for _ in range(o.channels)]
+            wait(running)
         except BaseException:  # KeyboardInterrupt: each channel leaves its unit undone
             self._stop.set()
-            channels.shutdown(wait=True)
+            # waited for by their futures: a Thread.join that Ctrl-C interrupted may take a
+            # running thread for stopped (Python 3.11), and the process would end under it,
+            # its temporaries left
+            wait(running)
             raise
+        finally:
+            channels.shutdown(wait=True)
 
     def _fail(self, exc: BaseException) -> None:
         """The run's first failure, kept to be raised; every channel stops."""
@@ -369,16 +436,33 @@ class Pipeline:
                 if not part:
                     break
                 unit = Unit(epoch, None, chunk)
-                if unit.name in checkpoint.done:
+                if self._done_before(unit, checkpoint):
                     self.totals.units_skipped += 1
                     continue
                 self._unit(unit, iter(part), copies, batch, checkpoint, mixed.history)
+
+    def _done_before(self, unit: Unit, checkpoint: Checkpoint) -> bool:
+        """Whether an earlier run did `unit`: the checkpoint says so, and its output is
+        there and whole (else it is done again, with a warning)."""
+        if unit.name not in checkpoint.done:
+            return False
+        output = self.options.output / unit.output_name(self.options.format)
+        if _is_written(output, self.options.format):
+            return True
+        log.warning(
+            "%s: done by an earlier run, but its output %s is missing or cut short: done again",
+            unit.name,
+            output,
+        )
+        return False
 
     def _class_records(self, shards: Sequence[Shard], epoch: int) -> Iterator[Record]:
         o = self.options
         stats = ReadStats()
         for shard in epoch_order(shards, o.shuffle, epoch):
-            yield from shard_records(shard, on_corrupt=o.on_corrupt, stats=stats)
+            yield from shard_records(
+                shard, on_corrupt=o.on_corrupt, stats=stats, max_record_bytes=o.max_record_bytes
+            )
             with self.totals.lock:
                 self.totals.skipped += stats.skipped
             stats = ReadStats()
@@ -400,7 +484,12 @@ class Pipeline:
         stats = ReadStats()
         if records is None:
             assert unit.shard is not None
-            records = shard_records(unit.shard, on_corrupt=o.on_corrupt, stats=stats)
+            records = shard_records(
+                unit.shard,
+                on_corrupt=o.on_corrupt,
+                stats=stats,
+                max_record_bytes=o.max_record_bytes,
+            )
         try:
             for keys, count, fill in self._batches(unit, records, batch):
                 if self._stop.is_set():

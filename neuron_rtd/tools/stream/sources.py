@@ -3,7 +3,10 @@ requests with read-ahead (a shard is never downloaded whole first), in an order 
 per epoch, and classes of shards interleaved by weights that may change during a run.
 
 - `expand(inputs)`: local paths and globs (`data/*.tfrecord`), and any fsspec URL
-  (`s3://bucket/train-*.tfrecord` through s3fs, `memory://...`); sorted, each a `Shard`.
+  (`s3://bucket/train-*.tfrecord` through s3fs, `http(s)://host/train-*.tfrecord`,
+  `memory://...`); sorted, each a `Shard`.
+- `redact(text, *urls)`: the credentials of URLs hidden, in all that is said of them (errors,
+  logs, the keys written in the outputs).
 - `shard_records(shard, ...)`: a shard's records (GZIP/ZLIB by its name), from an offset.
 - `epoch_order(shards, seed, epoch)`: the shards of one epoch, shuffled with `seed` and
   the epoch number (the same order for the same run), or as given with no seed.
@@ -21,18 +24,22 @@ import glob
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+from urllib.parse import unquote
 
 import fsspec
 
 from neuron_rtd.tools.stream.tfrecord import (
+    MAX_RECORD_BYTES,
     CorruptRecord,
     OnCorrupt,
     ReadStats,
     Record,
+    RecordTooLarge,
     guess_compression,
     read_raw,
 )
@@ -52,12 +59,41 @@ def _is_url(text: str) -> bool:
     return "://" in text
 
 
+# a URL's scheme, then its user info: up to an @ before the host's end (RFC 3986: no /, ?
+# or # in it unencoded), so that a record's key (`s3://b/x.tfrecord@120`) is no match
+_USER_INFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^\s/?#@]*)@")
+
+
+def redact(text: str, *urls: str) -> str:
+    """`text` with the credentials of URLs hidden: any URL's user info in it
+    (`s3://KEY:SECRET@b/x` -> `s3://***@b/x`), and that of each of `urls` wherever else it
+    appears (an error quoting the URL in a shape of its own, as botocore's `Invalid bucket
+    name "KEY:SECRET@b"`). Whatever neuron-batch says or writes of a URL goes through it."""
+    for url in urls:
+        for secret in _secrets(url):
+            text = text.replace(secret, "***")
+    return _USER_INFO.sub(r"\g<scheme>***@", text)
+
+
+def _secrets(url: str) -> list[str]:
+    """A URL's user info, and its password, as written and decoded; longest first."""
+    found = _USER_INFO.match(url)
+    if found is None:
+        return []
+    info = found["info"]
+    password = info.partition(":")[2]
+    secrets = {info, password, unquote(info), unquote(password)} - {""}
+    return sorted(secrets, key=len, reverse=True)
+
+
 class StorageError(OSError):
     """What the storage failed to give: which shard or input, and why."""
 
 
 def _why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """What went wrong, on one line."""
+    said = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 def _is_file(fs: fsspec.AbstractFileSystem, path: str) -> bool:
@@ -77,17 +113,23 @@ def expand(inputs: Sequence[str], label: str = "", where: str = "--input") -> li
             try:
                 fs, _, paths = fsspec.get_fs_token_paths(text)
                 protocol = text.split("://", 1)[0]
-                found = sorted(f"{protocol}://{p}" for p in paths if _is_file(fs, p))
+                found = sorted(_with_scheme(p, protocol) for p in paths if _is_file(fs, p))
             except Exception as exc:  # the store's own errors, botocore's and the like
-                raise StorageError(f"{where} {text}: {_why(exc)}") from None
+                raise StorageError(redact(f"{where} {text}: {_why(exc)}", text)) from None
         elif glob.has_magic(text):
             found = sorted(p for p in glob.glob(text) if Path(p).is_file())
         else:
             found = [text] if Path(text).is_file() else []
         if not found:
-            raise ValueError(f"{where} {text}: no file there")
+            raise ValueError(redact(f"{where} {text}: no file there", text))
         shards.extend(Shard(url, label) for url in found)
     return shards
+
+
+def _with_scheme(path: str, protocol: str) -> str:
+    """A path an fsspec store found, as a URL: most stores give theirs without the scheme
+    (`bucket/key`), http's with it."""
+    return path if _is_url(path) else f"{protocol}://{path}"
 
 
 def open_shard(shard: Shard, read_ahead: int = READ_AHEAD_BYTES) -> IO[bytes]:
@@ -107,23 +149,26 @@ def shard_records(
     stats: ReadStats | None = None,
     start: int = 0,
     read_ahead: int = READ_AHEAD_BYTES,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Record]:
-    """The records of one shard, from uncompressed offset `start` on. What the storage
-    fails (a file gone, a server that stops answering) is a StorageError naming the shard."""
+    """The records of one shard, from uncompressed offset `start` on, named by its URL
+    with no credentials. What the storage fails (a file gone, a server that stops
+    answering) is a StorageError naming the shard."""
     try:
         with open_shard(shard, read_ahead) as raw:
             yield from read_raw(
                 raw,
-                shard.url,
+                redact(shard.url),
                 guess_compression(shard.url),
                 on_corrupt=on_corrupt,
                 stats=stats,
                 start=start,
+                max_record_bytes=max_record_bytes,
             )
-    except (CorruptRecord, StorageError):
+    except (CorruptRecord, RecordTooLarge, StorageError):
         raise
     except Exception as exc:  # the storage's own errors: OSError, botocore's, aiohttp's...
-        raise StorageError(f"{shard.url}: {_why(exc)}") from exc
+        raise StorageError(redact(f"{shard.url}: {_why(exc)}", shard.url)) from None
 
 
 def epoch_order(shards: Sequence[Shard], seed: int | None, epoch: int) -> list[Shard]:

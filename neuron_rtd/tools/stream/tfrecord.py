@@ -10,7 +10,11 @@ Files may be compressed whole with GZIP or ZLIB (`compression`, or guessed from 
 .gz, .zz/.zlib). A corrupt record (a CRC that does not match, a frame cut short) is never
 passed on silently: under `on_corrupt="fail"` it raises CorruptRecord naming the file and
 offset; under "skip" it is counted in `ReadStats` and logged, and reading goes on (after a
-bad length, by finding the next frame whose length CRC holds). Offsets are those of the
+bad length, by finding the next frame whose length CRC holds). A record longer than
+`max_record_bytes` (256 MiB unless told) is refused from its header, before any of it is
+read (RecordTooLarge, in either mode); one within it is read, and its CRC summed, a chunk
+at a time, so that a frame claiming more than the stream holds costs only what it holds.
+Offsets are those of the
 uncompressed stream, so that an index of them (`build_index`, or the `.index` file the
 `tfrecord` package's tfrecord2idx writes: "offset length" per line) serves to resume and to
 shard.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -38,12 +43,16 @@ OnCorrupt = Literal["fail", "skip"]
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 _FOOTER = struct.Struct("<I")  # masked CRC of the data
 _MASK_DELTA = 0xA282EAD8
-MAX_RECORD_BYTES = 1 << 31  # a larger length is corruption, not a record to allocate
+MAX_RECORD_BYTES = 256 << 20  # the default limit of one record's length
+_CHUNK = 1 << 20  # a record's data is read (and its CRC summed) this much at a time
+
+
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def masked_crc(data: bytes | memoryview) -> int:
-    crc = crc32c.crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return _mask(crc32c.crc32c(data))
 
 
 class CorruptRecord(Exception):
@@ -54,6 +63,24 @@ class CorruptRecord(Exception):
         self.offset = offset
         self.why = why
         super().__init__(f"{path}: corrupt record at offset {offset}: {why}")
+
+
+class RecordTooLarge(Exception):
+    """A record whose header says it is longer than the limit: refused unread."""
+
+    def __init__(self, path: str, offset: int, length: int, limit: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.length = length
+        self.limit = limit
+        super().__init__(
+            f"{path}: the record at offset {offset} is {length} bytes ({_mib(length)}), "
+            f"over the limit of {_mib(limit)}: refused unread"
+        )
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.{0 if count % (1 << 20) == 0 else 1}f} MiB"
 
 
 @dataclass(frozen=True)
@@ -165,9 +192,11 @@ def read_records(
     stats: ReadStats | None = None,
     start: int = 0,
     read_to_start: bool = False,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Record]:
     """The records of an uncompressed TFRecord `stream`, positioned at offset `start` (or
-    with `read_to_start`, at 0 and read up to it: a decompressed stream cannot seek)."""
+    with `read_to_start`, at 0 and read up to it: a decompressed stream cannot seek); one
+    longer than `max_record_bytes` is RecordTooLarge."""
     stats = stats if stats is not None else ReadStats()
     cursor = _Cursor(stream, 0 if read_to_start else start)
 
@@ -193,19 +222,21 @@ def read_records(
                 )
                 return
             length, length_crc = _HEADER.unpack(header)
-            if masked_crc(header[:8]) != length_crc or length > MAX_RECORD_BYTES:
+            if masked_crc(header[:8]) != length_crc:
                 corrupt(offset, "the length's CRC does not match")
                 # skip: look for the next frame whose length CRC holds, one byte further on
                 cursor.unread(header[1:])
-                if not _resync(cursor):
+                if not _resync(cursor, max_record_bytes):
                     return
                 continue
-            data = cursor.read(length)
+            if length > max_record_bytes:
+                raise RecordTooLarge(path, offset, length, max_record_bytes)
+            data, crc = _read_data(cursor, length)
             footer = cursor.read(_FOOTER.size)
             if len(data) < length or len(footer) < _FOOTER.size:
                 corrupt(offset, f"the file ends inside a record of {length} bytes")
                 return
-            if masked_crc(data) != _FOOTER.unpack(footer)[0]:
+            if _mask(crc) != _FOOTER.unpack(footer)[0]:
                 corrupt(offset, "the data's CRC does not match")
                 continue
             stats.records += 1
@@ -215,13 +246,32 @@ def read_records(
         corrupt(offset, f"the compressed stream is corrupt ({exc}); the rest of the file is lost")
 
 
-def _resync(cursor: _Cursor) -> bool:
+def _read_data(cursor: _Cursor, length: int) -> tuple[bytes, int]:
+    """Up to `length` bytes (fewer: the stream ended) and their CRC32C, read and summed a
+    chunk at a time: what is held is what the stream gave, never what the header claims."""
+    if length <= _CHUNK:
+        data = cursor.read(length)
+        return data, crc32c.crc32c(data)
+    chunks: list[bytes] = []
+    crc = 0
+    left = length
+    while left:
+        chunk = cursor.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        crc = crc32c.crc32c(chunk, crc)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks), crc
+
+
+def _resync(cursor: _Cursor, max_record_bytes: int) -> bool:
     """Advance `cursor` to the next offset that starts a plausible frame header; False at
     the end of the stream."""
     window = cursor.read(_HEADER.size)
     while len(window) == _HEADER.size:
         length, length_crc = _HEADER.unpack(window)
-        if length <= MAX_RECORD_BYTES and masked_crc(window[:8]) == length_crc:
+        if length <= max_record_bytes and masked_crc(window[:8]) == length_crc:
             cursor.unread(window)
             return True
         window = window[1:] + cursor.read(1)
@@ -235,12 +285,21 @@ def read_file(
     on_corrupt: OnCorrupt = "fail",
     stats: ReadStats | None = None,
     start: int = 0,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Record]:
     """The records of a local TFRecord file, from uncompressed offset `start` on."""
     name = str(path)
     with open(name, "rb") as raw:
         kind = compression or guess_compression(name)
-        yield from read_raw(raw, name, kind, on_corrupt=on_corrupt, stats=stats, start=start)
+        yield from read_raw(
+            raw,
+            name,
+            kind,
+            on_corrupt=on_corrupt,
+            stats=stats,
+            start=start,
+            max_record_bytes=max_record_bytes,
+        )
 
 
 def read_raw(
@@ -251,6 +310,7 @@ def read_raw(
     on_corrupt: OnCorrupt = "fail",
     stats: ReadStats | None = None,
     start: int = 0,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Record]:
     """The records of a TFRecord file opened as `raw` (named `path` in what is said of
     them), compressed or not, from uncompressed offset `start` on."""
@@ -259,7 +319,13 @@ def read_raw(
     if start and not compressed:
         stream.seek(start)
     yield from read_records(
-        stream, path, on_corrupt=on_corrupt, stats=stats, start=start, read_to_start=compressed
+        stream,
+        path,
+        on_corrupt=on_corrupt,
+        stats=stats,
+        start=start,
+        read_to_start=compressed,
+        max_record_bytes=max_record_bytes,
     )
 
 
@@ -270,11 +336,12 @@ def frame(data: bytes) -> bytes:
 
 
 class Writer:
-    """Writes records to a TFRecord file (GZIP when the name ends in .gz)."""
+    """Writes records to a TFRecord file (GZIP when the name ends in .gz): `file`, opened
+    already (and closed by `close`), or else `path` opened."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, file: IO[bytes] | None = None) -> None:
         self.path = str(path)
-        raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        raw = file if file is not None else open(self.path, "wb")  # noqa: SIM115 - close()
         self._file: IO[bytes] = raw
         if guess_compression(self.path) == "gzip":
             self._file = gzip.GzipFile(fileobj=raw, mode="wb")  # type: ignore[assignment]
@@ -305,6 +372,25 @@ def build_index(
         (record.offset, _HEADER.size + len(record.data) + _FOOTER.size)
         for record in read_file(path, compression=compression)
     ]
+
+
+def is_whole(path: str | Path) -> bool:
+    """Whether an uncompressed TFRecord file is whole as far as its frames tell, its data
+    unread: each length's CRC holds and the last frame ends where the file does (a file
+    cut short, or padded, is not). A cheap look: a seek and 12 bytes a record."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        offset = 0
+        while offset < size:
+            file.seek(offset)
+            header = file.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return False
+            length, length_crc = _HEADER.unpack(header)
+            if masked_crc(header[:8]) != length_crc:
+                return False
+            offset += _HEADER.size + length + _FOOTER.size
+        return offset == size
 
 
 def read_index(path: str | Path) -> list[tuple[int, int]]:
