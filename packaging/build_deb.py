@@ -4,12 +4,19 @@ What it holds:
 - the project and its dependencies in a virtual environment, /opt/neuron-rtd, built in a
   staging directory and then made to name /opt/neuron-rtd (shebangs, pyvenv.cfg);
 - every console command of pyproject.toml linked into /usr/bin;
-- the systemd units in /lib/systemd/system, with a drop-in running the daemon with group
-  `neuron`, so that the simulated machine's tree it makes is readable by that group;
+- the systemd units in /lib/systemd/system: the daemon runs as its own user `neuron-rtd`,
+  in the group `neuron`, with no capabilities;
+- that user and group (/usr/lib/sysusers.d/neuron-rtd.conf), and the daemon's folder in
+  /run with the links /run/neuron.sock and /run/neuron-sim into it
+  (/usr/lib/tmpfiles.d/neuron-rtd.conf);
 - the config in /etc/neuron-rtd (conffiles), the packaged one with `socket_group: neuron`
   and mode 0660: members of `neuron` connect without root;
-- maintainer scripts (packaging/debian/): the group made by postinst, the service enabled
-  and started where systemd runs, and remove/purge that leave nothing behind.
+- maintainer scripts (packaging/debian/): the user, group and /run made by postinst (with
+  groupadd/useradd where there is no systemd-sysusers), the service enabled and started
+  where systemd runs, and remove/purge that leave nothing behind.
+
+Every file and folder has the mode it is given here (0644/0755), whatever the builder's
+umask: the umask is set to 022 before anything is laid out.
 
     python packaging/build_deb.py [--out DIR] [--python PYTHON]
     python packaging/build_deb.py --install ROOT    (packaging/install.sh: no dpkg)
@@ -37,6 +44,9 @@ PACKAGING = ROOT / "packaging" / "debian"
 PREFIX = "/opt/neuron-rtd"
 GROUP = "neuron"
 UNIT_DIR = "lib/systemd/system"
+SYSUSERS = "usr/lib/sysusers.d/neuron-rtd.conf"
+TMPFILES = "usr/lib/tmpfiles.d/neuron-rtd.conf"
+UMASK = 0o022
 DEPENDS = "python3 (>= 3.11), libc6 (>= 2.28), libsystemd0, passwd"
 MAINTAINER = "neuron-rtd developers <dev@neuron-rtd.example.org>"
 
@@ -160,7 +170,8 @@ def lay_out(stage: Path, version: str) -> list[str]:
     units = stage / UNIT_DIR
     for unit in sorted((ROOT / "systemd").glob("*.service")):
         install_file(unit, units / unit.name)
-        install_file(PACKAGING / "group.conf", units / f"{unit.name}.d" / "group.conf")
+    install_file(PACKAGING / "sysusers.conf", stage / SYSUSERS)
+    install_file(PACKAGING / "tmpfiles.conf", stage / TMPFILES)
     conffiles = []
     etc = stage / "etc" / "neuron-rtd"
     for source in [
@@ -203,8 +214,9 @@ def control(stage: Path, version: str, arch: str, conffiles: list[str]) -> None:
         f"Description: Inferentia runtime daemon on a simulated machine\n"
         f" A Python re-implementation of the Inferentia runtime daemon, on a\n"
         f" simulated machine that really computes. It serves the Neuron runtime's\n"
-        f" gRPC API on /run/neuron.sock for members of the group neuron, with\n"
-        f" neuron-ls, neuron-cli, the compiler and the other tools.\n"
+        f" gRPC API on /run/neuron.sock for members of the group neuron, as its\n"
+        f" own unprivileged user, with neuron-ls, neuron-cli, the compiler and the\n"
+        f" other tools.\n"
     )
     (meta / "conffiles").write_text("".join(f"{path}\n" for path in conffiles))
     sums = []
@@ -218,6 +230,7 @@ def control(stage: Path, version: str, arch: str, conffiles: list[str]) -> None:
 
 
 def build(out: Path, python: str) -> Path:
+    os.umask(UMASK)  # before anything is made: the package's modes are not the builder's
     version = str(project()["version"])
     arch = subprocess.run(
         ["dpkg", "--print-architecture"], check=True, capture_output=True, text=True
@@ -231,7 +244,6 @@ def build(out: Path, python: str) -> Path:
         tidy(venv)
         conffiles = lay_out(stage, version)
         control(stage, version, arch, conffiles)
-        os.umask(0o022)
         run("dpkg-deb", "--root-owner-group", "-Zgzip", "--build", stage, deb)
     return deb
 
@@ -239,6 +251,7 @@ def build(out: Path, python: str) -> Path:
 def install(root: Path, python: str) -> None:
     """The package's tree laid out under `root` (packaging/install.sh), configured as the
     package's postinst does when `root` is /."""
+    os.umask(UMASK)
     root = root.resolve()
     shutil.rmtree(root / PREFIX.lstrip("/"), ignore_errors=True)  # a fresh environment
     venv = build_venv(root, python)

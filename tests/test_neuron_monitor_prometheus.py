@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from monitor_helpers import command, config, free_port, http_get, stop, wait_for
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuron_rtd.cli.neuron_monitor_prometheus import parse_args
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.client.observe import Watch
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.tools.monitor.config import everything
+from neuron_rtd.tools.monitor.exporter import DEFAULT_LISTEN_ADDRESS, MAX_CONNECTIONS, serve
 from neuron_rtd.tools.monitor.monitor import Monitor
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -233,3 +238,49 @@ def test_a_real_prometheus_scrapes_the_neuroncores(daemon: DaemonProcess, work: 
     assert series["metric"]["runtime_address"] == daemon.address
     assert series["metric"]["neuroncore"] == str(vnc)
     assert 0 < float(series["value"][1]) <= 1
+
+
+# --- the HTTP side: where it listens, and what idle connections cost ------------------
+
+
+def test_listens_on_loopback_unless_told() -> None:
+    assert parse_args([]).listen_address == DEFAULT_LISTEN_ADDRESS == "127.0.0.1"
+    assert parse_args(["--listen-address", "0.0.0.0"]).listen_address == "0.0.0.0"
+    server, _thread = serve(CollectorRegistry(), 0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_idle_connections_hold_no_thread_past_the_cap() -> None:
+    """500 connections that never send a request (half-open scrapes, a flood): at most
+    MAX_CONNECTIONS of them hold a thread, the rest are answered 503 at once, the held
+    ones are dropped after the read timeout, and a real scrape answers again."""
+    registry = CollectorRegistry()
+    Gauge("probe_value", "a probe", registry=registry).set(7)
+    before = threading.active_count()
+    server, _thread = serve(registry, 0, read_timeout_s=1.0)
+    port = server.server_address[1]
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(500):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        last = idle[-1]  # past the cap: refused at once
+        assert last.recv(64).startswith(b"HTTP/1.0 503"), "the 500th connection was served"
+        assert threading.active_count() <= before + 1 + MAX_CONNECTIONS
+        first = idle[0]  # held, silent: dropped after the read timeout
+        started = time.monotonic()
+        assert first.recv(64) == b""
+        assert time.monotonic() - started < 3
+        samples = wait_for(
+            lambda: scrape(port), "a scrape once the idle connections are dropped", timeout_s=10
+        )
+        assert samples[("probe_value", frozenset())] == 7
+        assert threading.active_count() <= before + 1 + MAX_CONNECTIONS
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()

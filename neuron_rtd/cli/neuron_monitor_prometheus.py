@@ -3,9 +3,12 @@ Prometheus metrics on http://HOST:PORT/metrics.
 
     neuron-monitor | neuron-monitor-prometheus --port 8000
 
-It serves until its input ends (or SIGINT, SIGTERM). A line that is not a report is told
-on stderr and skipped; so are the errors a report carries. Exit codes: 0 at the end of
-the input, 1 when the port cannot be served, 2 for usage errors.
+It listens on 127.0.0.1 unless told otherwise (--listen-address: a scrape shows socket
+paths, the host's name and counts), serves 64 connections at once (past them, 503) and
+drops a connection silent for 5 s. It serves until its input ends (or SIGINT,
+SIGTERM). A line that is not a report is told on stderr and skipped; so are the errors
+a report carries. Exit codes: 0 at the end of the input, 1 when the port cannot be
+served, 2 for usage errors.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import TextIO
 
-from prometheus_client import start_http_server
-
-from neuron_rtd.tools.monitor.exporter import Exporter, ReportError
+from neuron_rtd.tools.monitor.exporter import (
+    DEFAULT_LISTEN_ADDRESS,
+    Exporter,
+    ReportError,
+    serve,
+)
 
 PROG = "neuron-monitor-prometheus"
 DEFAULT_PORT = 8000
@@ -43,9 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--listen-address",
-        default="0.0.0.0",
+        default=DEFAULT_LISTEN_ADDRESS,
         metavar="HOST",
-        help="address to serve on (default 0.0.0.0: every interface)",
+        help=f"address to serve on (default {DEFAULT_LISTEN_ADDRESS}: this machine only; "
+        "0.0.0.0 or :: for every interface)",
     )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="do not tell the reports' errors on stderr"
@@ -80,9 +87,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None) -> int:
     args = parse_args(argv)
     exporter = Exporter()
     try:
-        server, _thread = start_http_server(
-            args.port, addr=args.listen_address, registry=exporter.registry
-        )
+        server, _thread = serve(exporter.registry, args.port, args.listen_address)
     except OSError as exc:
         print(
             f"{PROG}: cannot serve {args.listen_address}:{args.port}: {exc.strerror}",

@@ -1,12 +1,22 @@
 """The daemon's configuration: a JSON file, then the command-line flags over it.
 
 Built once in `main()`; everything below receives a `DaemonConfig`, never the raw file.
+
+The file decides what the daemon serves and to whom, so it must be as trusted as the
+daemon: owned by root or by the daemon's own user, and writable by no one else (a group
+that is its owner's private group, Debian's user groups, counts as the owner). A TCP
+address outside loopback serves the API unencrypted to the network: it takes
+`allow_remote_clients`, and the daemon warns of it as it starts.
 """
 
 from __future__ import annotations
 
+import grp
+import ipaddress
 import json
 import os
+import pwd
+import stat
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +42,7 @@ class SimConfig:
 @dataclass(frozen=True, kw_only=True)
 class DaemonConfig:
     server_address: str = DEFAULT_ADDRESS
+    allow_remote_clients: bool = False  # a TCP server_address outside loopback
     devices: tuple[str, ...] = ()  # BDFs; empty: every device of the machine
     default_timeout: int = 2  # seconds one inference may take
     default_ninfer: int = 4  # in-flight inferences per model
@@ -49,6 +60,7 @@ class DaemonConfig:
     session_max_models: int = 64
     session_max_shm_maps: int = 256
     session_max_inflight: int = 1024
+    session_max_open: int = 4096
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -59,6 +71,7 @@ class DaemonConfig:
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "server_address": str,
+    "allow_remote_clients": bool,
     "devices": list,
     "default_timeout": int,
     "default_ninfer": int,
@@ -75,6 +88,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "session_max_models": int,
     "session_max_shm_maps": int,
     "session_max_inflight": int,
+    "session_max_open": int,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -96,11 +110,53 @@ def _check_types(where: str, data: dict[str, Any], types: dict[str, Any]) -> Non
             raise ConfigError(f"{where}: '{key}' must be {names}, got {json.dumps(value)}")
 
 
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _private_group(info: os.stat_result) -> bool:
+    """Whether the file's group is its owner's own: the owner's primary group, of the
+    owner's name, with no other member (a user private group)."""
+    try:
+        owner, group = pwd.getpwuid(info.st_uid), grp.getgrgid(info.st_gid)
+    except KeyError:
+        return False
+    return (
+        owner.pw_gid == info.st_gid
+        and group.gr_name == owner.pw_name
+        and set(group.gr_mem) <= {owner.pw_name}
+    )
+
+
+def check_config_file(path: Path, info: os.stat_result) -> None:
+    """ConfigError unless the file is as trusted as the daemon (see the module's doc)."""
+    if info.st_uid not in (0, os.geteuid()):
+        raise ConfigError(
+            f"{path} belongs to {_owner(info.st_uid)}, who is neither root nor the daemon's "
+            f"user {_owner(os.geteuid())}: it decides what the daemon serves to whom; "
+            f"give it to root (chown root {path}) or use another file"
+        )
+    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable & stat.S_IWOTH or (writable and not _private_group(info)):
+        raise ConfigError(
+            f"{path} is writable by others than its owner (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): it decides what the daemon serves to "
+            f"whom; chmod go-w {path}"
+        )
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            check_config_file(path, os.fstat(file.fileno()))  # the file read, not its name
+            text = file.read().decode()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -152,12 +208,52 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
     if not 1 <= config.max_message_mb <= 2047:  # gRPC's limit is a signed 32-bit size
         raise ConfigError(f"{where}: max_message_mb must be between 1 and 2047")
     quotas = ("session_max_ncs", "session_max_models", "session_max_shm_maps")
-    for quota in (*quotas, "session_max_inflight"):
+    for quota in (*quotas, "session_max_inflight", "session_max_open"):
         if getattr(config, quota) < 0:
             raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")
     if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):
         raise ConfigError(f"{where}: neff_file_dirs must be a list of absolute folder paths")
+    host = tcp_host(config.server_address)
+    if host is not None and not loopback(host) and not config.allow_remote_clients:
+        raise ConfigError(
+            f"{where}: server_address {config.server_address} is not a loopback address: "
+            "anyone who reaches it could use the daemon, over unencrypted gRPC; set "
+            '"allow_remote_clients": true in the config to mean it, or listen on '
+            "127.0.0.1:PORT or a unix:/path"
+        )
     return config
+
+
+def tcp_host(address: str) -> str | None:
+    """The host of a TCP `host:port` address (brackets stripped); None for unix:/path."""
+    if address.startswith("unix:"):
+        return None
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` is this machine only: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
+
+
+def remote_clients_warning(config: DaemonConfig) -> str | None:
+    """What the daemon logs as a warning at start when it serves beyond this machine (a
+    TCP server_address outside loopback, which `validate` lets through only with
+    allow_remote_clients); None otherwise."""
+    host = tcp_host(config.server_address)
+    if host is None or loopback(host):
+        return None
+    return (
+        f"serving the gRPC API on {config.server_address} to the network "
+        "(allow_remote_clients), in plaintext: anyone who reaches this address can load "
+        "models and read and write tensors, unauthenticated and unencrypted"
+    )
 
 
 def config_path(explicit: str | None, instance: str | None) -> Path | None:

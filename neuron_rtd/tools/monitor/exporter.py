@@ -23,14 +23,25 @@ runtime's `runtime_index` (its place in the configuration) and `runtime_address`
 
 Counters add up each report's counts of its period, as the original's did. The gauges of
 a runtime that stops answering are removed, so no stale utilization stays behind.
+
+`serve` answers scrapes over HTTP: on loopback unless told otherwise (a scrape shows
+socket paths, the host's name and counts), a thread per connection for at most
+`max_connections` at once (past them, 503 at once), and a connection silent for
+`read_timeout_s` dropped, so idle or half-open connections cannot pile up threads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import sys
+import threading
 from collections.abc import Callable, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, make_wsgi_app
 
 RUNTIME = ("runtime_index", "runtime_address")
 OWN_HW_EVENTS = ("nc_errors", "nc_hangs", "dma_timeouts", "init_failures")
@@ -41,6 +52,12 @@ ECC_EVENTS = (
     "sram_ecc_uncorrected",
 )
 VCPU_USAGE = {"user": ("user", "nice"), "system": ("system", "io_wait", "irq", "soft_irq")}
+
+
+DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
+MAX_CONNECTIONS = 64  # connections served at once; Prometheus itself needs one
+READ_TIMEOUT_S = 5.0  # a connection that sends nothing this long is dropped
+BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class ReportError(ValueError):
@@ -220,3 +237,82 @@ class Exporter:
             self.vcpu_usage.labels(usage_type).set(
                 min(100.0, sum(average[f] for f in fields)) / 100
             )
+
+
+class _Handler(WSGIRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        assert isinstance(self.server, MetricsServer)
+        self.connection.settimeout(self.server.read_timeout_s)  # each read and write
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
+class MetricsServer(ThreadingMixIn, WSGIServer):
+    """An HTTP server of a thread per connection, at most `max_connections` at once."""
+
+    daemon_threads = True
+    request_queue_size = 128  # a burst of connections waits to be accepted (or refused)
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        family: socket.AddressFamily,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.address_family = family
+        self.read_timeout_s = read_timeout_s
+        super().__init__(address, _Handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):  # a fresh socket's buffer takes it, or not
+                request.setblocking(False)
+                request.sendall(BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that times out or goes away is not an error worth a traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+def serve(
+    registry: CollectorRegistry,
+    port: int,
+    host: str = DEFAULT_LISTEN_ADDRESS,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    read_timeout_s: float = READ_TIMEOUT_S,
+) -> tuple[MetricsServer, threading.Thread]:
+    """Serve `registry` on http://host:port/metrics from a daemon thread; OSError when the
+    address cannot be served. `server.shutdown()` and `server.server_close()` stop it."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server = MetricsServer(
+        (str(address[0]), port),
+        family=family,
+        max_connections=max_connections,
+        read_timeout_s=read_timeout_s,
+    )
+    server.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread
