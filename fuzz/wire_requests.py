@@ -53,7 +53,15 @@ class InternalErrors(logging.Handler):
             self.seen.append(logging.Formatter().format(record))
 
 
-CONTEXT: Any = None  # the servicers do not use their gRPC context
+class Context:
+    """What the servicers read of their gRPC context: the call's metadata (none: the
+    calls present no session)."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+CONTEXT: Any = Context()
 RUNTIME = LocalRuntime("inf1.xlarge")
 NMGR = NmgrServicer(RUNTIME.runtime)
 STREAM = StreamServicer(NMGR)

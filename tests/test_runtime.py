@@ -445,3 +445,25 @@ def test_a_neff_files_header_is_checked_before_its_body_is_read(
     with pytest.raises(InvalidError, match="NEFF is truncated"):
         runtime.load(NeffFile(str(cut)))
     assert taken == [] and runtime._reserved == 0
+
+
+def test_admission_sees_a_cgroups_memory_limit(tmp_path: Path) -> None:
+    """Under a unit's MemoryMax= (cgroup v2) or a container's limit (v1), what is left of
+    the limit bounds what the daemon admits, not the host's free memory."""
+    from neuron_rtd.runtime.driver import _cgroup_memory_left
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/system.slice/neuron-rtd.service\n")
+    v2 = tmp_path / "system.slice/neuron-rtd.service"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("1000000\n")
+    (v2 / "memory.current").write_text("250000\n")
+    assert _cgroup_memory_left(proc, tmp_path) == 750000
+    (v2 / "memory.max").write_text("max\n")
+    assert _cgroup_memory_left(proc, tmp_path) is None
+    proc.write_text("4:memory:/box\n0::/\n")
+    v1 = tmp_path / "memory/box"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("2000\n")
+    (v1 / "memory.usage_in_bytes").write_text("500\n")
+    assert _cgroup_memory_left(proc, tmp_path) == 1500

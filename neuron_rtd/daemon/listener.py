@@ -157,10 +157,21 @@ class UnixListener:
     def finish(self) -> None:
         """Fix mode and group once the server started (the socket file exists then)."""
         os.chmod(self.path, self.mode)
-        gid = self.gid()
-        if gid is not None:
-            os.chown(self.path, -1, gid)
+        self.give_to_group(self.path)
         self._inode = self.path.stat().st_ino
+
+    def give_to_group(self, path: Path) -> None:
+        """Chown `path` to `socket_group` (AddressError if the daemon may not)."""
+        gid = self.gid()
+        if gid is None or path.stat().st_gid == gid:
+            return
+        try:
+            os.chown(path, -1, gid)
+        except OSError as exc:
+            raise AddressError(
+                f"cannot give {path} to socket_group '{self.group}' ({exc.strerror}): run "
+                "the daemon in that group, as the unit does (Group=)"
+            ) from None
 
     def close(self) -> None:
         """Remove the socket if it is still ours, then the lock file."""

@@ -28,6 +28,7 @@ from neuron_rtd.daemon.config import (
     ConfigError,
     DaemonConfig,
     load_config,
+    remote_clients_warning,
 )
 from neuron_rtd.daemon.listener import (
     AddressError,
@@ -193,6 +194,7 @@ class Daemon:
                 session_max_models=config.session_max_models,
                 session_max_shm_maps=config.session_max_shm_maps,
                 session_max_inflight=config.session_max_inflight,
+                session_max_open=config.session_max_open,
             ),
         )
         sd.notify("STATUS=Initializing devices")
@@ -231,6 +233,15 @@ class Daemon:
             self.shm_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
+        warning = remote_clients_warning(config)
+        if warning:
+            log.warning("%s", warning, extra={"fn": "RunServer"})
+        if os.geteuid() == 0:
+            log.warning(
+                "Running as root: shm_map by name and neff_file open what clients name with "
+                "root's rights; run as the neuron-rtd user, as the unit does",
+                extra={"fn": "RunServer"},
+            )
         sd.notify(
             "READY=1",
             f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.text}",

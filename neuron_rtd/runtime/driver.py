@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import psutil
 
 import driver_sim
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
@@ -220,6 +221,42 @@ def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity (a systemd CPUAffinity=, a
     container's cpuset, taskset), not every CPU of the host."""
     return len(os.sched_getaffinity(0)) or 1
+
+
+def available_memory() -> int:
+    """The memory this process may still take: the host's available memory, or less when
+    its cgroup has a limit (a unit's MemoryMax=, a container's), what is left of that."""
+    available = psutil.virtual_memory().available
+    left = _cgroup_memory_left()
+    return available if left is None else max(0, min(available, left))
+
+
+def _cgroup_memory_left(
+    proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """Its cgroup's memory limit less its usage (v2: memory.max, v1: memory.limit_in_bytes);
+    None without a limit, or where none can be read."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            folder = root / path.lstrip("/")
+            files = ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's
+            folder = root / "memory" / path.lstrip("/")
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            limit, used = ((folder / name).read_text().strip() for name in files)
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60 and used.isdigit():  # v1's "none": huge
+            return int(limit) - int(used)
+    return None
 
 
 def nc_threads() -> int:

@@ -38,7 +38,7 @@ from neuron_rtd.runtime.api import (
     SystemCounters,
     Topology,
 )
-from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, NcCounters, available_memory, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
@@ -362,7 +362,7 @@ class Runtime:
         claimed and never sent costs nothing."""
         self.ensure_ready()
         with self._admitting:
-            available = psutil.virtual_memory().available
+            available = available_memory()
             if size > available // 2 - self._reserved:
                 raise ResourceError(
                     f"a NEFF of {size} bytes is more than the host can hold now "
