@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from test_service_user import OTHER_UID, STAND_IN_GID, Service, as_user, service
 
@@ -280,3 +281,62 @@ def test_session_ids_and_cookies_cannot_be_guessed_or_seen(
     request = ext_pb.profile_request(model_id=model.id)
     mine = connection.unary("profile", request, stub=connection.ext)
     assert mine.status_code == Nerr.OK and mine.inferences
+
+
+def test_neff_file_reads_only_what_the_daemon_may(service: Service, mlp: SampleModel) -> None:
+    """Finding 4: `neff_file` made the root daemon read any file for anyone, told whether
+    a file existed, and read a 3 GiB sparse file whole. Now the daemon reads with its own
+    rights from the package's folder only, one answer for missing and unreadable, the
+    header first."""
+    models = service.path("/var/lib/neuron-rtd/models")
+    private = models / f"private-{secrets.token_hex(4)}"
+    private.mkdir(mode=0o700)
+    (private / "model.neff").write_bytes(mlp.neff)
+    (private / "model.neff").chmod(0o600)
+    shared = models / f"shared-{secrets.token_hex(4)}.neff"
+    shared.write_bytes(mlp.neff)
+    shared.chmod(0o644)
+    sparse = models / f"sparse-{secrets.token_hex(4)}.neff"
+    with open(sparse, "wb") as f:
+        f.truncate(3 << 30)
+    sparse.chmod(0o644)
+    paths = [
+        private / "model.neff",
+        private / "absent.neff",
+        models / "absent.neff",
+        Path("/etc/shadow"),
+        sparse,
+        shared,
+    ]
+    try:
+        rss = psutil.Process(service.proc.pid).memory_info().rss
+        got = probe(
+            service,
+            """
+            answers = []
+            for path in sys.argv[2:]:
+                request = pb.load_request(neff_file=path)
+                response = stub.load(iter([request]), timeout=60)
+                answers.append(status(response) + [response.h_nn.id])
+                if response.h_nn.id:
+                    stub.unload(pb.unload_request(h_nn=response.h_nn), timeout=60)
+            print(json.dumps(answers))
+            """,
+            *map(str, paths),
+        )
+        grown = psutil.Process(service.proc.pid).memory_info().rss - rss
+    finally:
+        for path in (private / "model.neff", shared, sparse):
+            path.unlink()
+        private.rmdir()
+    hidden = [
+        details.replace(str(path), "PATH")
+        for (code, details, _), path in zip(got[:3], paths, strict=False)
+        if code == Nerr.INVALID
+    ]
+    assert len(hidden) == 3 and len(set(hidden)) == 1, got
+    assert "no such file, or the daemon may not read it" in hidden[0]
+    assert got[3][0] == Nerr.INVALID and "outside the folders" in got[3][1]
+    assert got[4][0] == Nerr.INVALID and "not a NEFF" in got[4][1]
+    assert got[5][0] == Nerr.OK and got[5][2] > 0  # what the daemon may read, it loads
+    assert grown < 256 << 20  # the sparse file was not read

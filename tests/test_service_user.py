@@ -9,11 +9,13 @@ for the package's user (nobody, group nogroup: neither exists only for this test
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import importlib.util
 import json
 import os
 import pwd
+import queue
 import re
 import shlex
 import shutil
@@ -36,7 +38,9 @@ from neuron_rtd.cli.spawn import NotifyListener
 from neuron_rtd.client import Client
 from neuron_rtd.daemon import config as daemon_config
 from neuron_rtd.daemon.config import ConfigError, load_config, remote_clients_warning
+from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.proto import pb, pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = "neuron-rtd.service"
@@ -76,12 +80,16 @@ class Service:
     log: Path
 
     def path(self, system_path: str) -> Path:
-        """Where a path under /run is in this test."""
-        return self.run / Path(system_path).relative_to("/run")
+        """Where a path under /run, or the package's /var/lib/neuron-rtd, is in this test."""
+        return Path(moved(system_path, self.run))
 
 
 def moved(text: str, run: Path) -> str:
-    return text.replace("/run/", f"{run}/")
+    """The system paths in `text` as this test lays them out: /run/X under `run`, and
+    /var/lib/neuron-rtd/X beside it."""
+    return text.replace("/var/lib/neuron-rtd/", f"{run.parent}/var-lib/").replace(
+        "/run/", f"{run}/"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +115,16 @@ def service() -> Iterator[Service]:
     folder.mkdir()
     folder.chmod(int(settings["RuntimeDirectoryMode"][0], 8))
     os.chown(folder, STAND_IN_UID, STAND_IN_GID)
-    # and what the package's tmpfiles.d makes: the links into it
+    # and what the package's tmpfiles.d makes: the links into it, the folder of NEFF files
     for line in tmpfiles_lines():
         if line[0].startswith("L"):
             (run / Path(line[1]).relative_to("/run")).symlink_to(moved(line[6], run))
+        elif line[0] == "d" and not line[1].startswith("/run/"):
+            made = Path(moved(line[1], run))
+            made.mkdir(parents=True)
+            os.chown(made, 0, STAND_IN_GID)  # root, group neuron (the stand-in's)
+            made.chmod(int(line[2], 8))
+            made.parent.chmod(0o755)
     # the package's config, its paths under this /run, the socket for the stand-in group
     build_deb = build_deb_module()
     packaged = json.loads(build_deb.packaged_config(ROOT / "config" / "neuron-rtd.json"))
@@ -213,6 +227,59 @@ def test_it_serves_through_the_link_clients_know(service: Service) -> None:
             assert (future.result()["probs"] == want["probs"]).all()
         model.unload()
     assert service.notify.wait_for("WATCHDOG=1", 10), service.notify.messages
+
+
+def test_a_client_of_the_original_interface_works_as_documented(service: Service) -> None:
+    """A client generated from the original interface, as docs/wire-api.md says it drives
+    the packaged daemon: a session, a streamed load, inline inference, and shared memory
+    by name on an object the daemon's user may open (here through its group), named by
+    calls that present no session (through the model's session)."""
+    sample = build_mlp((16, 8, 4), name="original")
+    x = sample.random_inputs(0)["x"]
+    address = f"unix:{service.path('/run/neuron.sock')}"
+    name = f"/nrt_original_{os.getpid()}"
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.nmgr_v1Stub(channel)
+        requests: queue.Queue[Any] = queue.Queue()
+        requests.put(pb.session_monitor_request(framework_name="original"))
+        sessions = pb_grpc.nmgr_session_managerStub(channel)
+        stream = sessions.session_monitor(iter(requests.get, None))
+        session = next(stream).session_id
+        chunks = [pb.load_request(session_id=session), pb.load_request(neff_size=len(sample.neff))]
+        chunks += [
+            pb.load_request(neff_chunk=pb.file_chunk(chunk=sample.neff[i : i + (1 << 20)]))
+            for i in range(0, len(sample.neff), 1 << 20)
+        ]
+        loaded = stub.load(iter(chunks), timeout=60)
+        assert loaded.status.code == Nerr.OK, loaded.status
+        inline = pb.infer_request(h_nn=loaded.h_nn)
+        inline.ifmap.add(name="x", buf=x.tobytes())
+        answer = stub.infer(inline, timeout=60)
+        assert answer.status.code == Nerr.OK, answer.status
+        want = answer.ofmap[0].buf
+        fd = os.open(f"/dev/shm/{name[1:]}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.fchown(fd, -1, STAND_IN_GID)  # docs: let the daemon's user open it
+            os.fchmod(fd, 0o660)
+            os.ftruncate(fd, 4096)
+            os.pwrite(fd, x.tobytes(), 0)
+            mapped = stub.shm_map(pb.shm_map_request(path=name, mmap_prot=3, session_id=session))
+            assert mapped.status.code == Nerr.OK, mapped.status
+            os.unlink(f"/dev/shm/{name[1:]}")
+            request = pb.infer_request(h_nn=loaded.h_nn)
+            request.ifmap.add(name="x", buf_shm=pb.shared_mem_buf(path=name))
+            request.shm_ofmap.add(name="probs", buf_shm=pb.shared_mem_buf(path=name))
+            answer = stub.infer(request, timeout=60)
+            assert answer.status.code == Nerr.OK, answer.status
+            assert os.pread(fd, len(want), 0) == want
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name[1:]}")
+        requests.put(None)  # the session ends: the daemon unloads the model
+        assert list(stream) == []
+        gone = stub.start(pb.start_request(h_nn=loaded.h_nn), timeout=60)
+        assert gone.status.code == Nerr.INVALID_HANDLE
 
 
 def neuron_ls(service: Service, uid: int, gid: int, *groups: int) -> subprocess.CompletedProcess:
