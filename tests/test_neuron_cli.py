@@ -120,9 +120,9 @@ def test_load_list_unload_and_what_it_makes_outlives_it(
     assert loaded["state"] == "READY" and loaded["neff"] == str(neff)
     # the command has exited: the model and its implicit NCG are still there, sessionless
     model = models(channel)[model_id]
-    assert (model.state, model.ncg_id, model.session_id, model.name) == ("READY", ncg_id, 0, "mlp")
+    assert (model.state, model.ncg_id, model.session, model.name) == ("READY", ncg_id, "", "mlp")
     (group,) = snapshot(channel).ncgs
-    assert (group.id, group.implicit, group.session_id) == (ncg_id, True, 0)
+    assert (group.id, group.implicit, group.session) == (ncg_id, True, "")
 
     assert ok(neuron_cli(cli, "list-model")) == f"Found 1 models\n{model_id} READY {ncg_id} mlp\n"
     elsewhere = "unix:/nonexistent.sock"  # -a, before or after the command, wins over the env
@@ -165,7 +165,7 @@ def test_explicit_ncg_models_load_stopped_and_start_and_stop(
     ncg_id = made["ncg_id"]
     assert made["nc_count"] == 2 and ncgs(stub)[ncg_id].nc_count == 2
     (group,) = snapshot(channel).ncgs
-    assert (group.implicit, group.session_id) == (False, 0)
+    assert (group.implicit, group.session) == (False, "")
 
     first = neuron_cli(cli, "load", neff, "--ncg-id", ncg_id)
     first_id = int(ok(first).split()[2])

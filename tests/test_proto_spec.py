@@ -407,6 +407,16 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (7, "start_time_ns", "uint64", S, None),
         (8, "status_code", "int32", S, None),
         (9, "details", "string", S, None),
+        (10, "shm_socket", "string", S, None),
+    ],
+    "shm_share_request": [
+        (1, "session_id", "uint64", S, None),
+        (2, "path", "string", S, None),
+        (3, "mmap_prot", "uint32", S, None),
+    ],
+    "shm_share_response": [
+        (1, "status_code", "int32", S, None),
+        (2, "details", "string", S, None),
     ],
     "snapshot_request": [],
     "ext_nc": [
@@ -422,8 +432,8 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (3, "nc_count", "uint32", S, None),
         (4, "device_index", "uint32", S, None),
         (5, "implicit", "bool", S, None),
-        (6, "session_id", "uint64", S, None),
         (7, "model_ids", "uint32", R, None),
+        (8, "session", "string", S, None),
     ],
     "ext_infer_tally": [
         (1, "completed", "uint64", S, None),
@@ -446,12 +456,12 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (9, "ninfer", "uint32", S, None),
         (10, "timeout_s", "double", S, None),
         (11, "in_flight", "uint32", S, None),
-        (12, "session_id", "uint64", S, None),
         (13, "tally", "nrt.ext.ext_infer_tally", S, None),
         (14, "failure", "string", S, None),
         (15, "nc_count", "uint32", S, None),
         (16, "inputs", "nrt.ext.ext_tensor", R, None),
         (17, "outputs", "nrt.ext.ext_tensor", R, None),
+        (18, "session", "string", S, None),
     ],
     "ext_tensor": [
         (1, "name", "string", S, None),

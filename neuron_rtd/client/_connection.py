@@ -142,6 +142,15 @@ class Connection:
             raise NrtClientError(response.status_code, response.details, "snapshot")
         return response
 
+    def profile(self, model_id: int, last: int = 0) -> ext_pb.profile_response:
+        """The ext profile of a model loaded with profiling, asked in this client's
+        session (a session's model tells it only to calls that present the session)."""
+        request = ext_pb.profile_request(model_id=model_id, last=last)
+        response = self.unary("profile", request, stub=self.ext)
+        if response.status_code != Nerr.OK:
+            raise NrtClientError(response.status_code, response.details, "profile")
+        return response
+
     # --- session --------------------------------------------------------------------
     def open_session(self) -> bool:
         """Open the session stream unless one is open; True when a new one was opened

@@ -157,7 +157,7 @@ def _profile_neff(args: argparse.Namespace) -> Any:
             try:
                 for _ in range(args.runs):
                     client.infer_raw(model.id, raw)
-                return _fetch(args.address, model.id, args.last or args.runs, args.timeout)
+                return client.connection.profile(model.id, args.last or args.runs)
             finally:
                 try:
                     model.unload()
