@@ -29,7 +29,7 @@ from neuron_rtd.client import (
     _connection,
 )
 from neuron_rtd.client import default_address as default_address_exported
-from neuron_rtd.client._shm import pass_objects
+from neuron_rtd.client._peer import pass_objects
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import read_neff
@@ -73,7 +73,7 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):
             return [resp for name, _, resp in self.calls if name == method]
 
     def passed(self, socket_path: str, session_id: int, buffers: Any, prot: int) -> None:
-        """Records the objects a client passes over the shm socket, as "shm_share"
+        """Records the objects a client passes over the peer socket, as "shm_share"
         requests, then passes them."""
         with self._lock:
             for buffer in buffers:

@@ -407,16 +407,22 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (7, "start_time_ns", "uint64", S, None),
         (8, "status_code", "int32", S, None),
         (9, "details", "string", S, None),
-        (10, "shm_socket", "string", S, None),
+        (10, "peer_socket", "string", S, None),
+    ],
+    "peer_request": [
+        (1, "shm_share", "nrt.ext.shm_share_request", S, "what"),
+        (2, "ticket", "nrt.ext.peer_ticket_request", S, "what"),
     ],
     "shm_share_request": [
         (1, "session_id", "uint64", S, None),
         (2, "path", "string", S, None),
         (3, "mmap_prot", "uint32", S, None),
     ],
-    "shm_share_response": [
+    "peer_ticket_request": [],
+    "peer_response": [
         (1, "status_code", "int32", S, None),
         (2, "details", "string", S, None),
+        (3, "ticket", "uint64", S, None),
     ],
     "snapshot_request": [],
     "ext_nc": [

@@ -184,3 +184,48 @@ def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:
         with pytest.raises(grpc.RpcError):
             next(stream)
         channel.close()
+
+
+def open_stream(channel: grpc.Channel, metadata: Any = ()) -> tuple[Any, Any]:
+    """A session stream held open: (the stream, its request queue)."""
+    requests: queue.Queue[Any] = queue.Queue()
+    requests.put(pb.session_monitor_request(framework_name="test"))
+    stub = pb_grpc.nmgr_session_managerStub(channel)
+    return stub.session_monitor(iter(requests.get, None), metadata=metadata), requests
+
+
+def test_sessions_are_capped_per_peer_and_a_ticket_names_the_peer(work: Path) -> None:
+    """session_max_per_peer: the clients that do not identify themselves share one cap;
+    a client that does (a ticket from the peer socket, as our client asks) counts as its
+    user; a ticket names one session, once."""
+    from neuron_rtd.client import Client
+    from neuron_rtd.client._peer import ticket
+
+    config = work / "per-peer.json"
+    config.write_text('{"session_max_per_peer": 3}\n')
+    with DaemonProcess(sim_root=work / "sim", args=["-c", str(config)]) as proc:
+        channel = grpc.insecure_channel(proc.address)
+        held = [open_stream(channel) for _ in range(3)]
+        for stream, _ in held:
+            next(stream)
+        refused, _ = open_stream(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            next(refused)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "session_max_per_peer 3" in str(info.value.details())
+        assert "identifies itself" in str(info.value.details())
+        with Client(proc.address) as client:  # identified: uid 0's first session
+            assert client.session_id != 0
+        peer_socket = proc.socket_path + ".peer"
+        given = ticket(peer_socket)
+        mine, _ = open_stream(channel, metadata=[("nrt-peer-ticket", str(given))])
+        assert next(mine).session_id != 0
+        again, _ = open_stream(channel, metadata=[("nrt-peer-ticket", str(given))])
+        with pytest.raises(grpc.RpcError) as info:
+            next(again)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "names no ticket" in str(info.value.details())
+        assert "(uid 0)" in proc.log() and "(unidentified)" in proc.log()
+        for _, requests in held:
+            requests.put(None)
+        channel.close()

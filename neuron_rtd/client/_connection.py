@@ -14,8 +14,9 @@ from typing import Any
 
 import grpc
 
+from neuron_rtd.client._peer import pass_objects, ticket
 from neuron_rtd.client._session import Session
-from neuron_rtd.client._shm import ShmBuffer, pass_objects
+from neuron_rtd.client._shm import ShmBuffer
 from neuron_rtd.client.errors import (
     RECONNECT_OPTIONS,
     NrtClientError,
@@ -63,7 +64,7 @@ class Connection:
         self.session: Session | None = None
         self.closed = False
         self._shm = shm
-        self._shm_socket: str | None = None  # where the daemon takes passed objects ("": none)
+        self._peer_socket: str | None = None  # where the daemon takes passed objects ("": none)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._calls: set[grpc.Future] = set()  # unary calls in flight as futures
@@ -165,9 +166,22 @@ class Connection:
             raise ClientClosed
         if self.session is not None and not self.session.ended:
             return False
+        peer = self._ticket()
         with transport_errors("session_monitor", self.address, self.timeout_s):
-            self.session = Session(self.channel, timeout_s=self.timeout_s)
+            self.session = Session(self.channel, timeout_s=self.timeout_s, ticket=peer)
         return True
+
+    def _ticket(self) -> int | None:
+        """A ticket that makes the session this user's (the daemon counts sessions per
+        user); None where the daemon has no peer socket, or it cannot give one."""
+        path = self.peer_socket()
+        if not path:
+            return None
+        try:
+            return ticket(path)
+        except NrtClientError as exc:
+            log.warning("session opened unidentified: %s", exc)
+            return None
 
     def session_id(self) -> int:
         if not self.use_session:
@@ -199,26 +213,26 @@ class Connection:
     def shm_enabled(self) -> bool:
         return self._shm
 
-    def shm_socket(self) -> str:
+    def peer_socket(self) -> str:
         """Where the daemon takes passed shm objects (its describe says; "": nowhere)."""
-        if self._shm_socket is None:
+        if self._peer_socket is None:
             try:
                 response = self.unary("describe", ext_pb.describe_request(), stub=self.ext)
             except NrtConnectionError as exc:
                 if exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 response = ext_pb.describe_response()  # not our daemon: by name
-            self._shm_socket = response.shm_socket
-        return self._shm_socket
+            self._peer_socket = response.peer_socket
+        return self._peer_socket
 
     def share(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
-        """Give the daemon the buffers: passed over its shm socket in this client's
+        """Give the daemon the buffers: passed over its peer socket in this client's
         session stream (one is opened for them if the client has none: its end unmaps
-        them), or, where the daemon has no shm socket, `shm_map`ped by name with
+        them), or, where the daemon has no peer socket, `shm_map`ped by name with
         `session_id`. Their names are unlinked either way. False (and shared memory off
         for this client) when the daemon cannot map them."""
         try:
-            if self.shm_socket():
+            if self.peer_socket():
                 self._open_stream()
                 assert self.session is not None
                 if self.session.id:
@@ -231,7 +245,7 @@ class Connection:
         for buffer in buffers:
             buffer.unlink()  # passed, not named: no one else can open it
         try:
-            pass_objects(self.shm_socket(), session_id, buffers, PROT_READ_WRITE)
+            pass_objects(self.peer_socket(), session_id, buffers, PROT_READ_WRITE)
         except NrtClientError as exc:
             return self._share_failed(buffers, [], exc)
         return True

@@ -24,6 +24,7 @@ log = logging.getLogger("neuron_rtd.client")
 FRAMEWORK_NAME = "neuron-rtd-python"
 OPEN_TIMEOUT_S = 30.0  # for the first response, when the client sets no timeout
 CLOSE_TIMEOUT_S = 10.0  # for the daemon to release the session after the stream ends
+TICKET_METADATA = "nrt-peer-ticket"  # how session_monitor presents a peer ticket
 
 
 def _version(text: str) -> Any:
@@ -41,7 +42,9 @@ class Session:
         framework_name: str = FRAMEWORK_NAME,
         framework_version: str = __version__,
         timeout_s: float | None = None,
+        ticket: int | None = None,
     ) -> None:
+        """`ticket`: a peer ticket (client/_peer.py) naming this user to the daemon."""
         self._closing = threading.Event()
         self._done = threading.Event()
         self._call: Any = None
@@ -52,18 +55,19 @@ class Session:
             fal_version=_version(__version__),
         )
         stub = pb_grpc.nmgr_session_managerStub(channel)
+        metadata = () if ticket is None else ((TICKET_METADATA, str(ticket)),)
         self.id = retry_unavailable(
-            lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S), channel
+            lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S, metadata), channel
         )
 
-    def _open(self, stub: Any, request: Any, timeout_s: float) -> int:
+    def _open(self, stub: Any, request: Any, timeout_s: float, metadata: Any) -> int:
         closing = self._closing = threading.Event()
 
         def requests() -> Iterator[Any]:
             yield request
             closing.wait()  # the stream stays open until close()
 
-        call = stub.session_monitor(requests())
+        call = stub.session_monitor(requests(), metadata=metadata)
         expired = threading.Event()
 
         def expire() -> None:

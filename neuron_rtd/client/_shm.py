@@ -2,7 +2,7 @@
 
 A `ShmBuffer` is made with `shm_open(3)` (O_CREAT|O_EXCL, mode 0600: open to no one
 else), sized with `ftruncate` and mapped here. The daemon gets it passed, its open file
-descriptor sent over the daemon's shm socket (`pass_objects`), or, where the daemon has
+descriptor sent over the daemon's peer socket (`_peer.pass_objects`), or, where the daemon has
 none, opens it by name in `shm_map`; either way the name is unlinked then: the object
 lives on while either side holds it. Nothing here goes through
 `multiprocessing.shared_memory`, whose resource tracker would claim the names.
@@ -11,21 +11,14 @@ lives on while either side holds it. Nothing here goes through
 from __future__ import annotations
 
 import _posixshmem  # type: ignore[import-not-found]
-import array
 import contextlib
 import itertools
 import math
 import mmap
 import os
 import secrets
-import socket
-from collections.abc import Sequence
 
 import numpy as np
-
-from neuron_rtd.client.errors import NrtClientError
-from neuron_rtd.errors import Nerr
-from neuron_rtd.proto import ext_pb
 
 NAME_PREFIX = "/aws_neuron_runtime_"
 _serial = itertools.count(1)
@@ -124,35 +117,3 @@ class ShmBuffer:
 
     def __repr__(self) -> str:
         return f"ShmBuffer({self.path!r}, {self.size} bytes)"
-
-
-PASS_TIMEOUT_S = 10.0
-
-
-def pass_objects(
-    socket_path: str, session_id: int, buffers: Sequence[ShmBuffer], prot: int
-) -> None:
-    """Pass the buffers' objects to the daemon over its shm socket, as shm objects of the
-    session (server/shm_socket.py); NrtClientError when it cannot take one."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        sock.settimeout(PASS_TIMEOUT_S)
-        try:
-            sock.connect(socket_path)
-            for buffer in buffers:
-                request = ext_pb.shm_share_request(
-                    session_id=session_id, path=buffer.path, mmap_prot=prot
-                )
-                fds = array.array("i", [buffer.fileno()])
-                sock.sendmsg(
-                    [request.SerializeToString()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
-                )
-                answer = ext_pb.shm_share_response.FromString(sock.recv(4096))
-                if answer.status_code != Nerr.OK:
-                    raise NrtClientError(answer.status_code, answer.details, "shm_share")
-        except OSError as exc:
-            raise NrtClientError(
-                Nerr.FAIL,
-                f"cannot pass shared memory over the daemon's shm socket {socket_path}: "
-                f"{exc.strerror or exc}",
-                "shm_share",
-            ) from None

@@ -61,6 +61,7 @@ class DaemonConfig:
     session_max_shm_maps: int = 256
     session_max_inflight: int = 1024
     session_max_open: int = 4096
+    session_max_per_peer: int = 1024
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -89,6 +90,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "session_max_shm_maps": int,
     "session_max_inflight": int,
     "session_max_open": int,
+    "session_max_per_peer": int,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -208,7 +210,7 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
     if not 1 <= config.max_message_mb <= 2047:  # gRPC's limit is a signed 32-bit size
         raise ConfigError(f"{where}: max_message_mb must be between 1 and 2047")
     quotas = ("session_max_ncs", "session_max_models", "session_max_shm_maps")
-    for quota in (*quotas, "session_max_inflight", "session_max_open"):
+    for quota in (*quotas, "session_max_inflight", "session_max_open", "session_max_per_peer"):
         if getattr(config, quota) < 0:
             raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")
     if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):

@@ -140,10 +140,10 @@ class UnixListener:
             raise AddressError(f"cannot listen on unix:{self.path}")
 
     @property
-    def shm_socket_path(self) -> Path:
-        """Where clients pass shared memory objects (`server/shm_socket.py`): beside
+    def peer_socket_path(self) -> Path:
+        """Where clients pass shared memory objects (`server/peer_socket.py`): beside
         the socket, under the same lock."""
-        return self.path.with_name(self.path.name + ".shm")
+        return self.path.with_name(self.path.name + ".peer")
 
     def gid(self) -> int | None:
         """The id of `socket_group` (None: the daemon's own group)."""

@@ -41,7 +41,7 @@ from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
-from neuron_rtd.server import Health, SessionServicer, ShmSocket, add_servicers
+from neuron_rtd.server import Health, PeerSocket, SessionServicer, Tickets, add_servicers
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -128,7 +128,7 @@ class Daemon:
         self.logs_to_stderr = logs_to_stderr  # then a refusal's log line is its only word
         self.address = parse_address(config.server_address)
         self.listener: UnixListener | None = None
-        self.shm_socket: ShmSocket | None = None
+        self.peer_socket: PeerSocket | None = None
         self.devices: list[SimDevice] = []
         self._stop = threading.Event()
 
@@ -195,6 +195,7 @@ class Daemon:
                 session_max_shm_maps=config.session_max_shm_maps,
                 session_max_inflight=config.session_max_inflight,
                 session_max_open=config.session_max_open,
+                session_max_per_peer=config.session_max_per_peer,
             ),
         )
         sd.notify("STATUS=Initializing devices")
@@ -206,11 +207,12 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),
             ],
         )
-        if self.listener and config.shmem_enabled:
-            path = self.listener.shm_socket_path
+        tickets = Tickets()
+        if self.listener:
+            path = self.listener.peer_socket_path
             try:
-                self.shm_socket = ShmSocket(
-                    runtime, path, mode=config.socket_mode, gid=self.listener.gid()
+                self.peer_socket = PeerSocket(
+                    runtime, tickets, path, mode=config.socket_mode, gid=self.listener.gid()
                 )
             except OSError as exc:
                 raise AddressError(f"cannot listen on {path}: {exc.strerror}") from None
@@ -220,7 +222,8 @@ class Daemon:
             address=self.address.text,
             sim_root=str(machine.root),
             instance_type=machine.instance_type,
-            shm_socket=str(self.shm_socket.path) if self.shm_socket else "",
+            tickets=tickets,
+            peer_socket=str(self.peer_socket.path) if self.peer_socket else "",
         )
         if self.listener:
             self.listener.bind(server)
@@ -229,8 +232,8 @@ class Daemon:
         server.start()
         if self.listener:
             self.listener.finish()
-        if self.shm_socket:
-            self.shm_socket.start()
+        if self.peer_socket:
+            self.peer_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
         warning = remote_clients_warning(config)
@@ -252,9 +255,9 @@ class Daemon:
         for device in self.devices:
             device.release()
         self.devices = []
-        if self.shm_socket:
-            self.shm_socket.close()
-            self.shm_socket = None
+        if self.peer_socket:
+            self.peer_socket.close()
+            self.peer_socket = None
         if self.listener:
             self.listener.close()
 

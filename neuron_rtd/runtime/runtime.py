@@ -73,6 +73,7 @@ class RuntimeOptions:
     session_max_shm_maps: int = 256
     session_max_inflight: int = 1024  # cookies posted and not waited for, by model session
     session_max_open: int = 4096  # sessions open at once, all clients (0: any)
+    session_max_per_peer: int = 1024  # of them, one user's (the unidentified: together)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -122,7 +123,9 @@ class Runtime:
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self._transfer_adjustment = 0
-        self._sessions = SessionTable(limit=self.options.session_max_open)
+        self._sessions = SessionTable(
+            limit=self.options.session_max_open, per_peer=self.options.session_max_per_peer
+        )
 
     # --- devices -------------------------------------------------------------------
     def init_devices(self) -> None:
@@ -173,10 +176,11 @@ class Runtime:
         return [DeviceInfo.of(device) for device in self._devices]
 
     # --- sessions ------------------------------------------------------------------
-    def open_session(self) -> int:
-        """A new session's id (random, for its client's eyes only); ResourceError past
-        `session_max_open`."""
-        return self._sessions.open()
+    def open_session(self, peer: int | None = None) -> int:
+        """A new session's id (random, for its client's eyes only) for `peer` (the user
+        id the caller proved, None if it did not); ResourceError past `session_max_open`
+        or `session_max_per_peer`."""
+        return self._sessions.open(peer)
 
     @property
     def open_sessions(self) -> int:
@@ -734,10 +738,11 @@ class Runtime:
         self._check_session(session_id)
         self._shm.map(path, prot, session_id, limit=self.options.session_max_shm_maps)
 
-    def shm_adopt(self, fd: int, path: str, prot: int, session_id: int) -> None:
-        """Map the object a client passed (its file descriptor, which this takes) as
-        `path` of the open session `session_id`: the caller's own object, named only by
-        calls that present the session."""
+    def shm_adopt(self, fd: int, path: str, prot: int, session_id: int, uid: int) -> None:
+        """Map the object a client of user `uid` passed (its file descriptor, which this
+        takes) as `path` of the open session `session_id`: the caller's own object, named
+        only by calls that present the session. A session that belongs to a user takes
+        objects from that user only."""
         try:
             self.ensure_ready()
             if session_id == NO_SESSION:
@@ -745,7 +750,12 @@ class Runtime:
                     "a passed shared memory object needs a session: open one with "
                     "session_monitor and give its id"
                 )
-            self._check_session(session_id)
+            owner = self._sessions.peer(session_id)
+            if owner is not None and owner != uid:
+                raise InvalidError(
+                    f"{session_name(session_id)} belongs to another user: pass objects into "
+                    "a session of your own"
+                )
         except NrtError:
             os.close(fd)
             raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import threading
+from collections import Counter
 
 from neuron_rtd.errors import InvalidError, ResourceError
 
@@ -32,20 +33,31 @@ def session_name(session_id: int) -> str:
     return f"session {session_tag(session_id)}"
 
 
-class SessionTable:
-    """The open sessions; at most `limit` at once (0: any number)."""
+UNIDENTIFIED = None  # the peer of a session whose caller did not say who it is
 
-    def __init__(self, *, limit: int = 0) -> None:
+
+def peer_name(peer: int | None) -> str:
+    return "the clients that did not identify themselves" if peer is None else f"uid {peer}"
+
+
+class SessionTable:
+    """The open sessions, and the peer (user id, or UNIDENTIFIED) each belongs to: at most
+    `limit` open in all and `per_peer` for one peer (0: any number). The clients that did
+    not identify themselves (over the peer socket) count as one peer."""
+
+    def __init__(self, *, limit: int = 0, per_peer: int = 0) -> None:
         self.limit = limit
-        self._open: set[int] = set()
+        self.per_peer = per_peer
+        self._open: dict[int, int | None] = {}  # session id -> its peer
+        self._held: Counter[int | None] = Counter()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._open)
 
-    def open(self) -> int:
-        """A new session's id; ResourceError when `limit` sessions are open."""
+    def open(self, peer: int | None = UNIDENTIFIED) -> int:
+        """A new session's id for `peer`; ResourceError past either limit."""
         with self._lock:
             if self.limit and len(self._open) >= self.limit:
                 raise ResourceError(
@@ -53,11 +65,24 @@ class SessionTable:
                     f"daemon serves (session_max_open {self.limit}): close clients that are "
                     "done, or raise session_max_open in the daemon's config"
                 )
+            held = self._held[peer]
+            if self.per_peer and held >= self.per_peer:
+                raise ResourceError(
+                    f"session_monitor: {peer_name(peer)} hold {held} open sessions, the most "
+                    f"one peer may (session_max_per_peer {self.per_peer}): close sessions "
+                    "that are done"
+                    + (
+                        "; a client that identifies itself counts as its own user"
+                        if peer is None
+                        else ""
+                    )
+                )
             while True:
                 session_id = secrets.randbits(64)
                 if session_id != NO_SESSION and session_id not in self._open:
                     break
-            self._open.add(session_id)
+            self._open[session_id] = peer
+            self._held[peer] += 1
         return session_id
 
     def end(self, session_id: int) -> bool:
@@ -65,12 +90,21 @@ class SessionTable:
         with self._lock:
             if session_id not in self._open:
                 return False
-            self._open.discard(session_id)
+            peer = self._open.pop(session_id)
+            self._held[peer] -= 1
+            if not self._held[peer]:
+                del self._held[peer]
         return True
 
     def is_open(self, session_id: int) -> bool:
         with self._lock:
             return session_id in self._open
+
+    def peer(self, session_id: int) -> int | None:
+        """The peer an open session belongs to (UNIDENTIFIED if it never said)."""
+        self.check(session_id)
+        with self._lock:
+            return self._open.get(session_id)
 
     def check(self, session_id: int) -> None:
         """InvalidError unless `session_id` is 0 (no session) or an open session. The

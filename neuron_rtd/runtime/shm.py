@@ -2,8 +2,8 @@
 
 A mapping belongs to the session that made it: the same name mapped by another session is
 another mapping, never the first one's. An object comes in one of two ways:
-- passed: the client sends the open object itself over the daemon's shm socket
-  (`server/shm_socket.py`), so the daemon uses exactly what the caller could open, and the
+- passed: the client sends the open object itself over the daemon's peer socket
+  (`server/peer_socket.py`), so the daemon uses exactly what the caller could open, and the
   object may stay private to its owner (mode 0600). Only calls that present the session
   (gRPC metadata `nrt-session-id`) name it.
 - by name (`shm_map`, the original interface): the daemon opens `/dev/shm/NAME` with its
@@ -86,7 +86,7 @@ class ShmTable:
             reason = "no such object, or the daemon may not open it" if hidden else exc.strerror
             raise InvalidError(
                 f"shm_map: cannot map '{path}' ({reason}): pass the object itself over the "
-                "daemon's shm socket, or let the daemon's user open it (docs/wire-api.md, "
+                "daemon's peer socket, or let the daemon's user open it (docs/wire-api.md, "
                 "shared memory)"
             ) from None
         self._add(ShmMapping(path, fd, writable, session_id, passed=False), limit)

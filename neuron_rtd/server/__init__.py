@@ -1,8 +1,8 @@
 """The gRPC adapters over the runtime's face: the nmgr service and streamed inference
 (`nmgr`), client sessions (`sessions`), our extension (`ext`), load-stream reading
 (`load_stream`), wire conversion (`wire`), the one error mapping (`calls`), the session a
-call presents (`caller`), the shm socket where clients pass shared memory
-(`shm_socket`), and the standard health and reflection services (`health`).
+call presents (`caller`), the peer socket where clients pass shared memory
+(`peer_socket`), and the standard health and reflection services (`health`).
 
 Long streams never hold the server's call threads: session and health-watch streams hold
 no thread at all, and each `load` or `infer_stream` runs on a pool of its own
@@ -21,10 +21,10 @@ from neuron_rtd.runtime import Runtime
 from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
 from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
+from neuron_rtd.server.peer_socket import PeerSocket, Tickets
 from neuron_rtd.server.sessions import SessionServicer
-from neuron_rtd.server.shm_socket import ShmSocket
 
-__all__ = ["Health", "SessionServicer", "ShmSocket", "add_servicers"]
+__all__ = ["Health", "PeerSocket", "SessionServicer", "Tickets", "add_servicers"]
 
 STREAM_THREADS = 64  # loads and infer streams running at once, each kind
 
@@ -46,7 +46,8 @@ def add_servicers(
     address: str,
     sim_root: str,
     instance_type: str,
-    shm_socket: str = "",
+    tickets: Tickets,
+    peer_socket: str = "",
 ) -> tuple[SessionServicer, Health]:
     """Add every service to `server`; the session service, which the daemon closes at
     its stop, and the health service, which it keeps up to date."""
@@ -56,7 +57,7 @@ def add_servicers(
     streams.infer_stream = _on_pool(  # type: ignore[method-assign]
         streams.infer_stream, ThreadPoolExecutor(STREAM_THREADS, "nmgr-stream")
     )
-    sessions = SessionServicer(runtime)
+    sessions = SessionServicer(runtime, tickets)
     pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
     pb_grpc.add_nmgr_streamServicer_to_server(streams, server)
     pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)
@@ -66,7 +67,7 @@ def add_servicers(
             address=address,
             sim_root=sim_root,
             instance_type=instance_type,
-            shm_socket=shm_socket,
+            peer_socket=peer_socket,
         ),
         server,
     )

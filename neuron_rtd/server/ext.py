@@ -23,11 +23,11 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
         address: str,
         sim_root: str,
         instance_type: str,
-        shm_socket: str = "",
+        peer_socket: str = "",
     ):
         self.runtime = runtime
         self.address = address
-        self.shm_socket = shm_socket
+        self.peer_socket = peer_socket
         self.sim_root = sim_root
         self.instance_type = instance_type
 
@@ -41,7 +41,7 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
             sim_root=self.sim_root,
             instance_type=self.instance_type,
             start_time_ns=self.runtime.started_ns,
-            shm_socket=self.shm_socket,
+            peer_socket=self.peer_socket,
         )
         try:  # the devices, while they answer (their init may be failing)
             devices = self.runtime.devices()

@@ -23,10 +23,12 @@ import grpc
 from grpc import _server as grpc_server  # the stream's reads, see _read_async
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
-from neuron_rtd.errors import NrtError
+from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.proto import pb, pb_grpc
 from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server import wire
+from neuron_rtd.server.caller import presented_ticket
+from neuron_rtd.server.peer_socket import Tickets
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -100,8 +102,9 @@ class _Stream:
 
 
 class SessionServicer(pb_grpc.nmgr_session_managerServicer):
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, tickets: Tickets) -> None:
         self.runtime = runtime
+        self.tickets = tickets
         self._open: dict[int, _Stream] = {}
         self._stopping = False
         self._lock = threading.Lock()
@@ -114,19 +117,26 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
         send_response: Callable[[Any], None],
     ) -> None:
         """Answer the session id at once (the client's one request is read, and ignored,
-        with the rest), then return: the stream holds no thread until it ends."""
+        with the rest), then return: the stream holds no thread until it ends. The session
+        is the user's that a peer ticket in the metadata names, if any (see peer_socket)."""
         try:
-            session_id = self.runtime.open_session()
+            ticket = presented_ticket(context)
+            peer = None if ticket is None else self.tickets.take(ticket)
+            session_id = self.runtime.open_session(peer)
         except NrtError as exc:
             log.error("%s", exc, extra=_SESSION)
-            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            refused = exc.code == Nerr.RESOURCE
+            context.set_code(
+                grpc.StatusCode.RESOURCE_EXHAUSTED if refused else grpc.StatusCode.INVALID_ARGUMENT
+            )
             context.set_details(str(exc))
             send_response(None)
             return
         stream = _Stream(self, session_id, request_iterator, context, send_response)
         with self._lock:
             self._open[session_id] = stream
-        log.info("Session %s opened", session_tag(session_id), extra=_SESSION)
+        who = "unidentified" if peer is None else f"uid {peer}"
+        log.info("Session %s opened (%s)", session_tag(session_id), who, extra=_SESSION)
         send_response(
             pb.session_monitor_response(
                 session_id=session_id, runtime_version=wire.version(self.runtime.version)

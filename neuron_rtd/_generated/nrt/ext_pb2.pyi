@@ -47,7 +47,7 @@ class ext_hw_counters(_message.Message):
     def __init__(self, mem_ecc_corr: _Optional[int] = ..., mem_ecc_uncorr: _Optional[int] = ..., sram_ecc_corr: _Optional[int] = ..., sram_ecc_uncorr: _Optional[int] = ..., nc_errors: _Optional[int] = ..., nc_hangs: _Optional[int] = ..., dma_timeouts: _Optional[int] = ..., init_failures: _Optional[int] = ...) -> None: ...
 
 class describe_response(_message.Message):
-    __slots__ = ("runtime_version", "pid", "address", "sim_root", "instance_type", "devices", "start_time_ns", "status_code", "details", "shm_socket")
+    __slots__ = ("runtime_version", "pid", "address", "sim_root", "instance_type", "devices", "start_time_ns", "status_code", "details", "peer_socket")
     RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -57,7 +57,7 @@ class describe_response(_message.Message):
     START_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
-    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    PEER_SOCKET_FIELD_NUMBER: _ClassVar[int]
     runtime_version: str
     pid: int
     address: str
@@ -67,8 +67,16 @@ class describe_response(_message.Message):
     start_time_ns: int
     status_code: int
     details: str
-    shm_socket: str
-    def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ..., shm_socket: _Optional[str] = ...) -> None: ...
+    peer_socket: str
+    def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ..., peer_socket: _Optional[str] = ...) -> None: ...
+
+class peer_request(_message.Message):
+    __slots__ = ("shm_share", "ticket")
+    SHM_SHARE_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    shm_share: shm_share_request
+    ticket: peer_ticket_request
+    def __init__(self, shm_share: _Optional[_Union[shm_share_request, _Mapping]] = ..., ticket: _Optional[_Union[peer_ticket_request, _Mapping]] = ...) -> None: ...
 
 class shm_share_request(_message.Message):
     __slots__ = ("session_id", "path", "mmap_prot")
@@ -80,13 +88,19 @@ class shm_share_request(_message.Message):
     mmap_prot: int
     def __init__(self, session_id: _Optional[int] = ..., path: _Optional[str] = ..., mmap_prot: _Optional[int] = ...) -> None: ...
 
-class shm_share_response(_message.Message):
-    __slots__ = ("status_code", "details")
+class peer_ticket_request(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class peer_response(_message.Message):
+    __slots__ = ("status_code", "details", "ticket")
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     status_code: int
     details: str
-    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+    ticket: int
+    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., ticket: _Optional[int] = ...) -> None: ...
 
 class snapshot_request(_message.Message):
     __slots__ = ()

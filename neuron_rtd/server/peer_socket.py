@@ -1,0 +1,263 @@
+"""The peer socket: where a local client says who it is and passes its shared memory.
+
+gRPC cannot say who is calling (grpcio gives no peer credentials: every unix peer is
+"unix:"), nor carry a file descriptor. A unix socket beside the daemon's does both: the
+kernel names the caller (SO_PEERCRED), and a message may carry an open descriptor
+(SCM_RIGHTS). On a SOCK_SEQPACKET connection each message holds one `ext.peer_request`,
+answered by one `ext.peer_response`:
+- `shm_share` (with the object's descriptor): the daemon maps exactly the object the caller
+  holds (which may stay 0600, open to no one else), never one it looked up by name for
+  whoever asked, as `path` of the session named, a secret of the client that opened it;
+- `ticket`: a random ticket that names the caller's uid to one `session_monitor` call
+  (metadata `nrt-peer-ticket`) within `TICKET_TTL_S`, so that the session counts against
+  that user's `session_max_per_peer`, and only that user may pass objects into it.
+
+One thread serves every connection through a selector: a client that connects and says
+nothing costs a file descriptor until `IDLE_S`, not a thread; at most `MAX_CONNECTIONS`
+are open at once, `MAX_PER_UID` of them one user's (more are closed at once).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from neuron_rtd.errors import InvalidError, Nerr, NrtError
+from neuron_rtd.proto import ext_pb
+from neuron_rtd.runtime import Runtime, session_tag
+
+log = logging.getLogger("nrtd.NMGR")
+
+MAX_MESSAGE = 4096  # a request is a session id, a name of at most 255 bytes and a number
+MAX_CONNECTIONS = 256
+MAX_PER_UID = 32
+IDLE_S = 10.0
+TICKET_TTL_S = 60.0
+_FDS = array.array("i").itemsize
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Tickets:
+    """Tickets given to callers the kernel named, each for one session within its time."""
+
+    def __init__(self, ttl_s: float = TICKET_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._given: dict[int, tuple[int, float]] = {}  # ticket -> (uid, until)
+        self._lock = threading.Lock()
+
+    def give(self, uid: int) -> int:
+        now = time.monotonic()
+        with self._lock:
+            for ticket in [t for t, (_, until) in self._given.items() if until < now]:
+                del self._given[ticket]
+            while True:
+                ticket = secrets.randbits(64)
+                if ticket and ticket not in self._given:
+                    break
+            self._given[ticket] = (uid, now + self.ttl_s)
+        return ticket
+
+    def take(self, ticket: int) -> int:
+        """The uid a ticket names, once; InvalidError for one unknown, used or expired."""
+        with self._lock:
+            uid, until = self._given.pop(ticket, (-1, 0.0))
+        if uid < 0 or until < time.monotonic():
+            raise InvalidError(
+                "nrt-peer-ticket names no ticket of this daemon's (each names one session "
+                f"within {self.ttl_s:g} s of being given): ask the peer socket for another"
+            )
+        return uid
+
+
+class PeerSocket:
+    """Serves peer requests on `path` (made with `mode`, chowned to `gid`)."""
+
+    def __init__(
+        self, runtime: Runtime, tickets: Tickets, path: Path, *, mode: int, gid: int | None
+    ) -> None:
+        self.runtime = runtime
+        self.tickets = tickets
+        self.path = path
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_socket():
+                path.unlink()
+        old = os.umask(0o777 & ~mode)
+        try:
+            self._listener.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+        if gid is not None:
+            os.chown(path, -1, gid)
+        self._inode = path.stat().st_ino
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._seen: dict[socket.socket, float] = {}  # connection -> when it last spoke
+        self._uid: dict[socket.socket, int] = {}
+        self._per_uid: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="peer-socket", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for conn in list(self._seen):
+            self._drop(conn)
+        self._selector.close()
+        self._listener.close()
+        with contextlib.suppress(OSError):
+            if self.path.stat().st_ino == self._inode:
+                self.path.unlink()
+
+    # --- connections ----------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.5):
+                if key.fileobj is self._listener:
+                    self._accept()
+                else:
+                    self._answer(key.fileobj)  # type: ignore[arg-type]
+            self._drop_idle()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        uid = _peer_uid(conn)
+        if uid is None or len(self._seen) >= MAX_CONNECTIONS or self._per_uid[uid] >= MAX_PER_UID:
+            log.warning(
+                "peer socket: a connection of uid %s refused (%d open, %d of them its own; "
+                "at most %d, %d per user)",
+                uid,
+                len(self._seen),
+                self._per_uid[uid] if uid is not None else 0,
+                MAX_CONNECTIONS,
+                MAX_PER_UID,
+                extra={"fn": "peer_socket"},
+            )
+            conn.close()
+            return
+        conn.setblocking(False)
+        self._seen[conn] = time.monotonic()
+        self._uid[conn] = uid
+        self._per_uid[uid] += 1
+        self._selector.register(conn, selectors.EVENT_READ)
+
+    def _drop_idle(self) -> None:
+        oldest = time.monotonic() - IDLE_S
+        for conn in [c for c, seen in self._seen.items() if seen < oldest]:
+            self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._seen.pop(conn, None)
+        uid = self._uid.pop(conn, None)
+        if uid is not None:
+            self._per_uid[uid] -= 1
+            if not self._per_uid[uid]:
+                del self._per_uid[uid]
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        conn.close()
+
+    # --- requests -------------------------------------------------------------------
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            data, ancdata, flags, _ = conn.recvmsg(
+                MAX_MESSAGE, socket.CMSG_SPACE(4 * _FDS), socket.MSG_CMSG_CLOEXEC
+            )
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        fds = _passed_fds(ancdata)
+        if not data and not fds:  # the client closed its end
+            self._drop(conn)
+            return
+        self._seen[conn] = time.monotonic()
+        try:
+            response = self._handle(self._uid[conn], data, flags, fds)
+        except (_Refused, NrtError) as exc:
+            code = exc.code if isinstance(exc, NrtError) else Nerr.INVALID
+            log.error("%s", exc, extra={"fn": "peer_socket"})
+            response = ext_pb.peer_response(status_code=int(code), details=str(exc))
+        finally:
+            for fd in fds:  # whatever the request did not take
+                os.close(fd)
+        try:
+            conn.send(response.SerializeToString())
+        except OSError:
+            self._drop(conn)
+
+    def _handle(self, uid: int, data: bytes, flags: int, fds: list[int]) -> ext_pb.peer_response:
+        """One request of user `uid`; a descriptor it takes is removed from `fds`."""
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise _Refused(
+                f"a peer message holds one peer_request of at most {MAX_MESSAGE} bytes and "
+                "at most one file descriptor"
+            )
+        request = ext_pb.peer_request()
+        try:
+            request.ParseFromString(data)
+        except Exception:  # protobuf's DecodeError, by whichever implementation
+            raise _Refused("the message is not a peer_request") from None
+        kind = request.WhichOneof("what")
+        if kind == "ticket":
+            if fds:
+                raise _Refused("a ticket request carries no file descriptor")
+            return ext_pb.peer_response(status_code=int(Nerr.OK), ticket=self.tickets.give(uid))
+        if kind != "shm_share":
+            raise _Refused("the peer_request asks for nothing: shm_share or ticket")
+        if len(fds) != 1:
+            raise _Refused(
+                f"shm_share: the message must carry the object's one file descriptor "
+                f"(SCM_RIGHTS), it carries {len(fds)}"
+            )
+        share = request.shm_share
+        fd = fds.pop()
+        self.runtime.shm_adopt(fd, share.path, share.mmap_prot, share.session_id, uid)
+        log.debug(
+            "Session %s (uid %d) passed shared memory '%s'",
+            session_tag(share.session_id),
+            uid,
+            share.path,
+            extra={"fn": "shm_share"},
+        )
+        return ext_pb.peer_response(status_code=int(Nerr.OK))
+
+
+class _Refused(Exception):
+    pass
+
+
+def _passed_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % _FDS])
+    return list(fds)
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    except OSError:
+        return None
+    return int(_CREDENTIALS.unpack(creds)[1])
