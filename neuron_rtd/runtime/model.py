@@ -4,7 +4,8 @@ A model owns `ninfer` I/O slots. A slot holds one buffer per tensor that crosses
 stage boundary (model inputs and outputs included), in device DRAM next to the NC that
 produces it (or host memory for tensors only CPU nodes touch). An inference (`Job`) takes
 a free slot (none free: NERR_QUEUE_FULL) and copies its inputs in (`submit`), runs its
-steps (`run`), and is answered from the slot (`answer`), which gives the slot back: a slot
+steps (`run`), and is answered from the slot (`outputs`, then `answered`, which gives the
+slot back; `runtime/dataplane.py` holds that path): a slot
 is held from the post until the answer, so `ninfer` bounds what is posted and not yet
 waited for.
 
@@ -17,7 +18,8 @@ unload cancel what has not ended at its next step boundary (NERR_INFER_CANCELLED
 A bucketed NEFF loads one `Variant` per bucket (each with its own steps and slots; slot i
 of every variant belongs to the same reservation). An inference finds the sizes of its
 dynamic dimensions from the input byte counts, takes the first bucket that holds them,
-pads the inputs with zeros up to the bucket's sizes and cuts the outputs back down.
+pads the inputs with zeros up to the bucket's sizes and cuts the outputs back down
+(`runtime/shapes.py`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from neuron_rtd.errors import (
     NrtError,
     QueueFull,
 )
-from neuron_rtd.neff import Bucket, Neff, TensorSpec
+from neuron_rtd.neff import Bucket, Neff
 from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBuffer,
@@ -58,11 +60,10 @@ from neuron_rtd.runtime.driver import (
     usable_cpus,
 )
 from neuron_rtd.runtime.profile import InferenceProfile, InstrRecord, Profiler, StepRecord
+from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
 from neuron_rtd.runtime.stats import Tally
 
 log = logging.getLogger("nrtd.NMGR")
-
-Shape = tuple[int, ...]
 
 
 class ModelState(enum.Enum):
@@ -240,14 +241,13 @@ class Model:
 
     def __post_init__(self) -> None:
         self._free = list(range(self.params.ninfer))
-        self._inputs = self.input_specs = {t.name: t for t in self.neff.inputs}
+        self._shapes = InputShapes(self.neff.inputs, self.id, self.name)
+        self._inputs = self.input_specs = self._shapes.specs
         self._float_outputs = tuple(
             t for t in self.neff.outputs if np.issubdtype(t.dtype, np.floating)
         )
-        # What every inference needs, worked out once: the one symbolic axis of each
-        # input (if any), the variant when there is only one of fixed shapes, and how
-        # driver errors are named.
-        self._symbol_axis = {t.name: _symbol_axis(t) for t in self.neff.inputs}
+        # What every inference needs, worked out once: the variant when there is only
+        # one of fixed shapes, and how driver errors are named.
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
@@ -290,7 +290,7 @@ class Model:
         `inputs` maps names to bytes-like objects or `Source`s."""
         self._check_runnable()
         try:
-            shapes, sizes = self._check_inputs(inputs)
+            shapes, sizes = self._shapes.check(inputs)
             variant = self._variant_for(sizes)
         except BadInput as exc:
             if self.observer is not None:
@@ -516,7 +516,7 @@ class Model:
             if job.error is not None:
                 raise job.error
             slot = job.variant.slots[job.slot]
-            return {t.name: _cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
+            return {t.name: cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
         except BaseException:
             self.answered(job)
             raise
@@ -609,7 +609,7 @@ class Model:
                 buffer = bytearray(data.nbytes)
                 data.read_into(memoryview(buffer))
                 data = buffer
-            _copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
+            copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
 
     def _variant_for(self, sizes: Mapping[str, int]) -> Variant:
         if self._only is not None:
@@ -628,7 +628,7 @@ class Model:
     def _numerical_code(self, job: Job) -> Nerr:
         slot = job.variant.slots[job.slot]
         for spec in self._float_outputs:
-            value = _cut(np.asarray(slot[spec.name]), spec, job.sizes)
+            value = cut(np.asarray(slot[spec.name]), spec, job.sizes)
             if not all_finite(value):
                 return Nerr.INFER_COMPLETED_WITH_NUM_ERR
         return Nerr.OK
@@ -644,67 +644,6 @@ class Model:
             f"model {self.id} ({self.name}) is not running (state {self.state.value}): "
             "start it first"
         )
-
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
-        """The shape of each input, and the size each dynamic dimension takes in them."""
-        shapes: dict[str, Shape] = {}
-        sizes: dict[str, int] = {}
-        for name, data in inputs.items():
-            spec = self._inputs.get(name)
-            if spec is None:
-                raise BadInput(
-                    f"model {self.id} ({self.name}) has no input named '{name}'; "
-                    f"its inputs are: {', '.join(self._inputs)}"
-                )
-            size = len(data) if type(data) is bytes else _nbytes(data)
-            shapes[name] = self._input_shape(spec, size, sizes)
-        missing = [name for name in self._inputs if name not in shapes]
-        if missing:
-            raise BadInput(
-                f"model {self.id} ({self.name}) is missing input(s): "
-                + ", ".join(
-                    f"'{n}' ({describe(self._inputs[n])}, {self._inputs[n].nbytes} bytes)"
-                    for n in missing
-                )
-            )
-        return shapes, sizes
-
-    def _input_shape(self, spec: TensorSpec, size: int, sizes: dict[str, int]) -> tuple[int, ...]:
-        """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
-        axis worked out from the byte count (and checked against the other inputs)."""
-        axis = self._symbol_axis[spec.name]
-        if axis is None:
-            if size != spec.nbytes:
-                raise BadInput(
-                    f"input '{spec.name}' of model {self.id}: expected {spec.nbytes} bytes "
-                    f"({describe(spec)}), received {size}"
-                )
-            return spec.shape
-        symbol = spec.symbols[axis]
-        assert symbol is not None
-        row = spec.nbytes // spec.shape[axis]
-        if size % row or size == 0:
-            raise BadInput(
-                f"input '{spec.name}' of model {self.id}: {size} bytes is not a whole number "
-                f"of {describe(spec)} rows of {row} bytes along axis {axis}"
-            )
-        count = size // row
-        if sizes.setdefault(symbol, count) != count:
-            raise BadInput(
-                f"input '{spec.name}' of model {self.id} has {symbol}={count}, another "
-                f"input has {symbol}={sizes[symbol]}"
-            )
-        return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
-
-
-def _symbol_axis(spec: TensorSpec) -> int | None:
-    """The one axis of an input whose size varies by inference, if it has one."""
-    axes = [a for a, sym in enumerate(spec.symbols) if sym is not None]
-    return axes[0] if axes else None
-
-
-def _nbytes(data: Any) -> int:
-    return int(data.nbytes) if hasattr(data, "read_into") else memoryview(data).nbytes
 
 
 BoundStep = tuple[
@@ -741,31 +680,3 @@ def all_finite(value: np.ndarray) -> bool:
 
 
 _BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def describe(spec: TensorSpec) -> str:
-    dims = [
-        f"{spec.symbols[a]}<={d}" if spec.symbols and spec.symbols[a] else str(d)
-        for a, d in enumerate(spec.shape)
-    ]
-    return f"{spec.dtype.name}[{','.join(dims)}]"
-
-
-def _copy_padded(target: np.ndarray, array: np.ndarray) -> None:
-    """Copy `array` into `target`; a smaller array goes to its start, the rest zeroed."""
-    if target.shape == array.shape:
-        np.copyto(target, array, casting="no")
-        return
-    target[...] = 0
-    np.copyto(target[tuple(slice(0, n) for n in array.shape)], array, casting="no")
-
-
-def _cut(value: np.ndarray, spec: TensorSpec, sizes: Mapping[str, int]) -> np.ndarray:
-    """An output of a bucket cut down to the sizes of this inference."""
-    if not spec.symbols:
-        return value
-    index = tuple(
-        slice(0, sizes[sym]) if sym is not None and sym in sizes else slice(None)
-        for sym in spec.symbols
-    )
-    return value[index]

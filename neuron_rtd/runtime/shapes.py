@@ -1,0 +1,118 @@
+"""An inference's shapes: each input's shape from its byte count (an input may have one
+axis whose size varies by inference, a dynamic dimension, worked out from the bytes and
+checked across inputs), and the moves between those shapes and a bucket's fixed-size slot:
+inputs padded with zeros up to it, outputs cut back down. Which bucket holds the sizes is
+the model's (`Model._variant_for`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from neuron_rtd.errors import BadInput
+from neuron_rtd.neff import TensorSpec
+
+Shape = tuple[int, ...]
+
+
+class InputShapes:
+    """The inputs of one model (`model_id`, `name`, in messages), and the shapes the
+    bytes of an inference make of them."""
+
+    def __init__(self, specs: Sequence[TensorSpec], model_id: int, name: str) -> None:
+        self.specs = {t.name: t for t in specs}
+        self.model_id = model_id
+        self.name = name
+        self._axis = {t.name: symbol_axis(t) for t in specs}  # worked out once
+
+    def check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
+        """The shape of each input, and the size each dynamic dimension takes in them."""
+        shapes: dict[str, Shape] = {}
+        sizes: dict[str, int] = {}
+        for name, data in inputs.items():
+            spec = self.specs.get(name)
+            if spec is None:
+                raise BadInput(
+                    f"model {self.model_id} ({self.name}) has no input named '{name}'; "
+                    f"its inputs are: {', '.join(self.specs)}"
+                )
+            size = len(data) if type(data) is bytes else nbytes(data)
+            shapes[name] = self._shape(spec, size, sizes)
+        missing = [name for name in self.specs if name not in shapes]
+        if missing:
+            raise BadInput(
+                f"model {self.model_id} ({self.name}) is missing input(s): "
+                + ", ".join(
+                    f"'{n}' ({describe(self.specs[n])}, {self.specs[n].nbytes} bytes)"
+                    for n in missing
+                )
+            )
+        return shapes, sizes
+
+    def _shape(self, spec: TensorSpec, size: int, sizes: dict[str, int]) -> Shape:
+        """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
+        axis worked out from the byte count (and checked against the other inputs)."""
+        axis = self._axis[spec.name]
+        if axis is None:
+            if size != spec.nbytes:
+                raise BadInput(
+                    f"input '{spec.name}' of model {self.model_id}: expected {spec.nbytes} bytes "
+                    f"({describe(spec)}), received {size}"
+                )
+            return spec.shape
+        symbol = spec.symbols[axis]
+        assert symbol is not None
+        row = spec.nbytes // spec.shape[axis]
+        if size % row or size == 0:
+            raise BadInput(
+                f"input '{spec.name}' of model {self.model_id}: {size} bytes is not a whole number "
+                f"of {describe(spec)} rows of {row} bytes along axis {axis}"
+            )
+        count = size // row
+        if sizes.setdefault(symbol, count) != count:
+            raise BadInput(
+                f"input '{spec.name}' of model {self.model_id} has {symbol}={count}, another "
+                f"input has {symbol}={sizes[symbol]}"
+            )
+        return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
+
+
+def symbol_axis(spec: TensorSpec) -> int | None:
+    """The one axis of an input whose size varies by inference, if it has one."""
+    axes = [a for a, sym in enumerate(spec.symbols) if sym is not None]
+    return axes[0] if axes else None
+
+
+def nbytes(data: Any) -> int:
+    """The bytes of an input: a bytes-like object's, or a `Source`'s (shared memory)."""
+    return int(data.nbytes) if hasattr(data, "read_into") else memoryview(data).nbytes
+
+
+def describe(spec: TensorSpec) -> str:
+    dims = [
+        f"{spec.symbols[a]}<={d}" if spec.symbols and spec.symbols[a] else str(d)
+        for a, d in enumerate(spec.shape)
+    ]
+    return f"{spec.dtype.name}[{','.join(dims)}]"
+
+
+def copy_padded(target: np.ndarray, array: np.ndarray) -> None:
+    """Copy `array` into `target`; a smaller array goes to its start, the rest zeroed."""
+    if target.shape == array.shape:
+        np.copyto(target, array, casting="no")
+        return
+    target[...] = 0
+    np.copyto(target[tuple(slice(0, n) for n in array.shape)], array, casting="no")
+
+
+def cut(value: np.ndarray, spec: TensorSpec, sizes: Mapping[str, int]) -> np.ndarray:
+    """An output of a bucket cut down to the sizes of this inference."""
+    if not spec.symbols:
+        return value
+    index = tuple(
+        slice(0, sizes[sym]) if sym is not None and sym in sizes else slice(None)
+        for sym in spec.symbols
+    )
+    return value[index]
