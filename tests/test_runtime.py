@@ -420,7 +420,7 @@ def test_neff_memory_is_reserved_per_load_until_it_is_over(
     buffer = runtime.neff_buffer(len(neff))
     buffer[:] = neff
     runtime.unload(runtime.load(buffer).id)
-    assert runtime._reserved == len(second)
+    assert runtime._admission.reserved == len(second)
 
 
 def test_a_neff_files_header_is_checked_before_its_body_is_read(
@@ -431,20 +431,20 @@ def test_a_neff_files_header_is_checked_before_its_body_is_read(
     with open(sparse, "wb") as f:
         f.truncate(3 << 30)
     taken: list[int] = []
-    real = runtime.neff_buffer
+    real = runtime._admission.buffer
 
     def recorded(size: int) -> memoryview:
         taken.append(size)
         return real(size)
 
-    runtime.neff_buffer = recorded  # type: ignore[method-assign]
+    runtime._admission.buffer = recorded  # type: ignore[method-assign]
     with pytest.raises(InvalidError, match="not a NEFF"):
         runtime.load(NeffFile(str(sparse)))
     cut = tmp_path / "cut.neff"
     cut.write_bytes(build_relu((1, 8))[:-1])
     with pytest.raises(InvalidError, match="NEFF is truncated"):
         runtime.load(NeffFile(str(cut)))
-    assert taken == [] and runtime._reserved == 0
+    assert taken == [] and runtime._admission.reserved == 0
 
 
 def test_admission_sees_a_cgroups_memory_limit(tmp_path: Path) -> None:

@@ -6,15 +6,12 @@ use it directly. Control-plane calls serialize on one lock; inference takes no g
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
-import mmap
 import os
 import resource
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,8 +19,9 @@ import psutil
 
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
-from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.neff import Neff
 from neuron_rtd.runtime import dataplane
+from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
 from neuron_rtd.runtime.api import (
     DeviceInfo,
     HwCounters,
@@ -32,13 +30,12 @@ from neuron_rtd.runtime.api import (
     ModelInfo,
     NcgInfo,
     NcUse,
-    NeffFile,
     ShmOutputs,
     Snapshot,
     SystemCounters,
     Topology,
 )
-from neuron_rtd.runtime.driver import DeviceApi, NcCounters, available_memory, driver_errors
+from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
@@ -81,9 +78,6 @@ def parse_version(text: str) -> tuple[int, int]:
     return major, minor
 
 
-NeffSource = Neff | bytes | bytearray | memoryview | NeffFile  # parsed, its bytes, or a file
-
-
 @dataclass(frozen=True)
 class SessionRelease:
     """What an ended session left and the runtime released."""
@@ -117,9 +111,7 @@ class Runtime:
         )
         self._shm = ShmTable(enabled=self.options.shmem_enabled)
         self._stats = Stats()
-        self._admitting = threading.Lock()  # NEFF buffers admitted and not yet settled:
-        self._reserved = 0
-        self._reservations: dict[int, weakref.finalize] = {}
+        self._admission = NeffAdmission(self.options.neff_file_dirs)
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self._transfer_adjustment = 0
@@ -359,67 +351,10 @@ class Runtime:
         return ModelParams(timeout_s=float(timeout), ninfer=depth, profile=profile)
 
     def neff_buffer(self, size: int) -> memoryview:
-        """A buffer for a NEFF of `size` bytes a client sends or names: admitted only
-        while half the host's available memory, less what loads in progress have been
-        admitted, holds it. Its memory is taken as it is written (an anonymous mapping),
-        so it is reserved from admission until its load is over (`_settle`), and a size
-        claimed and never sent costs nothing."""
+        """A buffer for a NEFF of `size` bytes a client sends, admitted and reserved until
+        its load is over (see `admission`)."""
         self.ensure_ready()
-        with self._admitting:
-            available = available_memory()
-            if size > available // 2 - self._reserved:
-                raise ResourceError(
-                    f"a NEFF of {size} bytes is more than the host can hold now "
-                    f"({available} bytes available, {self._reserved} taken by loads in "
-                    "progress): load it when memory is free, or a smaller NEFF"
-                )
-            if not size:
-                return memoryview(bytearray())
-            self._reserved += size
-            buffer = mmap.mmap(-1, size)
-            self._reservations[id(buffer)] = weakref.finalize(buffer, self._unreserve, size)
-        return memoryview(buffer)
-
-    def _unreserve(self, size: int) -> None:
-        with self._admitting:
-            self._reserved -= size
-
-    def _settle(self, buffer: memoryview | None) -> None:
-        """The load that took `buffer` is over: its memory is the model's now, or free."""
-        if buffer is not None:
-            with self._admitting:
-                finalizer = self._reservations.pop(id(buffer.obj), None)
-            if finalizer is not None:
-                finalizer()
-
-    def _read_neff(self, neff: NeffSource) -> Neff:
-        if isinstance(neff, Neff):
-            return neff
-        if not isinstance(neff, NeffFile):
-            return read_neff(neff)
-        path = neff.path
-        if "\0" in path:
-            raise InvalidError(f"neff_file {path!r} holds a NUL byte: give a file's path")
-        if not os.path.isabs(path):
-            raise InvalidError(f"neff_file '{path}' must be an absolute path")
-        folders = self.options.neff_file_dirs
-        real = os.path.realpath(path)
-        if not any(_within(real, folder) for folder in folders):
-            raise InvalidError(
-                f"neff_file '{path}' is outside the folders this daemon loads NEFF files "
-                f"from ({', '.join(folders) or 'none'}): stream the NEFF instead, or add "
-                "its folder to neff_file_dirs in the daemon's config"
-            )
-        try:
-            return read_neff_file(real, into=self.neff_buffer)
-        except OSError as exc:
-            hidden = exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ELOOP)
-            reason = "no such file, or the daemon may not read it" if hidden else exc.strerror
-            raise InvalidError(
-                f"cannot read neff_file '{path}' ({reason}): the daemon reads it with its own "
-                "rights; make it readable to the daemon's user in one of neff_file_dirs, or "
-                "stream the NEFF instead"
-            ) from None
+        return self._admission.buffer(size)
 
     def load(
         self,
@@ -437,13 +372,13 @@ class Runtime:
         self.ensure_ready()
         parsed: Neff | None = None
         try:
-            parsed = self._read_neff(neff)
+            parsed = self._admission.read(neff)
             return self._load(parsed, ncg_id, timeout_s, ninfer, session_id, profile)
         finally:
             if parsed is not None:
-                self._settle(parsed.buffer)
+                self._admission.settle(parsed.buffer)
             elif isinstance(neff, memoryview):
-                self._settle(neff)
+                self._admission.settle(neff)
 
     def _load(
         self,
@@ -877,7 +812,3 @@ class Runtime:
         self._inflight.close()
         self._shm.close()
         logging.getLogger("nrtd").removeHandler(self._stats.logs)
-
-
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
