@@ -123,7 +123,7 @@ def test_conv_model_profile_names_convolutions(local: LocalRuntime) -> None:
 def test_unprofiled_model_records_nothing(local: LocalRuntime) -> None:
     model = local.load(_mlp())
     local.infer(model, {model.neff.inputs[0].name: _x()})
-    assert local.runtime._model(model.id).profiler is None
+    assert local.runtime._models[model.id].profiler is None
     with pytest.raises(Exception, match="not loaded with node profiling") as info:
         local.runtime.profile(model.id)
     assert getattr(info.value, "code", None) == Nerr.INVALID

@@ -37,6 +37,7 @@ from neuron_rtd.runtime.driver import (
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
+from neuron_rtd.runtime.models import FIRST_MODEL_ID
 from neuron_rtd.runtime.profile import (
     InferenceProfile,
     InstrRecord,
@@ -44,7 +45,6 @@ from neuron_rtd.runtime.profile import (
     StepRecord,
 )
 from neuron_rtd.runtime.runtime import (
-    FIRST_MODEL_ID,
     Runtime,
     RuntimeOptions,
     SessionRelease,

@@ -6,7 +6,6 @@ use it directly. Control-plane calls serialize on one lock; inference takes no g
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import resource
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 import psutil
 
 from neuron_rtd import __version__
-from neuron_rtd.errors import HwError, InvalidError, InvalidHandle, NrtError, ResourceError
+from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime import dataplane
 from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
@@ -38,8 +37,8 @@ from neuron_rtd.runtime.api import (
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
-from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import Model, ModelParams, ModelState
+from neuron_rtd.runtime.models import ModelTable
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
 from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name, session_tag
@@ -48,7 +47,6 @@ from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
 
-FIRST_MODEL_ID = 10001
 INIT_RETRY_INTERVAL_S = 1.0
 
 
@@ -100,8 +98,6 @@ class Runtime:
         self.options = options or RuntimeOptions()
         self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device)
         self.version = __version__
-        self._models: dict[int, Model] = {}
-        self._model_ids = itertools.count(FIRST_MODEL_ID)
         self._lock = threading.RLock()
         self._init_error: str | None = None
         self._init_tried = 0.0
@@ -113,7 +109,8 @@ class Runtime:
         self._stats = Stats()
         self._admission = NeffAdmission(self.options.neff_file_dirs)
         logging.getLogger("nrtd").addHandler(self._stats.logs)
-        self._host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
+        host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
+        self._models = ModelTable(self._devices, self._ncgs, self._inflight, self._stats, host_pool)
         self._transfer_adjustment = 0
         self._sessions = SessionTable(
             limit=self.options.session_max_open, per_peer=self.options.session_max_per_peer
@@ -188,11 +185,7 @@ class Runtime:
                 return None
             ncgs = [ncg for ncg in self._ncgs.list() if ncg.session_id == session_id]
             on_them = {m for ncg in ncgs for m in ncg.models}
-            models = [
-                m.id
-                for m in sorted(self._models.values(), key=lambda m: m.id)
-                if m.session_id == session_id or m.id in on_them
-            ]
+            models = [m.id for m in self._models if m.session_id == session_id or m.id in on_them]
             for model_id in models:
                 self._unload(model_id)
             remaining = {ncg.id for ncg in self._ncgs.list()}  # unloading took the implicit
@@ -227,7 +220,7 @@ class Runtime:
 
     def _check_models_quota(self, session_id: int) -> None:
         limit = self.options.session_max_models
-        held = sum(m.session_id == session_id for m in self._models.values())
+        held = self._models.held_by(session_id)
         if limit and held >= limit:
             raise ResourceError(
                 f"{session_name(session_id)} has {held} models loaded, the most one may "
@@ -292,24 +285,18 @@ class Runtime:
         )
 
     # --- models --------------------------------------------------------------------
-    def _model(self, model_id: int) -> Model:
-        try:
-            return self._models[model_id]
-        except KeyError:
-            raise InvalidHandle(f"model {model_id} is not loaded") from None
-
     def model(self, model_id: int) -> ModelInfo:
-        return ModelInfo.of(self._model(model_id))
+        return ModelInfo.of(self._models[model_id])
 
     def models(self) -> list[ModelInfo]:
         with self._lock:
-            return [ModelInfo.of(m) for m in sorted(self._models.values(), key=lambda m: m.id)]
+            return [ModelInfo.of(m) for m in self._models]
 
     def profile(self, model_id: int, last: int = 0, *, session: int | None = None) -> ModelProfile:
         """The per-op profiles a model loaded with `enable_node_profiling` kept of its
         last inferences (the `last` most recent, 0: all kept), oldest first. A model of a
         session tells them only to a call that presents that session (`session`)."""
-        model = self._model(model_id)
+        model = self._models[model_id]
         if model.session_id != NO_SESSION and self._caller(session) != model.session_id:
             raise InvalidError(
                 f"model {model_id} belongs to {session_name(model.session_id)}: its profile "
@@ -415,13 +402,11 @@ class Runtime:
                         f"may hold (model_cache_count {limit}): unload one first"
                     )
             try:
-                model = self._build(next(self._model_ids), parsed, ncg, params, session_id)
+                model = self._models.add(parsed, ncg, params, session_id)
             except BaseException:
                 if implicit:
                     self._ncgs.destroy(ncg.id)
                 raise
-            ncg.models.append(model.id)
-            self._models[model.id] = model
             self._stats.model_loaded(model, time.monotonic() - began)
             log.info(
                 "Loaded model %d '%s' on NCG %d (%s mode, NCs %s, %d bytes of DRAM, ninfer %d)",
@@ -440,108 +425,25 @@ class Runtime:
 
     def start(self, model_id: int) -> None:
         """Start a model (the others of its NCG go STANDBY). A model that failed on a
-        hardware error is started through its devices' reset (`_recover`)."""
+        hardware error is started through its devices' reset (`ModelTable.start`)."""
         self.ensure_ready()
         began = time.monotonic()
         with self._lock:
-            model = self._model(model_id)
+            model = self._models[model_id]
             if model.state is ModelState.READY:
                 return
+            model = self._models.start(model)
             if model.state is ModelState.FAILED:
-                model = self._recover(model)
-                if model.state is ModelState.FAILED:
-                    raise HwError(f"model {model_id} cannot start: {model.failure}")
-            for other_id in self._ncgs.get(model.ncg_id).models:
-                other = self._models[other_id]
-                if other is not model and other.state is ModelState.READY:
-                    other.set_state(ModelState.STANDBY)
-                    other.cancel(f"model {model_id} was started on NCG {model.ncg_id}")
-                    log.info("Model %d is now STANDBY", other.id, extra={"fn": "start"})
-            model.set_state(ModelState.READY)
+                raise HwError(f"model {model_id} cannot start: {model.failure}")
         self._stats.model_event(Metric.MODEL_START_LATENCY, time.monotonic() - began)
         log.info("Started model %d", model_id, extra={"fn": "start"})
-
-    def _build(
-        self, model_id: int, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int
-    ) -> Model:
-        """`neff` placed on `ncg` as model `model_id`, wired to the runtime's host pool
-        and counters (a load, or a reload after a reset)."""
-        model = build_model(
-            model_id=model_id,
-            neff=neff,
-            ncg=ncg,
-            ncgs=self._ncgs,
-            devices=self._devices,
-            params=params,
-            session_id=session_id,
-        )
-        model.host_pool = self._host_pool
-        model.observer = self._stats
-        return model
-
-    def _let_go(self, model: Model, why: str) -> bool:
-        """End what `model` runs or holds (NERR_INFER_CANCELLED, `why`), keep only the
-        answers of its cookies, and give its DRAM back (unload, or a device reset). False
-        if something was still busy when it gave up waiting."""
-        idle = model.drop_all(why, model.params.timeout_s + 1)
-        self._inflight.forget(model)
-        for device, buf in reversed(model.dram):
-            device.dram_free(buf)
-        model.dram = []  # given back: not again, whatever comes next
-        return idle
-
-    def _recover(self, failed: Model) -> Model:
-        """The reset path after a hardware error (under the runtime's lock): every model
-        with an NC on the failed model's devices is stopped (what it runs or holds ends
-        NERR_INFER_CANCELLED) and gives its DRAM back, those devices are reset, and each
-        such model is loaded again from its NEFF on its NCG, in the state it had (the
-        failed one and any other failed one: STANDBY, for `start`). A model that cannot
-        be loaded again stays FAILED. Models on other devices serve on throughout. The
-        failed model as it is now."""
-        slots = {self._ncgs.locate(vnc).device_slot for vnc in failed.vncs}
-        hit = [
-            m
-            for m in self._models.values()
-            if any(self._ncgs.locate(vnc).device_slot in slots for vnc in m.vncs)
-        ]
-        log.warning(
-            "Resetting device(s) %s after a hardware error on model %d: reloading model(s) %s",
-            ", ".join(self._devices[i].bdf for i in sorted(slots)),
-            failed.id,
-            ", ".join(str(m.id) for m in hit),
-            extra={"fn": "start"},
-        )
-        states = {m.id: m.state for m in hit}
-        for model in hit:
-            model.set_state(ModelState.STANDBY)
-            self._let_go(model, "its device was reset after a hardware error")
-        try:
-            with driver_errors("device reset"):
-                for i in sorted(slots):
-                    self._devices[i].reset()
-        except NrtError as exc:
-            for model in hit:
-                model.set_state(ModelState.FAILED, str(exc))
-            raise
-        for old in hit:
-            try:
-                ncg = self._ncgs.get(old.ncg_id)
-                model = self._build(old.id, old.neff, ncg, old.params, old.session_id)
-            except NrtError as exc:
-                old.set_state(ModelState.FAILED, f"not loaded again after a reset: {exc}")
-                log.error("Model %d: %s", old.id, old.failure, extra={"fn": "start"})
-                continue
-            if states[old.id] is ModelState.READY:
-                model.set_state(ModelState.READY)
-            self._models[old.id] = model
-        return self._models[failed.id]
 
     def stop(self, model_id: int) -> None:
         """Stop a model: inferences not yet ended end with NERR_INFER_CANCELLED."""
         self.ensure_ready()
         began = time.monotonic()
         with self._lock:
-            model = self._model(model_id)
+            model = self._models[model_id]
             model.set_state(ModelState.STANDBY)
         cancelled = model.cancel("the model was stopped")
         self._stats.model_event(Metric.MODEL_STOP_LATENCY, time.monotonic() - began)
@@ -559,13 +461,8 @@ class Runtime:
     def _unload(self, model_id: int) -> None:
         began = time.monotonic()
         with self._lock:
-            model = self._models.pop(model_id, None)
-            if model is None:
-                raise InvalidHandle(f"model {model_id} is not loaded")
-            model.set_state(ModelState.UNLOADING)
-            ncg = self._ncgs.get(model.ncg_id)
-            ncg.models.remove(model_id)
-        if not self._let_go(model, "the model was unloaded"):
+            model, ncg = self._models.remove(model_id)
+        if not self._models.let_go(model, "the model was unloaded"):
             log.warning(
                 "Model %d still busy at unload; freeing it anyway", model_id, extra={"fn": "unload"}
             )
@@ -582,8 +479,8 @@ class Runtime:
 
     def _unload_all(self) -> None:
         with self._lock:
-            for model_id in sorted(self._models):
-                self._unload(model_id)
+            for model in list(self._models):
+                self._unload(model.id)
             for ncg in self._ncgs.list():
                 self._ncgs.destroy(ncg.id)
         log.info("Unloaded all models and destroyed all NCGs", extra={"fn": "unload_all"})
@@ -602,7 +499,7 @@ class Runtime:
         """One inference, in this thread: inputs as bytes-like objects or `ShmInput`s by
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
         self.ensure_ready()
-        model = self._model(model_id)
+        model = self._models[model_id]
         caller = self._caller(session)
         return dataplane.run(
             model, inputs, self._shm, self._shm_outputs(model, shm_outputs, caller), caller
@@ -619,7 +516,7 @@ class Runtime:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
         self.ensure_ready()
-        model = self._model(model_id)
+        model = self._models[model_id]
         caller = self._caller(session)
         outputs = self._shm_outputs(model, shm_outputs, caller)
         inputs_read = dataplane.sources(model, inputs, self._shm, caller)
@@ -743,7 +640,7 @@ class Runtime:
         """Everything an observer (neuron-monitor, neuron-top) reads, at one instant."""
         self.ensure_ready()
         with self._lock:
-            models = sorted(self._models.values(), key=lambda m: m.id)
+            models = list(self._models)
             infos = tuple(ModelInfo.of(m) for m in models)
             ncgs = tuple(self._ncg_info(ncg) for ncg in self._ncgs.list())
         owner = {vnc: ncg.id for ncg in ncgs for vnc in ncg.vncs}
