@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-import psutil
 
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
@@ -28,7 +25,6 @@ from neuron_rtd.runtime.api import (
     Input,
     ModelInfo,
     NcgInfo,
-    NcUse,
     ShmOutputs,
     Snapshot,
     SystemCounters,
@@ -39,9 +35,10 @@ from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.model import Model, ModelParams, ModelState
 from neuron_rtd.runtime.models import ModelTable
-from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
-from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name, session_tag
+from neuron_rtd.runtime.readings import Readings
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name
 from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
@@ -111,7 +108,7 @@ class Runtime:
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
         self._models = ModelTable(self._devices, self._ncgs, self._inflight, self._stats, host_pool)
-        self._transfer_adjustment = 0
+        self._readings = Readings(self._devices, self._ncgs, self._models, self._stats, self._lock)
         self._sessions = SessionTable(
             limit=self.options.session_max_open, per_peer=self.options.session_max_per_peer
         )
@@ -245,7 +242,7 @@ class Runtime:
             ncg.start,
             extra={"fn": "create_eg"},
         )
-        return self._ncg_info(ncg)
+        return self._readings.ncg_info(ncg)
 
     def destroy_ncg(self, ncg_id: int) -> None:
         self.ensure_ready()
@@ -261,28 +258,15 @@ class Runtime:
 
     def list_ncgs(self) -> list[NcgInfo]:
         self.ensure_ready()
-        return [self._ncg_info(ncg) for ncg in self._ncgs.list()]
+        return [self._readings.ncg_info(ncg) for ncg in self._ncgs.list()]
 
     def ncg(self, ncg_id: int) -> NcgInfo:
-        return self._ncg_info(self._ncgs.get(ncg_id))
+        return self._readings.ncg_info(self._ncgs.get(ncg_id))
 
     def locate(self, vnc: int) -> tuple[int, int]:
         """Where virtual NC `vnc` is: its device's index and its NC on that device."""
         loc = self._ncgs.locate(vnc)
         return self._devices[loc.device_slot].index, loc.nc
-
-    def _ncg_info(self, ncg: Ncg) -> NcgInfo:
-        loc = self._ncgs.locate(ncg.start)
-        return NcgInfo(
-            id=ncg.id,
-            start=ncg.start,
-            nc_count=ncg.nc_count,
-            device_index=self._devices[loc.device_slot].index,
-            nc_start=loc.nc,
-            session=session_tag(ncg.session_id),
-            implicit=ncg.implicit,
-            models=tuple(ncg.models),
-        )
 
     # --- models --------------------------------------------------------------------
     def model(self, model_id: int) -> ModelInfo:
@@ -601,32 +585,16 @@ class Runtime:
     def nc_counters(self, vnc: int) -> NcCounters:
         """The counters of virtual NC `vnc` since the devices were initialized."""
         self.ensure_ready()
-        if not 0 <= vnc < self._ncgs.total_ncs:
-            raise InvalidError(
-                f"no virtual NC {vnc}: this runtime has {self._ncgs.total_ncs} "
-                f"(0..{self._ncgs.total_ncs - 1})"
-            )
-        loc = self._ncgs.locate(vnc)
-        with driver_errors(f"counters of NC {vnc}"):
-            return self._devices[loc.device_slot].nc(loc.nc).counters()
+        return self._readings.nc_counters(vnc)
 
     def hw_counters(self, *, bdf: str | None = None, index: int | None = None) -> HwCounters:
         """The health counters of one of this runtime's devices, by PCI BDF or index."""
         self.ensure_ready()
-        if bdf is None and index is None:
-            raise InvalidError("get_hw_counters needs a bdf or a device_id")
-        for device in self._devices:
-            if (bdf is not None and device.bdf == bdf) or (
-                index is not None and device.index == index
-            ):
-                return HwCounters.of(device, self._transfer_adjustment)
-        owned = ", ".join(f"{d.index} ({d.bdf})" for d in self._devices)
-        wanted = f"BDF {bdf}" if bdf is not None else f"index {index}"
-        raise InvalidError(f"no device with {wanted} in this runtime; it owns {owned}")
+        return self._readings.hw_counters(bdf=bdf, index=index)
 
     def all_hw_counters(self) -> list[HwCounters]:
         self.ensure_ready()
-        return [HwCounters.of(device, self._transfer_adjustment) for device in self._devices]
+        return self._readings.all_hw_counters()
 
     def counters(self) -> NmgrCounters:
         """The inference and model counters (no device needed: always answers)."""
@@ -639,43 +607,11 @@ class Runtime:
     def snapshot(self) -> Snapshot:
         """Everything an observer (neuron-monitor, neuron-top) reads, at one instant."""
         self.ensure_ready()
-        with self._lock:
-            models = list(self._models)
-            infos = tuple(ModelInfo.of(m) for m in models)
-            ncgs = tuple(self._ncg_info(ncg) for ncg in self._ncgs.list())
-        owner = {vnc: ncg.id for ncg in ncgs for vnc in ncg.vncs}
-        ncs = []
-        for vnc in range(self._ncgs.total_ncs):
-            loc = self._ncgs.locate(vnc)
-            device = self._devices[loc.device_slot]
-            with driver_errors(f"counters of NC {vnc}"):
-                busy_ns = device.nc(loc.nc).counters().busy_ns
-            ncs.append(NcUse(vnc, device.index, loc.nc, busy_ns, owner.get(vnc, 0)))
-        cpu = resource.getrusage(resource.RUSAGE_SELF)  # in us (psutil's: 10 ms ticks)
-        latency, nc_latency = self._stats.latency()
-        return Snapshot(
-            time_ns=time.time_ns(),
-            cpu_user_s=cpu.ru_utime,
-            cpu_system_s=cpu.ru_stime,
-            rss_bytes=psutil.Process().memory_info().rss,
-            ncs=tuple(ncs),
-            ncgs=ncgs,
-            models=infos,
-            tallies=tuple(self._stats.tallies(models)),
-            counters=self._stats.snapshot(),
-            latency=latency,
-            nc_latency=nc_latency,
-        )
+        return self._readings.snapshot()
 
     def system_counters(self) -> SystemCounters:
         self.ensure_ready()
-        logs = self._stats.logs
-        return SystemCounters(
-            log_errors=logs.errors,
-            log_warnings=logs.warnings,
-            host_memory_bytes=psutil.Process().memory_info().rss,
-            devices=tuple(DeviceInfo.of(device) for device in self._devices),
-        )
+        return self._readings.system_counters()
 
     def random_seed(self, ncg_id: int, seed: int) -> None:
         """Seed the random number generators of the NCs of NCG `ncg_id`: random ops of
@@ -691,7 +627,7 @@ class Runtime:
     def set_transfer_adjustment(self, count: int) -> None:
         """Set the static DMA transfer adjustment count the devices report."""
         self.ensure_ready()
-        self._transfer_adjustment = count
+        self._readings.transfer_adjustment = count
         log.info("Static transfer adjustment set to %d", count, extra={"fn": "transfer_adjust"})
 
     # --- the process ---------------------------------------------------------------
