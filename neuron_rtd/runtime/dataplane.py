@@ -1,68 +1,113 @@
-"""The one path of an inference through the runtime: inputs resolved to sources, the job
-submitted into a slot, run, and answered from the slot into the result or the client's
-shared memory. `Runtime.infer`, `wait` and `poll` all end in `answer` here.
+"""The data path: one inference's way through the runtime, run in the caller's thread
+(`infer`) or posted to the model's workers and collected by its cookie (`post`, then
+`wait` or `poll`). Either way its inputs are resolved (bytes as they are; client shared
+memory, named in the session the call presents, read straight into the slot), the model
+takes a slot and fills it (`Model.submit`), runs (`Model.run`), and the result is answered
+from the slot inline or into the client's shared memory (`Model.outputs`, then
+`Model.answered` gives the slot back). Callers see these four calls, never the slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from neuron_rtd.runtime.api import InferResult, Input, ShmInput
+from neuron_rtd.errors import NrtError
+from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
+from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.model import Job, Model, Source
 from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 
 ShmSinks = Mapping[str, ShmMapping]  # output name -> the mapping it is written to
 
 
-def sources(
-    model: Model, inputs: Mapping[str, Input], shm: ShmTable, caller: int | None
-) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
-    """The inputs as the model reads them: bytes-like objects as they are, shared memory
-    (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
-    read straight into the slot (as many bytes as the input takes; for an input whose
-    size varies, the whole object)."""
-    resolved: dict[str, bytes | bytearray | memoryview | np.ndarray | Source] = {}
-    specs = model.input_specs
-    for name, value in inputs.items():
-        if isinstance(value, ShmInput):
-            spec = specs.get(name)
-            fixed = spec is not None and not spec.varying_axes
-            size = spec.nbytes if spec is not None and fixed else None
-            what = f"ifmap '{name}'"
-            mapping = shm.find(value.path, caller, model.session_id, what)
-            resolved[name] = shm.source(mapping, size, what)
-        else:
-            resolved[name] = value
-    return resolved
+class DataPath:
+    """`caller` below: the session the call presents (None: none; see `ShmTable.find`)."""
 
+    def __init__(self, shm: ShmTable, inflight: Inflight) -> None:
+        self._shm = shm
+        self._inflight = inflight
 
-def run(
-    model: Model,
-    inputs: Mapping[str, Input],
-    shm: ShmTable,
-    outputs: ShmSinks,
-    caller: int | None,
-) -> InferResult:
-    """One inference in the caller's thread, answered."""
-    job = model.submit(sources(model, inputs, shm, caller))
-    model.run(job)
-    return answer(model, job, shm, outputs)
+    def infer(
+        self, model: Model, inputs: Mapping[str, Input], outputs: ShmOutputs, caller: int | None
+    ) -> InferResult:
+        """One inference in the caller's thread, answered."""
+        sinks = self._sinks(model, outputs, caller)
+        job = model.submit(self._sources(model, inputs, caller))
+        model.run(job)
+        return self._answer(model, job, sinks)
 
+    def post(
+        self, model: Model, inputs: Mapping[str, Input], outputs: ShmOutputs, caller: int | None
+    ) -> int:
+        """Queue an inference (inputs checked and copied into its slot before this
+        returns); its cookie (see `Inflight`)."""
+        sinks = self._sinks(model, outputs, caller)
+        return self._inflight.post(model, self._sources(model, inputs, caller), sinks)
 
-def answer(model: Model, job: Job, shm: ShmTable, outputs: ShmSinks) -> InferResult:
-    """The result of an ended job: its outputs inline, or written from its slot straight
-    to the client's shared memory when the call names any there (then only those)."""
-    inline: dict[str, bytes] = {}
-    values = model.outputs(job)
-    try:
-        for name, value in values.items():
-            if name in outputs:
-                data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
-                shm.write(outputs[name], data, f"shm_ofmap '{name}'")
-            elif not outputs:
-                inline[name] = value.tobytes()
-    finally:
-        model.answered(job)
-    return InferResult(outputs=inline, code=job.code)
+    def wait(self, cookie: int, outputs: ShmOutputs, caller: int | None) -> InferResult:
+        """The result of a posted inference once it has ended; the cookie is spent. Its
+        outputs go to the shared memory named here, else to that named by the post."""
+        posted = self._inflight.wait(cookie)
+        try:
+            sinks = self._sinks(posted.model, outputs, caller)
+        except NrtError:
+            posted.model.answered(posted.job)  # the cookie is spent: its slot goes back
+            raise
+        return self._answer(posted.model, posted.job, sinks or posted.extra or {})
+
+    def poll(self, cookie: int, outputs: ShmOutputs, caller: int | None) -> InferResult | None:
+        """As `wait` once the inference has ended; None (the cookie kept) until then."""
+        if not self._inflight.peek(cookie).done:
+            return None
+        return self.wait(cookie, outputs, caller)
+
+    def completed(self, cookies: Iterable[int]) -> list[int]:
+        """The cookies, of those given, whose inferences have ended."""
+        return self._inflight.completed(cookies)
+
+    def _sinks(
+        self, model: Model, outputs: ShmOutputs, caller: int | None
+    ) -> dict[str, ShmMapping]:
+        return {
+            name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
+            for name, path in outputs.items()
+        }
+
+    def _sources(
+        self, model: Model, inputs: Mapping[str, Input], caller: int | None
+    ) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
+        """The inputs as the model reads them: bytes-like objects as they are, shared memory
+        (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
+        read straight into the slot (as many bytes as the input takes; for an input whose
+        size varies, the whole object)."""
+        resolved: dict[str, bytes | bytearray | memoryview | np.ndarray | Source] = {}
+        specs = model.input_specs
+        for name, value in inputs.items():
+            if isinstance(value, ShmInput):
+                spec = specs.get(name)
+                fixed = spec is not None and not spec.varying_axes
+                size = spec.nbytes if spec is not None and fixed else None
+                what = f"ifmap '{name}'"
+                mapping = self._shm.find(value.path, caller, model.session_id, what)
+                resolved[name] = self._shm.source(mapping, size, what)
+            else:
+                resolved[name] = value
+        return resolved
+
+    def _answer(self, model: Model, job: Job, outputs: ShmSinks) -> InferResult:
+        """The result of an ended job: its outputs inline, or written from its slot straight
+        to the client's shared memory when the call names any there (then only those)."""
+        inline: dict[str, bytes] = {}
+        values = model.outputs(job)
+        try:
+            for name, value in values.items():
+                if name in outputs:
+                    data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
+                    self._shm.write(outputs[name], data, f"shm_ofmap '{name}'")
+                elif not outputs:
+                    inline[name] = value.tobytes()
+        finally:
+            model.answered(job)
+        return InferResult(outputs=inline, code=job.code)

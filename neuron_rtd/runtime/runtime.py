@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
 from neuron_rtd.neff import Neff
-from neuron_rtd.runtime import dataplane
 from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
 from neuron_rtd.runtime.api import (
     DeviceInfo,
@@ -30,16 +29,17 @@ from neuron_rtd.runtime.api import (
     SystemCounters,
     Topology,
 )
+from neuron_rtd.runtime.dataplane import DataPath
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
-from neuron_rtd.runtime.model import Model, ModelParams, ModelState
+from neuron_rtd.runtime.model import ModelParams, ModelState
 from neuron_rtd.runtime.models import ModelTable
 from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
 from neuron_rtd.runtime.readings import Readings
 from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name
-from neuron_rtd.runtime.shm import ShmMapping, ShmTable
+from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
@@ -103,6 +103,7 @@ class Runtime:
             ttl_s=self.options.cookie_ttl_s, session_limit=self.options.session_max_inflight
         )
         self._shm = ShmTable(enabled=self.options.shmem_enabled)
+        self._data = DataPath(self._shm, self._inflight)
         self._stats = Stats()
         self._admission = NeffAdmission(self.options.neff_file_dirs)
         logging.getLogger("nrtd").addHandler(self._stats.logs)
@@ -484,10 +485,7 @@ class Runtime:
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
         self.ensure_ready()
         model = self._models[model_id]
-        caller = self._caller(session)
-        return dataplane.run(
-            model, inputs, self._shm, self._shm_outputs(model, shm_outputs, caller), caller
-        )
+        return self._data.infer(model, inputs, shm_outputs or {}, self._caller(session))
 
     def post(
         self,
@@ -501,10 +499,7 @@ class Runtime:
         returns); its cookie (see `Inflight`)."""
         self.ensure_ready()
         model = self._models[model_id]
-        caller = self._caller(session)
-        outputs = self._shm_outputs(model, shm_outputs, caller)
-        inputs_read = dataplane.sources(model, inputs, self._shm, caller)
-        return self._inflight.post(model, inputs_read, outputs)
+        return self._data.post(model, inputs, shm_outputs or {}, self._caller(session))
 
     def wait(
         self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
@@ -512,37 +507,20 @@ class Runtime:
         """The result of a posted inference once it has ended; the cookie is spent. Its
         outputs go to the shared memory named here, else to that named by the post."""
         self.ensure_ready()
-        caller = self._caller(session)
-        posted = self._inflight.wait(cookie)
-        try:
-            named = self._shm_outputs(posted.model, shm_outputs, caller)
-        except NrtError:
-            posted.model.answered(posted.job)  # the cookie is spent: its slot goes back
-            raise
-        return dataplane.answer(posted.model, posted.job, self._shm, named or posted.extra or {})
+        return self._data.wait(cookie, shm_outputs or {}, self._caller(session))
 
     def poll(
         self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
     ) -> InferResult | None:
         """As `wait` once the inference has ended; None (the cookie kept) until then."""
         self.ensure_ready()
-        if not self._inflight.peek(cookie).done:
-            return None
-        return self.wait(cookie, shm_outputs, session=session)
+        return self._data.poll(cookie, shm_outputs or {}, self._caller(session))
 
     def completed(self, cookies: Iterable[int]) -> list[int]:
         """The cookies, of those given, whose inferences have ended (still to be waited
         for)."""
         self.ensure_ready()
-        return self._inflight.completed(cookies)
-
-    def _shm_outputs(
-        self, model: Model, outputs: ShmOutputs | None, caller: int | None
-    ) -> dict[str, ShmMapping]:
-        return {
-            name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
-            for name, path in (outputs or {}).items()
-        }
+        return self._data.completed(cookies)
 
     # --- shared memory -------------------------------------------------------------
     def shm_map(self, path: str | None, prot: int, session_id: int = NO_SESSION) -> None:
