@@ -72,7 +72,8 @@ from neuron_rtd.tools.stream.features import (
     output_examples,
     parse_feature,
 )
-from neuron_rtd.tools.stream.pipeline import DaemonBusy, Options, Pipeline
+from neuron_rtd.tools.stream.figures import DaemonBusy
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
 from neuron_rtd.tools.stream.tfrecord import Writer

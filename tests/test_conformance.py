@@ -28,6 +28,7 @@ from neuron_rtd.tools.conformance import (
     case_group,
     compare_outputs,
     format_report,
+    ours,
     run_cases,
     select_cases,
     totals,
@@ -121,7 +122,7 @@ def test_the_runner_never_raises(runtime: LocalRuntime, monkeypatch: pytest.Monk
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(conformance, "compile_model", crash)
+    monkeypatch.setattr(ours, "compile_model", crash)
     (result,) = run_cases(named("test_relu"), runtime, with_ort=False)
     assert result.outcome == FAIL
     assert result.reason == "compiler crashed: RuntimeError: boom"

@@ -23,9 +23,10 @@ from neuron_rtd.client import NrtClientError, default_address
 from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import read_neff
+from neuron_rtd.tools.stream.checkpoint import BadCheckpoint
 from neuron_rtd.tools.stream.features import DecodeError, SpecMismatch, check_specs, parse_feature
 from neuron_rtd.tools.stream.output_folder import UnsafeOutput, prepare
-from neuron_rtd.tools.stream.pipeline import BadCheckpoint, Options, Pipeline
+from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sources import expand, read_manifest, redact
 from neuron_rtd.tools.stream.tfrecord import CorruptRecord, RecordTooLarge
 

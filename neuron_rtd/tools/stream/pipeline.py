@@ -16,85 +16,49 @@ Time is accounted as the channels see it: waiting on the storage (reading record
 the NCs (waiting for a batch's answer); `Totals` reports it with records/s, MB/s, and how
 busy the host's CPUs were (all processes: where the NCs, the storage and the pipeline share
 a machine, a host near all its cores busy is what bounds the run).
+
+Its parts: the units of work (`units`), the checkpoint (`checkpoint`), a unit's outputs
+written in order (`outputs`), the M copies of the model batches are sent to (`copies`),
+where a batch is decoded (`decoding`) and the run's figures (`figures`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import logging
 import multiprocessing
 import threading
 import time
-import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-import psutil
 
-from neuron_rtd.client import Client, Model, NrtClientError, Staged
-from neuron_rtd.client.observe import interval
+from neuron_rtd.client import Client
 from neuron_rtd.neff import Neff, read_neff
-from neuron_rtd.proto import ext_pb
-from neuron_rtd.tools.stream.features import (
-    FeatureSpec,
-    check_specs,
-    decode_batch,
-    output_examples,
-)
-from neuron_rtd.tools.stream.output_folder import Temporary, prepare, remove_leftovers, write_whole
+from neuron_rtd.tools.stream.checkpoint import Checkpoint
+from neuron_rtd.tools.stream.copies import _Copies, _Stopped
+from neuron_rtd.tools.stream.decoding import Fill, _copier, _decoder, _decodes_in_place
+from neuron_rtd.tools.stream.features import FeatureSpec, check_specs, decode_batch
+from neuron_rtd.tools.stream.figures import DaemonBusy, Totals
+from neuron_rtd.tools.stream.output_folder import prepare, remove_leftovers
+from neuron_rtd.tools.stream.outputs import _is_written, _Outputs
 from neuron_rtd.tools.stream.sources import (
     Interleave,
     ManifestWeights,
     Shard,
     epoch_order,
     read_manifest,
-    redact,
     shard_records,
 )
-from neuron_rtd.tools.stream.tfrecord import (
-    MAX_RECORD_BYTES,
-    OnCorrupt,
-    ReadStats,
-    Record,
-    Writer,
-    is_whole,
-)
+from neuron_rtd.tools.stream.tfrecord import MAX_RECORD_BYTES, OnCorrupt, ReadStats, Record
+from neuron_rtd.tools.stream.units import OutputFormat, Unit
 
 log = logging.getLogger("neuron_rtd.stream")
-
-OutputFormat = Literal["tfrecord", "npy"]
-CHECKPOINT = ".checkpoint.json"
-
-
-@dataclass(frozen=True)
-class Unit:
-    epoch: int
-    shard: Shard | None  # None: a chunk of a manifest's interleave
-    chunk: int = 0
-
-    @property
-    def name(self) -> str:
-        """Stable across runs: the epoch and the shard's URL without its credentials (or
-        the chunk's index)."""
-        if self.shard is None:
-            return f"e{self.epoch:03d}-mix-{self.chunk:05d}"
-        url = redact(self.shard.url)
-        digest = hashlib.sha1(url.encode()).hexdigest()[:8]
-        base = Path(url.split("://", 1)[-1]).name
-        for suffix in (".gz", ".zz", ".zlib", ".tfrecord", ".tfrecords"):
-            base = base.removesuffix(suffix)
-        return f"e{self.epoch:03d}-{digest}-{base}"
-
-    def output_name(self, fmt: OutputFormat) -> str:
-        return f"{self.name}{'.tfrecord' if fmt == 'tfrecord' else '.npz'}"
 
 
 @dataclass
@@ -120,172 +84,6 @@ class Options:
     decode_workers: int = 0
     chunk_records: int = 256  # records a unit of a manifest's interleave
     max_record_bytes: int = MAX_RECORD_BYTES  # a longer record is refused unread
-
-
-def host_busy_cpu_s() -> float:
-    """CPU seconds the host spent busy (every process, every core) since boot."""
-    times = psutil.cpu_times()
-    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
-
-
-@dataclass
-class Totals:
-    """What a run did; updated by the channels, reported every second and at the end."""
-
-    records: int = 0
-    bytes: int = 0
-    skipped: int = 0
-    units_done: int = 0
-    units_skipped: int = 0  # done by an earlier run (resume)
-    storage_s: float = 0.0
-    nc_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
-    host_cpu_started: float = field(default_factory=host_busy_cpu_s)
-    ended: tuple[float, float] | None = None  # (monotonic, host CPU) when streaming ended
-    nc_busy_share: float = 0.0  # of the NCs of the run's models, since it started (last read)
-    daemon_cpu_s: float = 0.0  # the daemon's CPU seconds since it started (last read)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def restart(self) -> None:
-        with self.lock:
-            self.started = time.monotonic()
-            self.host_cpu_started = host_busy_cpu_s()
-
-    def end(self) -> None:
-        """Streaming is over: the figures stop here (the models' unload apart)."""
-        with self.lock:
-            self.ended = (time.monotonic(), host_busy_cpu_s())
-
-    def snapshot(self) -> dict[str, float]:
-        with self.lock:
-            now, cpu = self.ended or (time.monotonic(), host_busy_cpu_s())
-            seconds = max(now - self.started, 1e-9)
-            waited = self.storage_s + self.nc_s
-            return {
-                "seconds": round(seconds, 3),
-                "records": self.records,
-                "skipped": self.skipped,
-                "units_done": self.units_done,
-                "units_skipped": self.units_skipped,
-                "records_per_s": round(self.records / seconds, 1),
-                "mb_per_s": round(self.bytes / seconds / 1e6, 2),
-                "storage_wait_share": round(self.storage_s / waited, 3) if waited else 0.0,
-                "nc_wait_share": round(self.nc_s / waited, 3) if waited else 0.0,
-                # the host's CPU seconds busy (every process), and its cores
-                "host_cpu_s": round(cpu - self.host_cpu_started, 3),
-                "host_cpus": psutil.cpu_count() or 1,
-                "nc_busy_share": round(self.nc_busy_share, 3),
-                "daemon_cpu_s": round(self.daemon_cpu_s, 3),
-            }
-
-
-class BadCheckpoint(ValueError):
-    """A checkpoint a run cannot resume from: which file, and what is wrong with it."""
-
-
-class Checkpoint:
-    """The units done, in `output/.checkpoint.json`, each write atomic."""
-
-    def __init__(self, output: Path, *, resume: bool) -> None:
-        self.folder = output
-        self.path = output / CHECKPOINT
-        self._lock = threading.Lock()
-        self.done: set[str] = set()
-        # a manifest run's weights, per epoch, as its interleave read them: replayed
-        self.weights: dict[str, list[dict[str, float]]] = {}
-        if resume and self.path.exists():
-            self.done, self.weights = _read_checkpoint(self.path)
-
-    def mark(self, unit: Unit, weights: list[dict[str, float]] | None = None) -> None:
-        with self._lock:
-            self.done.add(unit.name)
-            if weights is not None:
-                self.weights[str(unit.epoch)] = weights
-            saved = {"done": sorted(self.done), "weights": self.weights}
-            write_whole(self.folder, CHECKPOINT, json.dumps(saved).encode())
-
-
-def _read_checkpoint(path: Path) -> tuple[set[str], dict[str, list[dict[str, float]]]]:
-    """The units done and the weights a checkpoint file holds; BadCheckpoint for one that
-    cannot be read, or is not what `Checkpoint.mark` writes."""
-
-    def bad(why: str) -> BadCheckpoint:
-        return BadCheckpoint(f"{path}: cannot resume from it ({why}); remove it to start over")
-
-    try:
-        saved = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise bad(exc.strerror or type(exc).__name__) from None
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-        raise bad(f"not JSON: {' '.join(str(exc).split())}") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("done"), list):
-        raise bad('expected {"done": [UNIT, ...], "weights": {...}}')
-    done, weights = saved["done"], saved.get("weights", {})
-    if not all(isinstance(name, str) for name in done):
-        raise bad('"done" must list unit names (strings)')
-    if not isinstance(weights, dict) or not all(
-        isinstance(turns, list) and all(_is_weights(turn) for turn in turns)
-        for turns in weights.values()
-    ):
-        raise bad('"weights" must map each epoch to a list of {CLASS: WEIGHT}')
-    return set(done), weights
-
-
-def _is_weights(value: object) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(weight, int | float) and not isinstance(weight, bool)
-        for weight in value.values()
-    )
-
-
-def _is_written(path: Path, fmt: OutputFormat) -> bool:
-    """Whether a unit's output is there and whole, as far as a cheap look tells: a
-    TFRecord file's frames end where it does; an npz's zip directory (at its end) reads."""
-    try:
-        if fmt == "tfrecord":
-            return is_whole(path)
-        with zipfile.ZipFile(path):
-            return True
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
-class _Outputs:
-    """One unit's outputs, written in order under a temporary name."""
-
-    def __init__(self, output: Path, unit: Unit, fmt: OutputFormat) -> None:
-        self.temporary = Temporary(output, unit.output_name(fmt))
-        self.fmt = fmt
-        self._writer = (
-            Writer(self.temporary.path, self.temporary.file) if fmt == "tfrecord" else None
-        )
-        self._keys: list[str] = []
-        self._arrays: dict[str, list[np.ndarray]] = {}
-
-    def add(self, keys: Sequence[str], outputs: dict[str, np.ndarray]) -> None:
-        if self._writer is not None:
-            for record in output_examples(keys, outputs):
-                self._writer.write(record)
-            return
-        self._keys.extend(keys)
-        for name, array in outputs.items():
-            self._arrays.setdefault(name, []).extend(array)
-
-    def finish(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        else:
-            arrays: dict[str, np.ndarray] = {
-                name: np.stack(rows) for name, rows in self._arrays.items()
-            }
-            arrays["keys"] = np.array(self._keys)
-            np.savez(self.temporary.file, **arrays)  # type: ignore[arg-type]
-        self.temporary.commit()
-
-    def abandon(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self.temporary.discard()
 
 
 class Pipeline:
@@ -567,158 +365,3 @@ class Pipeline:
                 yield ahead.popleft()
             if last:
                 return
-
-
-Fill = Callable[[dict[str, np.ndarray] | None], dict[str, np.ndarray]]
-
-
-def _decoder(rows: list[tuple[bytes, str]], specs: list[FeatureSpec], batch: int) -> Fill:
-    """A batch decoded into the arrays given (None: new ones)."""
-    return lambda out: decode_batch(rows, specs, batch, out)
-
-
-def _copier(decoding: Future[dict[str, np.ndarray]]) -> Fill:
-    """A batch decoded elsewhere, copied into the arrays given (None: as it came)."""
-
-    def fill(out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-        decoded = decoding.result()
-        if out is None:
-            return decoded
-        for name, array in out.items():
-            array[...] = decoded[name]
-        return out
-
-    return fill
-
-
-def _decodes_in_place(specs: Sequence[FeatureSpec], neff: Neff, batch: int) -> bool:
-    """Whether the batches decode straight into the model's input buffers: each spec of
-    its input's dtype and shape (not a smaller one of a varying axis, not scalars)."""
-    inputs = {t.name: t for t in neff.inputs}
-    return all(
-        spec.input_name in inputs
-        and inputs[spec.input_name].dtype == spec.dtype
-        and tuple(inputs[spec.input_name].shape) == (batch, *spec.shape)
-        for spec in specs
-    )
-
-
-class _Copies:
-    """The M copies of the model (one per NCG), each taking `ninfer` inferences in flight.
-    A batch takes a place on the least busy copy first (`stage`: its input arrays in that
-    copy's shared memory, to be decoded into), at most one beyond the `ninfer` in flight,
-    and is sent once that copy has a free place (`send`), so that each is sent at once,
-    none queued in the client's pool. The first inference that fails is told to `failed`
-    at once, and no batch is sent after it (_Stopped): a daemon gone stops the run in one
-    reconnection wait, not one per batch."""
-
-    def __init__(
-        self,
-        models: Sequence[Model],
-        ninfer: int,
-        failed: Callable[[BaseException], None],
-        *,
-        stage: bool = True,
-    ) -> None:
-        self._models = list(models)
-        self._ninfer = ninfer
-        self._failed = failed
-        self._stage = stage  # else the batches are decoded into arrays of their own
-        self._placed = [0] * len(models)  # batches staged or in flight
-        self._busy = [0] * len(models)  # in flight
-        self._broken = False
-        self._changed = threading.Condition()
-
-    def stage(self) -> tuple[int, Staged | None]:
-        """A place on the least busy copy: its index and input arrays in its shared memory
-        (None: not to be decoded in place, or the client's tensors go inline)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._broken or min(self._placed) <= self._ninfer)
-            if self._broken:
-                raise _Stopped
-            index = self._placed.index(min(self._placed))
-            self._placed[index] += 1
-        try:
-            return index, self._models[index].stage() if self._stage else None
-        except BaseException:
-            self.unstage(index, None)
-            raise
-
-    def unstage(self, index: int, staged: Staged | None) -> None:
-        """A place given back unsent."""
-        if staged is not None:
-            self._models[index].unstage(staged)
-        with self._changed:
-            self._placed[index] -= 1
-            self._changed.notify_all()
-
-    def send(
-        self, index: int, inputs: Staged | dict[str, np.ndarray]
-    ) -> Future[dict[str, np.ndarray]]:
-        """The batch staged on copy `index` sent, once that copy has a free place."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._broken or self._busy[index] < self._ninfer)
-            broken = self._broken
-            if not broken:
-                self._busy[index] += 1
-        if broken:
-            self.unstage(index, inputs if isinstance(inputs, Staged) else None)
-            raise _Stopped
-        try:
-            future = self._models[index].infer_async(inputs, posted=False)
-        except BaseException:
-            self._done(index, None)
-            raise
-        future.add_done_callback(lambda done: self._done(index, done))
-        return future
-
-    def _done(self, index: int, future: Future[dict[str, np.ndarray]] | None) -> None:
-        error = None if future is None or future.cancelled() else future.exception()
-        if error is not None:
-            self._failed(error)  # first: the run's failure is this, not a _Stopped after it
-        with self._changed:
-            self._busy[index] -= 1
-            self._placed[index] -= 1
-            self._broken = self._broken or error is not None
-            self._changed.notify_all()
-
-
-class DaemonBusy:
-    """How busy the NCs of the run's models, and the daemon, have been since it started:
-    their busy time and its CPU time in the daemon's ext snapshots (what neuron-top and
-    neuron-monitor read)."""
-
-    def __init__(self, client: Client, model_ids: Sequence[int]) -> None:
-        self._client = client
-        self._ids = set(model_ids)
-        self._first = self._read()
-
-    def _read(self) -> ext_pb.snapshot_response | None:
-        try:
-            return self._client.connection.snapshot(retry=False)  # a figure: never waited for
-        except NrtClientError as exc:  # a daemon without it, or gone: the run goes on
-            log.debug("no NC busy time: %s", exc)
-            return None
-
-    def since_start(self) -> tuple[float | None, float | None]:
-        """Since the start: the share (0..1) of the time the NCs were busy, and the CPU
-        seconds the daemon spent (each None: unread)."""
-        now = self._read()
-        if self._first is None or now is None:
-            return None, None
-        cpu_s = (now.cpu_user_s + now.cpu_system_s) - (
-            self._first.cpu_user_s + self._first.cpu_system_s
-        )
-        ncs = {
-            vnc
-            for ncg in now.ncgs
-            if self._ids & set(ncg.model_ids)
-            for vnc in range(ncg.vnc_start, ncg.vnc_start + ncg.nc_count)
-        }
-        utilization = interval(self._first, now).nc_utilization
-        shares = [utilization[vnc] / 100 for vnc in ncs if vnc in utilization]
-        return (sum(shares) / len(shares) if shares else None), cpu_s
-
-
-class _Stopped(Exception):
-    """Another channel failed: this one stops, its unit undone."""
