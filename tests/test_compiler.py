@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from neuron_rtd import onnxrt
 from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model
+from neuron_rtd.compiler import cli as compiler_cli
 from neuron_rtd.compiler.emit import split_by_cost
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import read_neff
@@ -444,6 +445,19 @@ def test_cli_dynamic_symbol_and_argument_errors(tmp_path: Path) -> None:
         [*cli, "--input-shape", "y=1,16"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 1 and "--input-shape names y; the inputs are x" in done.stderr
+
+
+def test_cli_refuses_a_negative_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative --input-shape size is a bad argument (exit 2), as in `neuron-cli validate`,
+    refused before the model is read."""
+    out = tmp_path / "model.neff"
+    args = ["compile", str(tmp_path / "none.onnx"), "-o", str(out), "--input-shape", "x=-1,16"]
+    with pytest.raises(SystemExit) as exited:
+        compiler_cli.main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected NAME=D0,D1,... (e.g. input=1,3,224,224), got 'x=-1,16'" in err
+    assert not out.exists()
 
 
 def two_symbol_relu() -> onnx.ModelProto:

@@ -131,7 +131,8 @@ def test_a_request_past_the_size_cap_is_refused_unread(fenced: tuple[Any, Path, 
 
 
 def test_neff_file_dirs_must_be_absolute(tmp_path: Path) -> None:
-    from neuron_rtd.daemon.config import ConfigError, config_from_dict
+    from neuron_rtd.daemon.config import config_from_dict
+    from neuron_rtd.typed_json import ConfigError
 
     with pytest.raises(ConfigError, match="neff_file_dirs must be a list of absolute"):
         config_from_dict({"neff_file_dirs": ["models"]})

@@ -18,8 +18,9 @@ from neuron_rtd.cli import neuron_monitor
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.tools.monitor.config import ConfigError, everything, from_document, parse_period
+from neuron_rtd.tools.monitor.config import everything, from_document, parse_period
 from neuron_rtd.tools.monitor.monitor import Monitor
+from neuron_rtd.typed_json import ConfigError
 
 # --- the configuration ------------------------------------------------------------------
 

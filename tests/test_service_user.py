@@ -37,10 +37,11 @@ from test_systemd_units import installed_daemon, tmpfiles_lines, unit_settings
 from neuron_rtd.cli.spawn import NotifyListener
 from neuron_rtd.client import Client
 from neuron_rtd.daemon import config as daemon_config
-from neuron_rtd.daemon.config import ConfigError, load_config, remote_clients_warning
+from neuron_rtd.daemon.config import load_config, remote_clients_warning
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.typed_json import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = "neuron-rtd.service"

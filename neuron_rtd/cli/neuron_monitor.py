@@ -25,6 +25,7 @@ from typing import TextIO
 
 from neuron_rtd.tools.monitor import config as monitor_config
 from neuron_rtd.tools.monitor.monitor import Log, Monitor
+from neuron_rtd.typed_json import ConfigError
 
 PROG = "neuron-monitor"
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.get("NEURON_RTD_ADDRESS") or monitor_config.DEFAULT_ADDRESS
             ]
             cfg = monitor_config.everything(addresses)
-    except monitor_config.ConfigError as exc:
+    except ConfigError as exc:
         where = f"{args.config_file}: " if args.config_file else ""
         print(f"{PROG}: error: {where}{exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -20,25 +21,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from neuron_rtd.arguments import parse_shape
 from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import write_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
-
-
-def _shape(text: str) -> tuple[str, list[int]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        sizes = [int(d) for d in dims.split(",")]
-    except ValueError:
-        sizes = []
-    if not sep or not name or not sizes:
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=D0,D1,... (e.g. input=1,3,224,224), got {text!r}"
-        )
-    return name, sizes
 
 
 def _range(text: str) -> tuple[int, int, str]:
@@ -81,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument(
         "--input-shape",
-        type=_shape,
+        type=functools.partial(parse_shape, example="input=1,3,224,224"),
         action="append",
         default=[],
         metavar="NAME=DIMS",

@@ -22,15 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from neuron_rtd.runtime import nc_engine
+from neuron_rtd.typed_json import ConfigError, Expected, check_object
 
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
 LOG_LEVELS = ("error", "warning", "info", "debug")
-
-
-class ConfigError(Exception):
-    """A config file or flag that cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +67,7 @@ class DaemonConfig:
         return os.environ.get("NEURON_SIM_ROOT") or self.sim.root
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {
+_TYPES: dict[str, Expected] = {
     "server_address": str,
     "allow_remote_clients": bool,
     "devices": list,
@@ -93,23 +90,10 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "session_max_per_peer": int,
     "sim": dict,
 }
-_SIM_TYPES: dict[str, type | tuple[type, ...]] = {
+_SIM_TYPES: dict[str, Expected] = {
     "instance_type": str,
     "root": (str, type(None)),
 }
-
-
-def _check_types(where: str, data: dict[str, Any], types: dict[str, Any]) -> None:
-    for key, value in data.items():
-        if key.startswith("_"):  # comments
-            continue
-        if key not in types:
-            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(types)})")
-        expected = types[key]
-        bad_bool = isinstance(value, bool) and expected is int
-        if bad_bool or not isinstance(value, expected):
-            names = expected.__name__ if isinstance(expected, type) else "string or null"
-            raise ConfigError(f"{where}: '{key}' must be {names}, got {json.dumps(value)}")
 
 
 def _owner(uid: int) -> str:
@@ -165,8 +149,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
-    _check_types(str(path), data, _TYPES)
-    _check_types(f"{path}: sim", data.get("sim", {}), _SIM_TYPES)
+    check_object(data, str(path), _TYPES, comments=True)
+    check_object(data.get("sim", {}), f"{path}: sim", _SIM_TYPES, comments=True)
     return data
 
 

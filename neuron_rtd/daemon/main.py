@@ -25,7 +25,6 @@ from neuron_rtd.daemon.config import (
     DEFAULT_CONFIG,
     INSTANCE_CONFIG_DIR,
     LOG_LEVELS,
-    ConfigError,
     DaemonConfig,
     load_config,
     remote_clients_warning,
@@ -42,6 +41,7 @@ from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
 from neuron_rtd.server import Health, PeerSocket, SessionServicer, Tickets, add_servicers
+from neuron_rtd.typed_json import ConfigError
 
 log = logging.getLogger("nrtd.NRTD")
 

@@ -1,5 +1,6 @@
-"""Typed access to parsed JSON: each helper returns the value or raises NeffInvalid
-naming where in the NEFF the fault is (`where`, e.g. "node 'fc' stage 0")."""
+"""Typed access to a NEFF's parsed JSON: each helper returns the value or raises NeffInvalid
+naming where in the NEFF the fault is (`where`, e.g. "node 'fc' stage 0"). The type checks
+are `neuron_rtd/typed_json.py`'s, which the daemon's and neuron-monitor's configs use too."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import numpy as np
 
+from neuron_rtd import typed_json
 from neuron_rtd.errors import NeffInvalid
 from neuron_rtd.neff.dtypes import parse_dtype
 
@@ -40,18 +42,8 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> JsonObject:
     return obj
 
 
-def type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def as_object(value: object, where: str) -> JsonObject:
-    if not isinstance(value, dict):
-        raise NeffInvalid(f"{where}: expected an object, got {type_name(value)}")
-    return value
+    return typed_json.expect(value, dict, where, error=NeffInvalid)
 
 
 def get(obj: JsonObject, key: str, where: str) -> object:
@@ -61,9 +53,7 @@ def get(obj: JsonObject, key: str, where: str) -> object:
 
 
 def as_str(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise NeffInvalid(f"{where}: expected a string, got {type_name(value)}")
-    return value
+    return typed_json.expect(value, str, where, error=NeffInvalid)
 
 
 def as_name(value: object, where: str) -> str:
@@ -74,15 +64,11 @@ def as_name(value: object, where: str) -> str:
 
 
 def as_int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise NeffInvalid(f"{where}: expected an integer, got {type_name(value)}")
-    return value
+    return typed_json.expect(value, int, where, error=NeffInvalid)
 
 
 def as_list(value: object, where: str) -> list[object]:
-    if not isinstance(value, list):
-        raise NeffInvalid(f"{where}: expected an array, got {type_name(value)}")
-    return value
+    return typed_json.expect(value, list, where, error=NeffInvalid)
 
 
 def as_names(value: object, where: str) -> tuple[str, ...]:

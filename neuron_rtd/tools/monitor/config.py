@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_rtd.typed_json import ConfigError, check_object, expect
+
 RUNTIME_GROUPS = (
     "neuroncore_counters",
     "inference_stats",
@@ -36,10 +38,6 @@ DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-
-
-class ConfigError(ValueError):
-    """The configuration is wrong; the message names the key and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -80,23 +78,21 @@ def parse_period(value: object, where: str) -> float:
 
 
 def _object(value: object, where: str, allowed: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected an object, got {type(value).__name__}")
-    for key in value:
-        if key == "tag_filter":
-            raise ConfigError(
-                f"{where}.tag_filter: not supported: this monitor does not discover "
-                "runtimes; name each one by its gRPC 'address'"
-            )
-        if key not in allowed:
-            raise ConfigError(f"{where}.{key}: unknown key (known here: {', '.join(allowed)})")
-    return value
+    if isinstance(value, dict) and "tag_filter" in value:
+        raise ConfigError(
+            f"{where}.tag_filter: not supported: this monitor does not discover "
+            "runtimes; name each one by its gRPC 'address'"
+        )
+    return check_object(
+        value,
+        where,
+        dict.fromkeys(allowed, object),  # each value is checked where it is read
+        unknown_key="{where}.{key}: unknown key (known here: {known})",
+    )
 
 
 def _array(value: object, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ConfigError(f"{where}: expected an array, got {type(value).__name__}")
-    return value
+    return expect(value, list, where)
 
 
 def _groups(

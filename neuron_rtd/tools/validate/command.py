@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from neuron_rtd import onnxrt
+from neuron_rtd.arguments import parse_shape
 from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
@@ -76,19 +78,6 @@ def parse_range(text: str) -> tuple[float, float]:
     return bounds
 
 
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        sizes = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        sizes = ()
-    if not sep or not name or not sizes or any(d < 0 for d in sizes):
-        raise argparse.ArgumentTypeError(
-            f"expected NAME=D0,D1,... (e.g. input_ids=1,128), got {text!r}"
-        )
-    return name, sizes
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("onnx", help="the ONNX model (the reference, run by onnxruntime)")
     parser.add_argument("neff", help="the NEFF compiled from it (run by the daemon)")
@@ -112,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
     parser.add_argument(
         "--input-shape",
-        type=parse_shape,
+        type=functools.partial(parse_shape, example="input_ids=1,128"),
         action="append",
         default=[],
         metavar="NAME=D0,D1,...",
