@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from neuron_rtd.errors import InvalidError, InvalidHandle, NrtError, ResourceNcError
+from neuron_rtd.errors import InvalidError, InvalidHandle, NrtError, ResourceError, ResourceNcError
 
 FIRST_NCG_ID = 1
 
@@ -114,6 +114,27 @@ class NcgTable:
                 self._owner[vnc] = None
             del self._ncgs[ncg_id]
             return ncg
+
+    def to_load_into(self, ncg_id: int, models_per_ncg: int) -> Ncg:
+        """NCG `ncg_id`, when a model may be loaded into it: one made with create_eg (an
+        implicit NCG goes with its model), holding fewer than `models_per_ncg` (0: any)."""
+        ncg = self.get(ncg_id)
+        if ncg.implicit:  # it goes with its model: another there would lose its NCs
+            owner = ", ".join(map(str, ncg.models))
+            raise InvalidError(
+                f"NCG {ncg.id} was made for model {owner} and goes with it: load into "
+                "an NCG made with create_eg, or with no NCG"
+            )
+        if models_per_ncg and len(ncg.models) >= models_per_ncg:
+            raise ResourceError(
+                f"NCG {ncg.id} already holds {len(ncg.models)} models, the most an NCG "
+                f"may hold (model_cache_count {models_per_ncg}): unload one first"
+            )
+        return ncg
+
+    def ncs_held_by(self, session_id: int) -> int:
+        """The NCs of the NCGs of a session (implicit ones too)."""
+        return sum(g.nc_count for g in self.list() if g.session_id == session_id)
 
     def list(self) -> list[Ncg]:
         with self._lock:

@@ -38,7 +38,13 @@ from neuron_rtd.runtime.models import ModelTable
 from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
 from neuron_rtd.runtime.readings import Readings
-from neuron_rtd.runtime.sessions import NO_SESSION, SessionTable, session_name
+from neuron_rtd.runtime.sessions import (
+    NO_SESSION,
+    SessionTable,
+    check_models_quota,
+    check_ncs_quota,
+    session_name,
+)
 from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
@@ -205,25 +211,8 @@ class Runtime:
         return session
 
     def _check_ncs_quota(self, session_id: int, more: int) -> None:
-        """ResourceError if the session's NCGs would hold more NCs than its quota
-        (called under the runtime's lock)."""
-        limit = self.options.session_max_ncs
-        held = sum(g.nc_count for g in self._ncgs.list() if g.session_id == session_id)
-        if limit and held + more > limit:
-            raise ResourceError(
-                f"{session_name(session_id)} would hold {held + more} NeuronCores, past the "
-                f"most one may hold (session_max_ncs {limit}): destroy an NCG or unload a "
-                "model first"
-            )
-
-    def _check_models_quota(self, session_id: int) -> None:
-        limit = self.options.session_max_models
-        held = self._models.held_by(session_id)
-        if limit and held >= limit:
-            raise ResourceError(
-                f"{session_name(session_id)} has {held} models loaded, the most one may "
-                f"(session_max_models {limit}): unload one first"
-            )
+        held = self._ncgs.ncs_held_by(session_id)
+        check_ncs_quota(session_id, held + more, self.options.session_max_ncs)
 
     # --- NCGs ----------------------------------------------------------------------
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> NcgInfo:
@@ -365,7 +354,8 @@ class Runtime:
         began = time.monotonic()
         with self._lock:
             self._check_session(session_id)
-            self._check_models_quota(session_id)
+            held = self._models.held_by(session_id)
+            check_models_quota(session_id, held, self.options.session_max_models)
             implicit = ncg_id is None
             if ncg_id is None:
                 self._check_ncs_quota(session_id, max(parsed.nc_count, 1))
@@ -373,19 +363,7 @@ class Runtime:
                     max(parsed.nc_count, 1), session_id=session_id, implicit=True
                 )
             else:
-                ncg = self._ncgs.get(ncg_id)
-                if ncg.implicit:  # it goes with its model: another there would lose its NCs
-                    owner = ", ".join(map(str, ncg.models))
-                    raise InvalidError(
-                        f"NCG {ncg.id} was made for model {owner} and goes with it: load into "
-                        "an NCG made with create_eg, or with no NCG"
-                    )
-                limit = self.options.models_per_ncg
-                if limit and len(ncg.models) >= limit:
-                    raise ResourceError(
-                        f"NCG {ncg.id} already holds {len(ncg.models)} models, the most an NCG "
-                        f"may hold (model_cache_count {limit}): unload one first"
-                    )
+                ncg = self._ncgs.to_load_into(ncg_id, self.options.models_per_ncg)
             try:
                 model = self._models.add(parsed, ncg, params, session_id)
             except BaseException:

@@ -115,3 +115,22 @@ class SessionTable:
                 "or it was never this daemon's): give the id session_monitor answered, "
                 "or 0 for no session"
             )
+
+
+def check_ncs_quota(session_id: int, would_hold: int, limit: int) -> None:
+    """ResourceError if the session's NCGs would hold more NCs than `limit` (0: any)."""
+    if limit and would_hold > limit:
+        raise ResourceError(
+            f"{session_name(session_id)} would hold {would_hold} NeuronCores, past the "
+            f"most one may hold (session_max_ncs {limit}): destroy an NCG or unload a "
+            "model first"
+        )
+
+
+def check_models_quota(session_id: int, held: int, limit: int) -> None:
+    """ResourceError if the session has `limit` models loaded already (0: any)."""
+    if limit and held >= limit:
+        raise ResourceError(
+            f"{session_name(session_id)} has {held} models loaded, the most one may "
+            f"(session_max_models {limit}): unload one first"
+        )
