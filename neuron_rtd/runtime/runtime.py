@@ -30,6 +30,7 @@ from neuron_rtd.runtime.api import (
     Topology,
 )
 from neuron_rtd.runtime.dataplane import DataPath
+from neuron_rtd.runtime.devices import DeviceInit
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import host_threads
 from neuron_rtd.runtime.inflight import Inflight
@@ -49,8 +50,6 @@ from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
-
-INIT_RETRY_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,8 +101,7 @@ class Runtime:
         self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device)
         self.version = __version__
         self._lock = threading.RLock()
-        self._init_error: str | None = None
-        self._init_tried = 0.0
+        self._init = DeviceInit(self._devices, self._lock)
         self.started_ns = time.time_ns()
         self._inflight = Inflight(
             ttl_s=self.options.cookie_ttl_s, session_limit=self.options.session_max_inflight
@@ -124,30 +122,12 @@ class Runtime:
     def init_devices(self) -> None:
         """Reset and initialize every device; a failure leaves the runtime answering
         NERR_HW_ERROR (retrying the init at most once a second) until one succeeds."""
-        self._init_tried = time.monotonic()
-        try:
-            with driver_errors("device init"):
-                for device in self._devices:
-                    device.reset()
-        except NrtError as exc:
-            self._init_error = str(exc)
-            log.error("%s", exc, extra={"fn": "init_devices"})
-            return
-        self._init_error = None
+        self._init.run()
 
     def ensure_ready(self) -> None:
         """HwError while the devices' init keeps failing (every call that needs them
         starts here)."""
-        if self._init_error is None:
-            return
-        with self._lock:
-            if (
-                self._init_error is not None
-                and time.monotonic() - self._init_tried >= INIT_RETRY_INTERVAL_S
-            ):
-                self.init_devices()
-            if self._init_error is not None:
-                raise HwError(f"devices are not initialized: {self._init_error}")
+        self._init.ensure()
 
     def ready(self) -> bool:
         """Whether the devices are up (a failing init is retried, as by every call)."""
