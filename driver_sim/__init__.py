@@ -21,7 +21,7 @@ from driver_sim.errors import (
     MachineMismatch,
     NoMachine,
 )
-from driver_sim.execute import DynamicBuffer, InstrProfile, execute_program
+from driver_sim.execute import DynamicBuffer, InstrRecord, InstrRecorder, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
 from driver_sim.machine import DeviceInfo, Machine
 from driver_sim.ops import KERNELS, Kernel, supported_ops
@@ -63,7 +63,8 @@ __all__ = [
     "InitFailed",
     "InstancePreset",
     "Instr",
-    "InstrProfile",
+    "InstrRecord",
+    "InstrRecorder",
     "Kernel",
     "KernelError",
     "LoadedProgram",

@@ -16,13 +16,7 @@ import numpy as np
 
 from driver_sim import blas
 from driver_sim.errors import DriverError
-from driver_sim.execute import (
-    InstrProfile,
-    bind_inputs,
-    copy_outputs,
-    run_steps,
-    run_steps_profiled,
-)
+from driver_sim.execute import InstrRecorder, bind_inputs, copy_outputs, run_steps
 from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
@@ -66,7 +60,7 @@ class NeuronCore:
     def load(self, program: NcProgram, *, reference: bool = False) -> LoadedProgram:
         """Validate and resolve `program` for this core; KernelError if it is bad.
         `reference`: it runs on the reference kernels whatever the core's engine (a
-        profiled program, timed instruction by instruction)."""
+        program whose runs are recorded, timed instruction by instruction)."""
         self._device.check_owned()
         loaded = load_program(self, program)
         if self.engine == "fast" and not reference:
@@ -78,18 +72,21 @@ class NeuronCore:
         program: LoadedProgram,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray],
+        recorder: InstrRecorder | None = None,
     ) -> int:
         """Run `program` on `inputs`, copying each program output into `outputs[name]`;
-        the run's cycles (its busiest engine's)."""
+        the run's cycles (its busiest engine's). With a `recorder` it runs on the reference
+        kernels whatever the core's engine, one instruction at a time, each timed and
+        costed for the recorder (see `run_steps`); the counters count it as any run."""
         if program.owner is not self:
             raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
         with self.lock:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)
-            fast = program.fast
+            fast = program.fast if recorder is None else None
             key = None if fast is None else fast.run(inputs, outputs)
             if fast is None or key is None:
-                return self._count(self._run_reference(program, inputs, outputs), start)
+                return self._count(self._run_reference(program, inputs, outputs, recorder), start)
             cost = fast.costs.get(key)
             if cost is None:  # measured by the reference kernels once per shape set
                 cost = self._run_reference(program, inputs, None)
@@ -97,46 +94,21 @@ class NeuronCore:
                     fast.costs[key] = cost
             return self._count(cost, start)
 
-    def run_profiled(
-        self,
-        program: LoadedProgram,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Mapping[str, np.ndarray],
-    ) -> tuple[int, list[InstrProfile]]:
-        """`run` on the reference kernels, one instruction at a time, each timed and
-        costed: the run's cycles and a record per instruction. The counters count it as
-        any run."""
-        if program.owner is not self:
-            raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
-        with self.lock:
-            start = time.perf_counter_ns()
-            self._device.before_run(self.index)
-            env = program.template.copy()
-            key = bind_inputs(program, inputs, env)
-            use_rng(self.rng)
-            blas.run_starts()
-            try:
-                freed, records = run_steps_profiled(program, env)
-            finally:
-                blas.run_ends()
-                use_rng(None)
-            copy_outputs(program, env, outputs)
-            return self._count(program.cost_of(key, env, freed), start), records
-
     def _run_reference(
         self,
         program: LoadedProgram,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray] | None,
+        recorder: InstrRecorder | None = None,
     ) -> RunCost:
-        """Run on the numpy kernels, into `outputs` (None: only to measure); the run's
-        cost."""
+        """Run on the numpy kernels, into `outputs` (None: only to measure), each
+        instruction recorded when there is a `recorder`; the run's cost."""
         env = program.template.copy()
         key = bind_inputs(program, inputs, env)
         use_rng(self.rng)
         blas.run_starts()
         try:
-            freed = run_steps(program, env)
+            freed = run_steps(program, env, recorder)
         finally:
             blas.run_ends()
             use_rng(None)

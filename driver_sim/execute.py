@@ -1,7 +1,9 @@
 """Executing a loaded program's steps: inputs into slots, kernels in order, outputs out.
 
 `NeuronCore.run` wraps this with its lock, fault checks and counters; `execute_program`
-is the bare form, for the host (CPU nodes run the same kernels, counting nothing).
+is the bare form, for the host (CPU nodes run the same kernels, counting nothing). A run
+given an `InstrRecorder` (a profiled one) also times and costs each instruction and hands
+its `InstrRecord` to the recorder; a run given none does nothing more.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -79,24 +81,69 @@ def bind_inputs(
     return tuple(shapes)
 
 
-def run_steps(program: LoadedProgram, env: list[Any]) -> dict[int, Shape]:
+@dataclass(frozen=True, slots=True)
+class InstrRecord:
+    """One instruction of a recorded run: what it read and wrote, when it started (ns
+    from its recorder's `origin_ns`, host wall clock) and how long it took on the host,
+    and what the cost model counts for it."""
+
+    index: int  # in its program
+    op: str
+    engine: str  # PE, ACT or POOL
+    input_shapes: tuple[Shape, ...]
+    output_shapes: tuple[Shape, ...]
+    start_ns: int
+    host_ns: int
+    macs: int
+    cycles: int  # on its engine
+
+
+class InstrRecorder(Protocol):
+    """What a recorded run hands each instruction's `InstrRecord` to."""
+
+    @property
+    def origin_ns(self) -> int:
+        """The `time.perf_counter_ns` the records' `start_ns` count from."""
+        ...
+
+    def record(self, instr: InstrRecord) -> None: ...
+
+
+def run_steps(
+    program: LoadedProgram, env: list[Any], recorder: InstrRecorder | None = None
+) -> dict[int, Shape]:
     """Run the kernels in order, freeing each intermediate after its last reader (so a
     run holds only the tensors still needed); the shapes of the freed ones are returned.
     Like the hardware, arithmetic overflow and invalid operations give Inf/NaN silently
-    (the runtime flags them), never a warning."""
+    (the runtime flags them), never a warning.
+
+    With a `recorder`, each instruction is timed and costed as `LoadedProgram.cost_of`
+    does (the same shapes, so the MACs and cycles add up to the run's counters), and its
+    record handed to the recorder."""
     index = 0
     freed: dict[int, Shape] = {}
     release = program.release
+    clock = time.perf_counter_ns
+    begin = end = 0
     try:
         with np.errstate(all="ignore"):
             # `index` is read by the handler below, to name the failing instruction.
             for index, (fn, ins, outs, multi) in enumerate(program.steps):
-                result = fn(*[env[i] for i in ins])
+                args = [env[i] for i in ins]
+                if recorder is None:
+                    result = fn(*args)
+                else:
+                    begin = clock()
+                    result = fn(*args)
+                    end = clock()
                 if not multi:
                     env[outs[0]] = result
                 else:
                     for slot, value in zip(outs, result, strict=False):
                         env[slot] = value
+                if recorder is not None:
+                    start = begin - recorder.origin_ns
+                    recorder.record(_record(program, index, args, outs, env, start, end - begin))
                 for slot in release[index]:
                     freed[slot] = np.shape(env[slot])
                     env[slot] = None
@@ -106,69 +153,32 @@ def run_steps(program: LoadedProgram, env: list[Any]) -> dict[int, Shape]:
     return freed
 
 
-@dataclass(frozen=True, slots=True)
-class InstrProfile:
-    """One instruction of a profiled run: what it read and wrote, when it started and
-    how long it took on the host (perf_counter ns), and what the cost model counts for it."""
-
-    index: int
-    op: str
-    engine: str
-    input_shapes: tuple[Shape, ...]
-    output_shapes: tuple[Shape, ...]
-    start_ns: int
-    host_ns: int
-    macs: int
-    cycles: int
-
-
-def run_steps_profiled(
-    program: LoadedProgram, env: list[Any]
-) -> tuple[dict[int, Shape], list[InstrProfile]]:
-    """`run_steps`, timing each instruction and costing it as `LoadedProgram.cost_of`
-    does (the same shapes, so the MACs and cycles add up to the run's counters)."""
-    index = 0
-    freed: dict[int, Shape] = {}
-    records: list[InstrProfile] = []
-    release = program.release
-    clock = time.perf_counter_ns
-    try:
-        with np.errstate(all="ignore"):
-            for index, (fn, ins, outs, multi) in enumerate(program.steps):
-                args = [env[i] for i in ins]
-                begin = clock()
-                result = fn(*args)
-                end = clock()
-                if not multi:
-                    env[outs[0]] = result
-                else:
-                    for slot, value in zip(outs, result, strict=False):
-                        env[slot] = value
-                kern = program.kernels[index]
-                in_shapes = tuple(tuple(np.shape(a)) if a is not None else () for a in args)
-                out_shapes = tuple(tuple(np.shape(env[s])) for s in outs)
-                macs = kern.macs(list(in_shapes), list(out_shapes), program.attrs[index])
-                elements = sum(int(np.prod(shape)) for shape in out_shapes)
-                records.append(
-                    InstrProfile(
-                        index,
-                        kern.op,
-                        kern.engine.name,
-                        in_shapes,
-                        out_shapes,
-                        begin,
-                        end - begin,
-                        int(macs),
-                        engine_cycles(kern.engine, macs, elements),
-                    )
-                )
-                for slot in release[index]:
-                    freed[slot] = np.shape(env[slot])
-                    env[slot] = None
-    except _KERNEL_FAILURES as exc:
-        op = program.kernels[index].op
-        raise KernelError(f"{type(exc).__name__}: {exc}", op=op, index=index) from exc
-    return freed, records
+def _record(
+    program: LoadedProgram,
+    index: int,
+    args: list[Any],
+    outs: tuple[int, ...],
+    env: list[Any],
+    start_ns: int,
+    host_ns: int,
+) -> InstrRecord:
+    """The record of instruction `index`, which read `args` and wrote slots `outs`."""
+    kern = program.kernels[index]
+    in_shapes = tuple(tuple(np.shape(a)) if a is not None else () for a in args)
+    out_shapes = tuple(tuple(np.shape(env[s])) for s in outs)
+    macs = kern.macs(list(in_shapes), list(out_shapes), program.attrs[index])
+    elements = sum(int(np.prod(shape)) for shape in out_shapes)
+    return InstrRecord(
+        index,
+        kern.op,
+        kern.engine.name,
+        in_shapes,
+        out_shapes,
+        start_ns,
+        host_ns,
+        int(macs),
+        engine_cycles(kern.engine, macs, elements),
+    )
 
 
 def copy_outputs(program: LoadedProgram, env: list[Any], outputs: Mapping[str, Any]) -> None:

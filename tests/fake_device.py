@@ -11,9 +11,9 @@ from neuron_rtd.runtime import (
     DeviceApi,
     DeviceSpec,
     DramBuffer,
+    InstrRecorder,
     NcCounters,
     NeuronCoreApi,
-    ProfiledRunFn,
     RunFn,
     SimDevice,
 )
@@ -25,11 +25,9 @@ class WrappedCore:
     def __init__(self, device: WrappedDevice, core: NeuronCoreApi, index: int) -> None:
         self._device, self._core, self.index = device, core, index
 
-    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
-        return self._device.wrap_run(self.index, self._core.load(program, inputs))
-
-    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
-        return self._core.load_profiled(program, inputs)
+    def load(self, program: Stage, inputs: Sequence[TensorSpec], *, profile: bool = False) -> RunFn:
+        run = self._core.load(program, inputs, profile=profile)
+        return run if profile else self._device.wrap_run(self.index, run)
 
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)
@@ -90,8 +88,12 @@ class OffByOneDevice(WrappedDevice):
     """Its NCs add 1 to every float output: wrong numbers, as a broken kernel gives."""
 
     def wrap_run(self, nc: int, run: RunFn) -> RunFn:
-        def off_by_one(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
-            cycles = run(inputs, outputs)
+        def off_by_one(
+            inputs: Mapping[str, Any],
+            outputs: Mapping[str, Any],
+            recorder: InstrRecorder | None = None,
+        ) -> int:
+            cycles = run(inputs, outputs, recorder)
             for value in outputs.values():
                 if value.dtype.kind == "f":
                     value += 1

@@ -16,7 +16,7 @@ from fake_device import WrappedDevice
 
 from neuron_rtd.errors import InferCancelled, InvalidHandle, QueueFull
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.runtime import DeviceApi, LoadMode, LocalRuntime, RunFn
+from neuron_rtd.runtime import DeviceApi, InstrRecorder, LoadMode, LocalRuntime, RunFn
 
 Runs = list[tuple[int, float, float]]  # (NC index, start, end) of each NC run
 
@@ -33,10 +33,14 @@ class TimedDevice(WrappedDevice):
     def wrap_run(self, nc: int, run: RunFn) -> RunFn:
         lock = self._locks[nc]
 
-        def timed(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
+        def timed(
+            inputs: Mapping[str, Any],
+            outputs: Mapping[str, Any],
+            recorder: InstrRecorder | None = None,
+        ) -> int:
             with lock:
                 start = time.monotonic()
-                cycles = run(inputs, outputs)
+                cycles = run(inputs, outputs, recorder)
                 self._runs.append((nc, start, time.monotonic()))
             return cycles
 

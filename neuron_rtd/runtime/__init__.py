@@ -27,9 +27,10 @@ from neuron_rtd.runtime.driver import (
     DeviceApi,
     DeviceSpec,
     DramBuffer,
+    InstrRecord,
+    InstrRecorder,
     NcCounters,
     NeuronCoreApi,
-    ProfiledRunFn,
     RunFn,
     SimDevice,
     acquire_sim,
@@ -38,12 +39,7 @@ from neuron_rtd.runtime.driver import (
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
 from neuron_rtd.runtime.models import FIRST_MODEL_ID
-from neuron_rtd.runtime.profile import (
-    InferenceProfile,
-    InstrRecord,
-    ModelProfile,
-    StepRecord,
-)
+from neuron_rtd.runtime.profile import InferenceProfile, ModelProfile, StepRecord
 from neuron_rtd.runtime.runtime import (
     Runtime,
     RuntimeOptions,
@@ -75,6 +71,7 @@ __all__ = [
     "InferenceProfile",
     "Input",
     "InstrRecord",
+    "InstrRecorder",
     "LoadMode",
     "LocalRuntime",
     "MetricSeries",
@@ -88,7 +85,6 @@ __all__ = [
     "NeffFile",
     "NeuronCoreApi",
     "NmgrCounters",
-    "ProfiledRunFn",
     "RunFn",
     "Runtime",
     "RuntimeOptions",

@@ -3,10 +3,11 @@ the simulated driver (`driver_sim`), the only runtime module that imports it.
 
 The runtime is handed devices that satisfy `DeviceApi`: an owned device with its spec,
 reset, DRAM allocation, health counters, and NeuronCores (`NeuronCoreApi`) that load an
-NC program (a NEFF `Stage`, its weights placed in DRAM) and give back a run function, and
-that are seeded and read. `SimDevice` adapts a `driver_sim.Device`; a test plugs in its own
-device here (wrapping a `SimDevice`, say) instead of patching the driver. Driver exceptions
-become runtime exceptions in one place, `driver_errors()`.
+NC program (a NEFF `Stage`, its weights placed in DRAM) and give back a run function
+(`RunFn`: given a recorder, a profiled run records each instruction in it as an
+`InstrRecord`), and that are seeded and read. `SimDevice` adapts a `driver_sim.Device`; a
+test plugs in its own device here (wrapping a `SimDevice`, say) instead of patching the
+driver. Driver exceptions become runtime exceptions in one place, `driver_errors()`.
 """
 
 from __future__ import annotations
@@ -25,41 +26,29 @@ import driver_sim
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
 from neuron_rtd.neff import Stage, TensorSpec
 
-# A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.
-RunFn = Callable[[Mapping[str, Any], Mapping[str, Any]], int]
-# A profiled run: the same, instruction by instruction: (cycles, a record per instruction).
-ProfiledRunFn = Callable[
-    [Mapping[str, Any], Mapping[str, Any]], tuple[int, Sequence["InstrSample"]]
-]
+# One NC instruction of a recorded (profiled) run, and what a recorded run hands them to.
+InstrRecord = driver_sim.InstrRecord
+InstrRecorder = driver_sim.InstrRecorder
+
+
+class RunFn(Protocol):
+    """A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.
+    Given a `recorder`, the run records each instruction in it (timed one by one on the
+    reference kernels, whatever the NC's engine)."""
+
+    def __call__(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        recorder: InstrRecorder | None = None,
+        /,
+    ) -> int: ...
+
+
 # A CPU node's run: the same, counting nothing.
 HostFn = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
 
 DynamicBuffer = driver_sim.DynamicBuffer  # a tensor whose shape its producer decides
-
-
-class InstrSample(Protocol):
-    """One instruction of a profiled NC run (`driver_sim.InstrProfile`): its index in the
-    program, op, engine, shapes, start (perf_counter ns) and host time, and its MACs and
-    cycles as the cost model counts them."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def op(self) -> str: ...
-    @property
-    def engine(self) -> str: ...
-    @property
-    def input_shapes(self) -> tuple[tuple[int, ...], ...]: ...
-    @property
-    def output_shapes(self) -> tuple[tuple[int, ...], ...]: ...
-    @property
-    def start_ns(self) -> int: ...
-    @property
-    def host_ns(self) -> int: ...
-    @property
-    def macs(self) -> int: ...
-    @property
-    def cycles(self) -> int: ...
 
 
 NC_CLOCK_HZ = driver_sim.NC_CLOCK_HZ  # the NC clock: simulated time is cycles / this
@@ -140,14 +129,10 @@ class HealthCounters(Protocol):
 
 
 class NeuronCoreApi(Protocol):
-    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
+    def load(self, program: Stage, inputs: Sequence[TensorSpec], *, profile: bool = False) -> RunFn:
         """Check `program` (its weights already in this device's DRAM, `inputs` the specs
-        of its input tensors) and prepare it; what runs it on this NC."""
-        ...
-
-    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
-        """`load`, for a run that times and costs each instruction (on the reference
-        kernels, whatever the NC's engine)."""
+        of its input tensors) and prepare it; what runs it on this NC. `profile`: its runs
+        will be recorded, so it is prepared for the reference kernels only."""
         ...
 
     def seed(self, seed: int, stream: int) -> None: ...
@@ -294,14 +279,9 @@ class SimCore:
     def __init__(self, core: driver_sim.NeuronCore) -> None:
         self._core = core
 
-    def load(self, program: Stage, inputs: Sequence[TensorSpec]) -> RunFn:
-        loaded = self._core.load(_nc_program(program, inputs))
+    def load(self, program: Stage, inputs: Sequence[TensorSpec], *, profile: bool = False) -> RunFn:
+        loaded = self._core.load(_nc_program(program, inputs), reference=profile)
         return functools.partial(self._core.run, loaded)
-
-    def load_profiled(self, program: Stage, inputs: Sequence[TensorSpec]) -> ProfiledRunFn:
-        """Load `program` to run on the reference kernels, each instruction timed."""
-        loaded = self._core.load(_nc_program(program, inputs), reference=True)
-        return functools.partial(self._core.run_profiled, loaded)
 
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)

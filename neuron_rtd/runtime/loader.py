@@ -13,7 +13,7 @@ Tensors with a dynamic axis get DRAM at their planned bound, or none when unboun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +25,6 @@ from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBuffer,
     DynamicBuffer,
-    ProfiledRunFn,
-    RunFn,
     driver_errors,
 )
 from neuron_rtd.runtime.host import compile_host_stage
@@ -194,15 +192,10 @@ def _load_steps(
             weights = _place_weights(alloc, vnc, stage, tag)
             loc = ncgs.locate(vnc)
             core = devices[loc.device_slot].nc(loc.nc)
-            profiled = None
             with driver_errors(f"loading '{neff_name}' {tag} on NC {vnc}"):
                 specs = [variant.tensors[name] for name in stage.inputs]
                 placed = dataclasses.replace(stage, weights=weights)
-                if profile:
-                    profiled = core.load_profiled(placed, specs)
-                    run = _cycles_of(profiled)
-                else:
-                    run = core.load(placed, specs)
+                run = core.load(placed, specs, profile=profile)
             steps.append(
                 StageRun(
                     vnc=vnc,
@@ -211,19 +204,9 @@ def _load_steps(
                     outputs=tuple(stage.outputs),
                     node=node.name,
                     stage=j,
-                    profiled=profiled,
                 )
             )
     return steps
-
-
-def _cycles_of(profiled: ProfiledRunFn) -> RunFn:
-    """A profiled stage's run, as a plain run: its cycles only."""
-
-    def run(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> int:
-        return profiled(inputs, outputs)[0]
-
-    return run
 
 
 def build_model(

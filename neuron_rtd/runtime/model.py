@@ -54,12 +54,11 @@ from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBuffer,
     HostFn,
-    ProfiledRunFn,
     RunFn,
     driver_errors,
     usable_cpus,
 )
-from neuron_rtd.runtime.profile import InferenceProfile, InstrRecord, Profiler, StepRecord
+from neuron_rtd.runtime.profile import Profiler
 from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
 from neuron_rtd.runtime.stats import Tally
 
@@ -87,8 +86,9 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class StageRun:
-    """One stage loaded on its NC: `run(inputs, outputs)` with the slot's arrays gives
-    the run's NC cycles."""
+    """One stage loaded on its NC: `run(inputs, outputs, recorder)` with the slot's arrays
+    gives the run's NC cycles (with a recorder, a profiled model's, each instruction is
+    recorded)."""
 
     vnc: int
     run: RunFn
@@ -96,7 +96,6 @@ class StageRun:
     outputs: tuple[str, ...]
     node: str = ""
     stage: int = 0
-    profiled: ProfiledRunFn | None = None  # a model loaded with profiling: the timed run
 
 
 @dataclass(frozen=True)
@@ -251,8 +250,8 @@ class Model:
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
-        # Profiling is chosen once, here: an unprofiled model runs `_execute` untouched
-        # (the one test on `profiler` in `run` is all it costs).
+        # Profiling is chosen once, here: a profiled model's inferences hand a recorder down
+        # their steps, an unprofiled model's none (a test per step is all it costs).
         self.profiler = Profiler() if self.params.profile else None
 
     @property
@@ -359,13 +358,12 @@ class Model:
 
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
-        execute = self._execute if self.profiler is None else self._execute_profiled
         try:
             if self.mode is LoadMode.SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
-                    execute(job)
+                    self._execute(job)
             else:
-                execute(job)
+                self._execute(job)
         except NrtError as exc:
             job.error = exc
         except Exception as exc:  # a bug, not the client's fault: still answer
@@ -405,95 +403,44 @@ class Model:
         job.code = self._numerical_code(job)
 
     def _execute(self, job: Job) -> None:
+        """Run the job's steps. A profiled model's inference records them: its recorder,
+        handed down to the NCs, records each instruction, and the profiler keeps it if the
+        inference ends well (see `runtime/profile.py`)."""
         deadline = self._begin(job)
+        recorder = None if self.profiler is None else self.profiler.start()
+        clock = time.perf_counter_ns
         with self._driver_errors:
             bound = job.variant.bound[job.slot]
             for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
                 self._check_step(job, deadline)
                 if type(step) is StageRun:
-                    begin = time.perf_counter_ns()
-                    job.cycles += run(ins, outs) or 0
-                    job.nc_ns += time.perf_counter_ns() - begin
-                else:
+                    begin = clock()
+                    cycles = step.run(ins, outs, recorder) or 0  # `run`, as a stage's
+                    took = clock() - begin
+                    job.cycles += cycles
+                    job.nc_ns += took
+                    if recorder is not None:
+                        recorder.stage(step.node, step.stage, step.vnc, begin, took, cycles)
+                elif recorder is None:
                     with self.host_pool:  # CPU nodes: at most the host pool's width at once
                         run(ins, outs)
-        self._finish(job)
-
-    def _execute_profiled(self, job: Job) -> None:
-        """`_execute`, recording each step and each NC instruction (see `profile`)."""
-        profiler = self.profiler
-        assert profiler is not None
-        deadline = self._begin(job)
-        wall = time.time_ns()
-        clock = time.perf_counter_ns
-        records: list[StepRecord] = []
-        origin = clock()
-        with self._driver_errors:
-            bound = job.variant.bound[job.slot]
-            for step, (run, ins, outs) in zip(job.variant.steps, bound, strict=True):
-                self._check_step(job, deadline)
-                if type(step) is StageRun and step.profiled is not None:
-                    begin = clock()
-                    cycles, samples = step.profiled(ins, outs)
-                    took = clock() - begin
-                    job.cycles += cycles
-                    job.nc_ns += took
-                    instrs = tuple(
-                        InstrRecord(
-                            index=s.index,
-                            op=s.op,
-                            engine=s.engine,
-                            input_shapes=s.input_shapes,
-                            output_shapes=s.output_shapes,
-                            start_ns=s.start_ns - origin,
-                            host_ns=s.host_ns,
-                            macs=s.macs,
-                            cycles=s.cycles,
-                        )
-                        for s in samples
-                    )
-                    records.append(
-                        StepRecord(
-                            step.node, step.stage, step.vnc, begin - origin, took, cycles, instrs
-                        )
-                    )
-                elif type(step) is StageRun:  # not loaded for profiling: timed whole
-                    begin = clock()
-                    cycles = run(ins, outs) or 0
-                    took = clock() - begin
-                    job.cycles += cycles
-                    job.nc_ns += took
-                    records.append(
-                        StepRecord(step.node, step.stage, step.vnc, begin - origin, took, cycles)
-                    )
                 else:
                     with self.host_pool:
                         begin = clock()
                         run(ins, outs)
                         took = clock() - begin
-                    records.append(
-                        StepRecord(
-                            step.node,
-                            0,
-                            -1,
-                            begin - origin,
-                            took,
-                            0,
-                            input_shapes=tuple(np.shape(ins[n]) for n in step.inputs),
-                            output_shapes=tuple(np.shape(outs[n]) for n in step.outputs),
-                        )
+                    recorder.host(
+                        step.node,
+                        begin,
+                        took,
+                        tuple(np.shape(ins[n]) for n in step.inputs),
+                        tuple(np.shape(outs[n]) for n in step.outputs),
                     )
-        ended = clock()
+        if recorder is not None:
+            recorder.end()
         self._finish(job)
-        profiler.add(
-            InferenceProfile(
-                seq=profiler.next_seq(),
-                time_ns=wall,
-                host_ns=ended - origin,
-                cycles=sum(r.cycles for r in records),
-                steps=tuple(records),
-            )
-        )
+        if recorder is not None:
+            recorder.keep()  # it ended well: its profiler keeps what it recorded
 
     def _fail(self, error: NrtError) -> None:
         """An unrecoverable error: the model stops until it is started again."""

@@ -7,43 +7,32 @@ step (an NC stage run or a CPU node) its host wall time, and per NC instruction 
 engine, shapes, host wall time and what the cost model counts for it (MACs, cycles; the
 simulated NC time is cycles / `NC_CLOCK_HZ`). A model keeps the last `KEEP` of them.
 
-An unprofiled model has no `Profiler` and runs as it always did: the only cost of this
-module to it is the choice, made once at load, of which execute loop it runs.
+A profiled model's `Profiler` starts an `InferenceRecorder` for each inference, which the
+model's run loop hands down the path every inference takes (the driver port, the NC, its
+steps): the NC records each instruction in it (an `InstrRecord`, the driver port's), the
+model each step. An unprofiled model has no `Profiler` and hands down no recorder: a test
+per step is all profiling costs it.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
-from neuron_rtd.runtime.driver import NC_CLOCK_HZ
+from neuron_rtd.runtime.driver import NC_CLOCK_HZ, InstrRecord
 
 KEEP = 32  # inferences a profiled model remembers, the most recent ones
 Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class InstrRecord:
-    """One NC instruction of a profiled inference (times in ns from the inference's
-    start, host wall clock)."""
-
-    index: int  # in its stage's program
-    op: str
-    engine: str  # PE, ACT or POOL
-    input_shapes: tuple[Shape, ...]
-    output_shapes: tuple[Shape, ...]
-    start_ns: int
-    host_ns: int
-    macs: int
-    cycles: int  # on its engine, as the cost model counts them
-
-
-@dataclass(frozen=True)
 class StepRecord:
     """One step of a profiled inference: an NC stage run (`vnc` >= 0, `instrs`) or a CPU
-    node (`vnc` -1, its tensors' shapes)."""
+    node (`vnc` -1, its tensors' shapes). Times in ns from the inference's start, host wall
+    clock (so are its instructions')."""
 
     node: str
     stage: int
@@ -80,6 +69,74 @@ class ModelProfile:
     inferences: tuple[InferenceProfile, ...]
 
 
+class InferenceRecorder:
+    """What one profiled inference records, from its start: each NC instruction (`record`:
+    an `InstrRecorder`, handed down to the NC) and each step (`stage`, `host`, which take
+    perf_counter ns)."""
+
+    __slots__ = ("_instrs", "_profiler", "_steps", "ended_ns", "origin_ns", "time_ns")
+
+    def __init__(self, profiler: Profiler) -> None:
+        self._profiler = profiler
+        self.time_ns = time.time_ns()  # wall clock at the start
+        self.origin_ns = time.perf_counter_ns()  # what the records' times count from
+        self.ended_ns = self.origin_ns
+        self._steps: list[StepRecord] = []
+        self._instrs: list[InstrRecord] = []  # the running stage's, so far
+
+    def record(self, instr: InstrRecord) -> None:
+        self._instrs.append(instr)
+
+    def stage(
+        self, node: str, stage: int, vnc: int, begin_ns: int, host_ns: int, cycles: int
+    ) -> None:
+        """An NC stage run has ended: its step, with the instructions recorded in it."""
+        instrs, self._instrs = tuple(self._instrs), []
+        self._steps.append(
+            StepRecord(node, stage, vnc, begin_ns - self.origin_ns, host_ns, cycles, instrs)
+        )
+
+    def host(
+        self,
+        node: str,
+        begin_ns: int,
+        host_ns: int,
+        input_shapes: tuple[Shape, ...],
+        output_shapes: tuple[Shape, ...],
+    ) -> None:
+        """A CPU node has run."""
+        self._steps.append(
+            StepRecord(
+                node,
+                0,
+                -1,
+                begin_ns - self.origin_ns,
+                host_ns,
+                0,
+                input_shapes=input_shapes,
+                output_shapes=output_shapes,
+            )
+        )
+
+    def end(self) -> None:
+        """Its last step has ended."""
+        self.ended_ns = time.perf_counter_ns()
+
+    def keep(self) -> None:
+        """The inference ended well: its profiler keeps what was recorded."""
+        self._profiler.add(self)
+
+    def profile(self, seq: int) -> InferenceProfile:
+        steps = tuple(self._steps)
+        return InferenceProfile(
+            seq=seq,
+            time_ns=self.time_ns,
+            host_ns=self.ended_ns - self.origin_ns,
+            cycles=sum(s.cycles for s in steps),
+            steps=steps,
+        )
+
+
 class Profiler:
     """A profiled model's last `keep` inference profiles."""
 
@@ -89,10 +146,13 @@ class Profiler:
         self._lock = threading.Lock()
         self.recorded = 0
 
-    def next_seq(self) -> int:
-        return next(self._count)
+    def start(self) -> InferenceRecorder:
+        """The recorder of an inference starting now."""
+        return InferenceRecorder(self)
 
-    def add(self, profile: InferenceProfile) -> None:
+    def add(self, recorder: InferenceRecorder) -> None:
+        """Keep what `recorder` recorded: an inference that ended well."""
+        profile = recorder.profile(next(self._count))
         with self._lock:
             self._kept.append(profile)
             self.recorded += 1
@@ -106,7 +166,7 @@ __all__ = [
     "KEEP",
     "NC_CLOCK_HZ",
     "InferenceProfile",
-    "InstrRecord",
+    "InferenceRecorder",
     "ModelProfile",
     "Profiler",
     "StepRecord",
