@@ -7,8 +7,8 @@ interleaved in rounds so that machine noise hits all alike.
 
 Prints p50/p99 per model and the ratios: profiled / unprofiled (what profiling ON costs:
 its NC programs run instruction by instruction on the reference kernels, timed), and
-unprofiled B / unprofiled A (the noise floor; profiling OFF takes one choice made at load,
-so an unprofiled model runs exactly the loop it ran before profiling existed).
+unprofiled B / unprofiled A (the noise floor; profiling OFF runs the same loop as profiling
+ON with no recorder handed down: a test per step is all it costs).
 """
 
 from __future__ import annotations

@@ -220,9 +220,33 @@ def _check_trace(path: Path, tracks: set[str]) -> None:
     }
     assert set(names.values()) == tracks
     complete = [e for e in events if e["ph"] == "X"]
-    assert complete and all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
     assert {e["tid"] for e in complete} == set(names)
     assert all({"name", "pid", "tid", "ts", "dur"} <= set(e) for e in complete)
+    # each NC instruction lies within its stage (same track, same inference), in order
+    steps = [e for e in complete if e["cat"] in ("stage", "cpu")]
+    instrs = [e for e in complete if e["cat"] not in ("stage", "cpu")]
+    assert steps and instrs and all(e["dur"] > 0 for e in steps)
+    slack = 1e-3  # us: ns times printed as floats
+    for instr in instrs:
+        (stage,) = [
+            e
+            for e in steps
+            if e["tid"] == instr["tid"]
+            and e["args"]["inference"] == instr["args"]["inference"]
+            and e["ts"] - slack <= instr["ts"]
+            and instr["ts"] + instr["dur"] <= e["ts"] + e["dur"] + slack
+        ]
+        assert stage["cat"] == "stage", instr
+    for stage in steps:
+        inside = [
+            e
+            for e in instrs
+            if e["tid"] == stage["tid"]
+            and e["args"]["inference"] == stage["args"]["inference"]
+            and stage["ts"] - slack <= e["ts"] <= stage["ts"] + stage["dur"] + slack
+        ]
+        starts = [e["ts"] for e in sorted(inside, key=lambda e: e["args"]["index"])]
+        assert starts == sorted(starts), stage
 
 
 @pytest.mark.daemon
