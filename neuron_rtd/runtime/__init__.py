@@ -16,11 +16,14 @@ from neuron_rtd.runtime.api import (
     NcgInfo,
     NcUse,
     NeffFile,
+    RuntimeOptions,
+    SessionRelease,
     ShmInput,
     ShmOutputs,
     Snapshot,
     SystemCounters,
     Topology,
+    parse_version,
 )
 from neuron_rtd.runtime.driver import (
     NC_ENGINES,
@@ -40,12 +43,7 @@ from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
 from neuron_rtd.runtime.models import FIRST_MODEL_ID
 from neuron_rtd.runtime.profile import InferenceProfile, ModelProfile, StepRecord
-from neuron_rtd.runtime.runtime import (
-    Runtime,
-    RuntimeOptions,
-    SessionRelease,
-    parse_version,
-)
+from neuron_rtd.runtime.runtime import Runtime
 from neuron_rtd.runtime.sessions import session_tag
 from neuron_rtd.runtime.stats import (
     LATENCY_BOUNDS_US,

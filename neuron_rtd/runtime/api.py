@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuron_rtd.errors import Nerr
+from neuron_rtd.errors import InvalidError, Nerr
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi
 from neuron_rtd.runtime.model import LoadMode, Model, ModelParams, ModelState
@@ -196,3 +196,51 @@ class SystemCounters:
     log_warnings: int
     host_memory_bytes: int  # the runtime's process, resident
     devices: tuple[DeviceInfo, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    default_timeout_s: float = 2.0
+    default_ninfer: int = 4
+    max_ninfer: int = 256
+    ncs_per_device: int = 4
+    models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
+    host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
+    cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
+    shmem_enabled: bool = True  # clients may map shared memory for tensors
+    # The folders `neff_file` loads may read from (symbolic links resolved first).
+    neff_file_dirs: tuple[str, ...] = ("/",)
+    # What one session may hold at once (clients with no session share one quota); 0: any.
+    session_max_ncs: int = 0
+    session_max_models: int = 64
+    session_max_shm_maps: int = 256
+    session_max_inflight: int = 1024  # cookies posted and not waited for, by model session
+    session_max_open: int = 4096  # sessions open at once, all clients (0: any)
+    session_max_per_peer: int = 1024  # of them, one user's (the unidentified: together)
+
+    def model_params(
+        self, *, timeout_s: float | None = None, ninfer: int | None = None, profile: bool = False
+    ) -> ModelParams:
+        """A load's parameters, the defaults where it gives none; InvalidError out of
+        bounds."""
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        depth = self.default_ninfer if ninfer is None else ninfer
+        if timeout <= 0:
+            raise InvalidError(f"model timeout must be at least 1 s, got {timeout_s}")
+        if not 1 <= depth <= self.max_ninfer:
+            raise InvalidError(f"ninfer must be between 1 and {self.max_ninfer}, got {depth}")
+        return ModelParams(timeout_s=float(timeout), ninfer=depth, profile=profile)
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (int(p) for p in text.split(".")[:2])
+    return major, minor
+
+
+@dataclass(frozen=True)
+class SessionRelease:
+    """What an ended session left and the runtime released."""
+
+    models: list[int]
+    ncgs: list[int]
+    shm_maps: list[str]

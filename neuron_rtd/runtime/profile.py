@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from neuron_rtd.errors import InvalidError
 from neuron_rtd.runtime.driver import NC_CLOCK_HZ, InstrRecord
 
 KEEP = 32  # inferences a profiled model remembers, the most recent ones
@@ -162,6 +163,25 @@ class Profiler:
             return tuple(self._kept)
 
 
+def model_profile(model_id: int, name: str, profiler: Profiler | None, last: int) -> ModelProfile:
+    """What the profiler of model `model_id` (`name`) kept of its last inferences (the
+    `last` most recent, 0: all kept), oldest first; InvalidError when it has none."""
+    if profiler is None:
+        raise InvalidError(
+            f"model {model_id} ({name}) was not loaded with node profiling: load "
+            "it again with model_params.enable_node_profiling = 1 (neuron-cli profile "
+            "MODEL.neff, or Client.load(..., profile=True))"
+        )
+    kept = profiler.kept()
+    if not kept:
+        raise InvalidError(
+            f"model {model_id} ({name}) has no profiled inference yet: run an inference first"
+        )
+    if last > 0:
+        kept = kept[-last:]
+    return ModelProfile(model_id, name, NC_CLOCK_HZ, profiler.recorded, kept)
+
+
 __all__ = [
     "KEEP",
     "NC_CLOCK_HZ",
@@ -170,4 +190,5 @@ __all__ = [
     "ModelProfile",
     "Profiler",
     "StepRecord",
+    "model_profile",
 ]

@@ -21,6 +21,7 @@ from neuron_rtd.runtime.api import (
     NcUse,
     Snapshot,
     SystemCounters,
+    Topology,
 )
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.models import ModelTable
@@ -44,6 +45,16 @@ class Readings:
         self._stats = stats
         self._lock = lock  # the runtime's: the models and NCGs as one consistent picture
         self.transfer_adjustment = 0  # the static DMA adjustment the devices report
+
+    def topology(self) -> Topology:
+        return Topology(
+            device_count=len(self._devices),
+            ncs_per_device=self._ncgs.ncs_per_device,
+            total_ncs=self._ncgs.total_ncs,
+        )
+
+    def devices(self) -> list[DeviceInfo]:
+        return [DeviceInfo.of(device) for device in self._devices]
 
     def ncg_info(self, ncg: Ncg) -> NcgInfo:
         loc = self._ncgs.locate(ncg.start)

@@ -1,4 +1,7 @@
-"""The runtime core: NCGs, the model DB, load/start/stop/unload and inference.
+"""The runtime's face: every call of the wire API is one call of `Runtime`, which checks
+the call (the devices up, the session it names or presents, the quotas) and hands it to
+the concept that does it: the NCG table, the model table, the data path, shared memory,
+sessions, readings.
 
 Transport-free: the gRPC server is a thin adapter over `Runtime`, and in-process callers
 use it directly. Control-plane calls serialize on one lock; inference takes no global lock.
@@ -11,7 +14,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
@@ -24,6 +26,8 @@ from neuron_rtd.runtime.api import (
     Input,
     ModelInfo,
     NcgInfo,
+    RuntimeOptions,
+    SessionRelease,
     ShmOutputs,
     Snapshot,
     SystemCounters,
@@ -37,7 +41,7 @@ from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.model import ModelParams, ModelState
 from neuron_rtd.runtime.models import ModelTable
 from neuron_rtd.runtime.ncg import NcgTable
-from neuron_rtd.runtime.profile import NC_CLOCK_HZ, ModelProfile
+from neuron_rtd.runtime.profile import ModelProfile, model_profile
 from neuron_rtd.runtime.readings import Readings
 from neuron_rtd.runtime.sessions import (
     NO_SESSION,
@@ -50,41 +54,6 @@ from neuron_rtd.runtime.shm import ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeOptions:
-    default_timeout_s: float = 2.0
-    default_ninfer: int = 4
-    max_ninfer: int = 256
-    ncs_per_device: int = 4
-    models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
-    host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
-    cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
-    shmem_enabled: bool = True  # clients may map shared memory for tensors
-    # The folders `neff_file` loads may read from (symbolic links resolved first).
-    neff_file_dirs: tuple[str, ...] = ("/",)
-    # What one session may hold at once (clients with no session share one quota); 0: any.
-    session_max_ncs: int = 0
-    session_max_models: int = 64
-    session_max_shm_maps: int = 256
-    session_max_inflight: int = 1024  # cookies posted and not waited for, by model session
-    session_max_open: int = 4096  # sessions open at once, all clients (0: any)
-    session_max_per_peer: int = 1024  # of them, one user's (the unidentified: together)
-
-
-def parse_version(text: str) -> tuple[int, int]:
-    major, minor, *_ = (int(p) for p in text.split(".")[:2])
-    return major, minor
-
-
-@dataclass(frozen=True)
-class SessionRelease:
-    """What an ended session left and the runtime released."""
-
-    models: list[int]
-    ncgs: list[int]
-    shm_maps: list[str]
 
 
 class Runtime:
@@ -138,15 +107,11 @@ class Runtime:
         return True
 
     def topology(self) -> Topology:
-        return Topology(
-            device_count=len(self._devices),
-            ncs_per_device=self._ncgs.ncs_per_device,
-            total_ncs=self._ncgs.total_ncs,
-        )
+        return self._readings.topology()
 
     def devices(self) -> list[DeviceInfo]:
         self.ensure_ready()
-        return [DeviceInfo.of(device) for device in self._devices]
+        return self._readings.devices()
 
     # --- sessions ------------------------------------------------------------------
     def open_session(self, peer: int | None = None) -> int:
@@ -179,17 +144,6 @@ class Runtime:
         maps = self._shm.unmap_session(session_id)
         return SessionRelease(models=models, ncgs=[ncg.id for ncg in ncgs], shm_maps=maps)
 
-    def _check_session(self, session_id: int) -> None:
-        """InvalidError unless `session_id` is 0 (no session) or an open session."""
-        self._sessions.check(session_id)
-
-    def _caller(self, session: int | None) -> int | None:
-        """The session a call presents (None or 0: none), checked to be open."""
-        if not session:
-            return None
-        self._sessions.check(session)
-        return session
-
     def _check_ncs_quota(self, session_id: int, more: int) -> None:
         held = self._ncgs.ncs_held_by(session_id)
         check_ncs_quota(session_id, held + more, self.options.session_max_ncs)
@@ -198,7 +152,7 @@ class Runtime:
     def create_ncg(self, nc_count: int, *, session_id: int = 0) -> NcgInfo:
         self.ensure_ready()
         with self._lock:
-            self._check_session(session_id)
+            self._sessions.check(session_id)
             ncg = self._ncgs.create(nc_count, session_id=session_id)
             try:  # checked with the NCG made: nc_count 0 takes the largest free run
                 self._check_ncs_quota(session_id, 0)
@@ -251,45 +205,18 @@ class Runtime:
         last inferences (the `last` most recent, 0: all kept), oldest first. A model of a
         session tells them only to a call that presents that session (`session`)."""
         model = self._models[model_id]
-        if model.session_id != NO_SESSION and self._caller(session) != model.session_id:
+        if model.session_id != NO_SESSION and self._sessions.presented(session) != model.session_id:
             raise InvalidError(
                 f"model {model_id} belongs to {session_name(model.session_id)}: its profile "
                 "is told only to calls that present the session (gRPC metadata "
                 "nrt-session-id)"
             )
-        profiler = model.profiler
-        if profiler is None:
-            raise InvalidError(
-                f"model {model_id} ({model.name}) was not loaded with node profiling: load "
-                "it again with model_params.enable_node_profiling = 1 (neuron-cli profile "
-                "MODEL.neff, or Client.load(..., profile=True))"
-            )
-        kept = profiler.kept()
-        if not kept:
-            raise InvalidError(
-                f"model {model_id} ({model.name}) has no profiled inference yet: run an "
-                "inference first"
-            )
-        if last > 0:
-            kept = kept[-last:]
-        return ModelProfile(model.id, model.name, NC_CLOCK_HZ, profiler.recorded, kept)
+        return model_profile(model.id, model.name, model.profiler, last)
 
     def params(
-        self,
-        *,
-        timeout_s: float | None = None,
-        ninfer: int | None = None,
-        profile: bool = False,
+        self, *, timeout_s: float | None = None, ninfer: int | None = None, profile: bool = False
     ) -> ModelParams:
-        timeout = self.options.default_timeout_s if timeout_s is None else timeout_s
-        depth = self.options.default_ninfer if ninfer is None else ninfer
-        if timeout <= 0:
-            raise InvalidError(f"model timeout must be at least 1 s, got {timeout_s}")
-        if not 1 <= depth <= self.options.max_ninfer:
-            raise InvalidError(
-                f"ninfer must be between 1 and {self.options.max_ninfer}, got {depth}"
-            )
-        return ModelParams(timeout_s=float(timeout), ninfer=depth, profile=profile)
+        return self.options.model_params(timeout_s=timeout_s, ninfer=ninfer, profile=profile)
 
     def neff_buffer(self, size: int) -> memoryview:
         """A buffer for a NEFF of `size` bytes a client sends, admitted and reserved until
@@ -333,7 +260,7 @@ class Runtime:
         params = self.params(timeout_s=timeout_s, ninfer=ninfer, profile=profile)
         began = time.monotonic()
         with self._lock:
-            self._check_session(session_id)
+            self._sessions.check(session_id)
             held = self._models.held_by(session_id)
             check_models_quota(session_id, held, self.options.session_max_models)
             implicit = ncg_id is None
@@ -443,7 +370,7 @@ class Runtime:
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
         self.ensure_ready()
         model = self._models[model_id]
-        return self._data.infer(model, inputs, shm_outputs or {}, self._caller(session))
+        return self._data.infer(model, inputs, shm_outputs or {}, self._sessions.presented(session))
 
     def post(
         self,
@@ -457,7 +384,7 @@ class Runtime:
         returns); its cookie (see `Inflight`)."""
         self.ensure_ready()
         model = self._models[model_id]
-        return self._data.post(model, inputs, shm_outputs or {}, self._caller(session))
+        return self._data.post(model, inputs, shm_outputs or {}, self._sessions.presented(session))
 
     def wait(
         self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
@@ -465,14 +392,14 @@ class Runtime:
         """The result of a posted inference once it has ended; the cookie is spent. Its
         outputs go to the shared memory named here, else to that named by the post."""
         self.ensure_ready()
-        return self._data.wait(cookie, shm_outputs or {}, self._caller(session))
+        return self._data.wait(cookie, shm_outputs or {}, self._sessions.presented(session))
 
     def poll(
         self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
     ) -> InferResult | None:
         """As `wait` once the inference has ended; None (the cookie kept) until then."""
         self.ensure_ready()
-        return self._data.poll(cookie, shm_outputs or {}, self._caller(session))
+        return self._data.poll(cookie, shm_outputs or {}, self._sessions.presented(session))
 
     def completed(self, cookies: Iterable[int]) -> list[int]:
         """The cookies, of those given, whose inferences have ended (still to be waited
@@ -487,7 +414,7 @@ class Runtime:
         self.ensure_ready()
         if path is None:
             raise InvalidError("shm_map: hugetlb shared memory is not supported; give a path")
-        self._check_session(session_id)
+        self._sessions.check(session_id)
         self._shm.map(path, prot, session_id, limit=self.options.session_max_shm_maps)
 
     def shm_adopt(self, fd: int, path: str, prot: int, session_id: int, uid: int) -> None:
@@ -497,17 +424,7 @@ class Runtime:
         objects from that user only."""
         try:
             self.ensure_ready()
-            if session_id == NO_SESSION:
-                raise InvalidError(
-                    "a passed shared memory object needs a session: open one with "
-                    "session_monitor and give its id"
-                )
-            owner = self._sessions.peer(session_id)
-            if owner is not None and owner != uid:
-                raise InvalidError(
-                    f"{session_name(session_id)} belongs to another user: pass objects into "
-                    "a session of your own"
-                )
+            self._sessions.check_passer(session_id, uid)
         except NrtError:
             os.close(fd)
             raise
@@ -515,7 +432,7 @@ class Runtime:
 
     def shm_unmap(self, path: str, *, session: int | None = None) -> None:
         self.ensure_ready()
-        self._shm.unmap(path, self._caller(session))
+        self._shm.unmap(path, self._sessions.presented(session))
 
     # --- counters ------------------------------------------------------------------
     def nc_counters(self, vnc: int) -> NcCounters:

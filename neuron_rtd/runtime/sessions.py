@@ -106,6 +106,28 @@ class SessionTable:
         with self._lock:
             return self._open.get(session_id)
 
+    def presented(self, session: int | None) -> int | None:
+        """The session a call presents (None or 0: none), checked to be open."""
+        if not session:
+            return None
+        self.check(session)
+        return session
+
+    def check_passer(self, session_id: int, uid: int) -> None:
+        """InvalidError unless user `uid` may pass objects into the open session: any
+        user into a session of no known user, else only that user."""
+        if session_id == NO_SESSION:
+            raise InvalidError(
+                "a passed shared memory object needs a session: open one with "
+                "session_monitor and give its id"
+            )
+        owner = self.peer(session_id)
+        if owner is not None and owner != uid:
+            raise InvalidError(
+                f"{session_name(session_id)} belongs to another user: pass objects into "
+                "a session of your own"
+            )
+
     def check(self, session_id: int) -> None:
         """InvalidError unless `session_id` is 0 (no session) or an open session. The
         message never tells an open id from one that never was."""
