@@ -16,7 +16,8 @@ import numpy as np
 from neuron_rtd.errors import NrtError
 from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
 from neuron_rtd.runtime.inflight import Inflight
-from neuron_rtd.runtime.model import Job, Model, Source
+from neuron_rtd.runtime.job import Job, Source
+from neuron_rtd.runtime.model import Model
 from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 
 ShmSinks = Mapping[str, ShmMapping]  # output name -> the mapping it is written to

@@ -28,7 +28,8 @@ from neuron_rtd.errors import (
     NrtError,
     ResourceError,
 )
-from neuron_rtd.runtime.model import Job, Model
+from neuron_rtd.runtime.job import Job
+from neuron_rtd.runtime.model import Model
 from neuron_rtd.runtime.sessions import session_name
 
 log = logging.getLogger("nrtd.NMGR")

@@ -28,16 +28,9 @@ from neuron_rtd.runtime.driver import (
     driver_errors,
 )
 from neuron_rtd.runtime.host import compile_host_stage
-from neuron_rtd.runtime.model import (
-    HostRun,
-    LoadMode,
-    Model,
-    ModelParams,
-    StageRun,
-    Step,
-    Variant,
-)
+from neuron_rtd.runtime.model import LoadMode, Model, ModelParams
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.variant import HostRun, StageRun, Step, Variant
 
 ALIGN = 64
 HOST = -1  # placement of a tensor that only CPU nodes touch

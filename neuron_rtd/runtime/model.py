@@ -49,18 +49,18 @@ from neuron_rtd.errors import (
     NrtError,
     QueueFull,
 )
-from neuron_rtd.neff import Bucket, Neff
+from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBuffer,
-    HostFn,
-    RunFn,
     driver_errors,
     usable_cpus,
 )
+from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
 from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
 from neuron_rtd.runtime.stats import Tally
+from neuron_rtd.runtime.variant import StageRun, Variant
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -84,68 +84,6 @@ class ModelParams:
     profile: bool = False  # enable_node_profiling: record each inference's ops
 
 
-@dataclass(frozen=True)
-class StageRun:
-    """One stage loaded on its NC: `run(inputs, outputs, recorder)` with the slot's arrays
-    gives the run's NC cycles (with a recorder, a profiled model's, each instruction is
-    recorded)."""
-
-    vnc: int
-    run: RunFn
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    node: str = ""
-    stage: int = 0
-
-
-@dataclass(frozen=True)
-class HostRun:
-    """A CPU node: `run(inputs, outputs)` on the host."""
-
-    node: str
-    run: HostFn
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-Step = StageRun | HostRun
-
-
-@dataclass
-class Variant:
-    """One loaded graph of the model (the only one, or one bucket's)."""
-
-    bucket: Bucket
-    steps: list[Step]
-    slots: list[dict[str, Any]]  # per slot: tensor name -> array or DynamicBuffer
-
-    def __post_init__(self) -> None:
-        # Per slot, each step with its input and output arrays, bound once here; and
-        # its plain arrays' bytes, which inputs of their full shape are copied into.
-        self.bound = [[_bind(step, slot) for step in self.steps] for slot in self.slots]
-        self.bytes = [
-            {
-                name: array.reshape(-1).view(np.uint8).data
-                for name, array in slot.items()
-                if isinstance(array, np.ndarray) and array.flags.c_contiguous
-            }
-            for slot in self.slots
-        ]
-
-    def holds(self, sizes: Mapping[str, int]) -> bool:
-        return all(lo <= sizes[sym] <= hi for sym, (lo, hi) in self.bucket.symbols.items())
-
-
-class Source(Protocol):
-    """An input the model reads into its own slot (client shared memory): no copy on
-    the way to the slot."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def read_into(self, target: memoryview) -> None: ...
-
-
 class Observer(Protocol):
     """Told of each inference's end (the runtime's counters and metrics)."""
 
@@ -154,60 +92,6 @@ class Observer(Protocol):
     def queue_drop(self, model: Model) -> None: ...
 
     def rejected(self, model: Model, error: NrtError) -> None: ...
-
-
-class JobState(enum.Enum):
-    SUBMITTING = "submitting"  # copying its inputs in
-    QUEUED = "queued"  # inputs in its slot, waiting to run
-    RUNNING = "running"
-    DONE = "done"  # ended: `error` set, or the outputs are in the slot
-
-
-_BUSY = (JobState.SUBMITTING, JobState.RUNNING)  # touching the slot's memory
-
-
-def _held_lock() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-@dataclass(eq=False)
-class Job:
-    """One inference: its slot taken and its inputs copied in, then run, then answered.
-
-    The slot (and so the outputs in it) is held until the job is answered or dropped:
-    `ninfer` bounds the inferences posted and not yet waited for."""
-
-    variant: Variant
-    slot: int
-    sizes: Mapping[str, int]
-    state: JobState = JobState.SUBMITTING
-    code: Nerr = Nerr.OK
-    error: NrtError | None = None
-    cancel: NrtError | None = None  # set by stop/unload: end at the next step boundary
-    posted: float = field(default_factory=time.monotonic)
-    started: float = 0.0
-    ended: float = 0.0
-    nc_ns: int = 0  # time on the NCs
-    cycles: int = 0  # NC cycles, as the simulated NCs count them
-    answering: bool = False
-    released: bool = False
-    abandoned: bool = False  # nobody will answer it: release the slot when it ends
-    # Held from creation until the job ends: waiting for the end is acquiring it (a bare
-    # lock costs a tenth of an Event, and every inference makes one).
-    _running: threading.Lock = field(default_factory=_held_lock)
-
-    @property
-    def done(self) -> bool:
-        return self.state is JobState.DONE
-
-    def wait_done(self, timeout_s: float | None = None) -> bool:
-        """Wait until the job has ended; False if it has not within `timeout_s`."""
-        if not self._running.acquire(timeout=-1 if timeout_s is None else max(timeout_s, 0)):
-            return False
-        self._running.release()
-        return True
 
 
 def _default_host_pool() -> threading.BoundedSemaphore:
@@ -524,7 +408,7 @@ class Model:
         with self._cond:
             self._draining += 1
             idle = self._cond.wait_for(
-                lambda: not any(j.answering or j.state in _BUSY for j in self._jobs),
+                lambda: not any(j.answering or j.state in BUSY_STATES for j in self._jobs),
                 timeout=timeout_s,
             )
             self._draining -= 1
@@ -591,19 +475,6 @@ class Model:
             f"model {self.id} ({self.name}) is not running (state {self.state.value}): "
             "start it first"
         )
-
-
-BoundStep = tuple[
-    RunFn | HostFn,
-    dict[str, Any],
-    dict[str, Any],
-]
-
-
-def _bind(step: Step, slot: Mapping[str, Any]) -> BoundStep:
-    ins = {n: slot[n] for n in step.inputs}
-    outs = {n: slot[n] for n in step.outputs}
-    return step.run, ins, outs
 
 
 def all_finite(value: np.ndarray) -> bool:

@@ -40,7 +40,8 @@ from neuron_rtd.errors import (
 )
 
 if TYPE_CHECKING:
-    from neuron_rtd.runtime.model import Job, Model
+    from neuron_rtd.runtime.job import Job
+    from neuron_rtd.runtime.model import Model
 
 
 class InferStatus(enum.IntEnum):  # the wire's `infer_status`
