@@ -23,7 +23,7 @@ from driver_sim.errors import (
 )
 from driver_sim.execute import DynamicBuffer, InstrRecord, InstrRecorder, execute_program
 from driver_sim.faults import FaultSpec, parse_fault_spec
-from driver_sim.machine import DeviceInfo, Machine
+from driver_sim.machine import DeviceListing, Machine
 from driver_sim.ops import KERNELS, Kernel, supported_ops
 from driver_sim.owner import OwnerInfo
 from driver_sim.presets import (
@@ -37,7 +37,7 @@ from driver_sim.presets import (
     default_sim_root,
 )
 from driver_sim.program import Instr, LoadedProgram, NcProgram, load_program
-from driver_sim.stats import HwCounters, NcCounters
+from driver_sim.stats import HealthCounters, NcCounters
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -50,7 +50,7 @@ __all__ = [
     "SIM_ROOT_ENV",
     "Device",
     "DeviceBusy",
-    "DeviceInfo",
+    "DeviceListing",
     "DeviceNotFound",
     "DramBuffer",
     "DramExhausted",
@@ -58,7 +58,7 @@ __all__ = [
     "DynamicBuffer",
     "Engine",
     "FaultSpec",
-    "HwCounters",
+    "HealthCounters",
     "HwFault",
     "InitFailed",
     "InstancePreset",

@@ -35,7 +35,7 @@ from driver_sim.faults import (
 )
 from driver_sim.owner import OwnerRecord, read_owner, write_owner
 from driver_sim.presets import CHANNEL_BYTES, DRAM_CHANNELS, NC_PER_DEVICE
-from driver_sim.stats import HwCounters, StatsMap, hw_counters_from
+from driver_sim.stats import HealthCounters, StatsMap, hw_counters_from
 
 if TYPE_CHECKING:
     from driver_sim.machine import Machine
@@ -229,7 +229,7 @@ class Device:
             raise ValueError(f"device {self.index} has NCs 0..{NC_PER_DEVICE - 1}, not {i}")
         return self._cores[i]
 
-    def hw_counters(self) -> HwCounters:
+    def hw_counters(self) -> HealthCounters:
         with self._lock:
             return hw_counters_from(self._owned_stats().slots)
 

@@ -22,7 +22,7 @@ from driver_sim.faults import FAULTS_ENV, parse_env_faults
 from driver_sim.owner import OwnerInfo, is_alive, live_owner, read_owner, record_for_this_process
 from driver_sim.presets import DEFAULT_INSTANCE_TYPE, NC_PER_DEVICE, default_sim_root, preset_named
 from driver_sim.stats import (
-    HwCounters,
+    HealthCounters,
     NcCounters,
     dram_used_from,
     hw_counters_from,
@@ -35,7 +35,7 @@ OWNER_WAIT_S = 0.5  # how long DeviceBusy waits for a new owner to write its own
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
+class DeviceListing:
     """What anyone can read about a device from the tree (no claim needed).
 
     `dram_used` is (0, 0) and `owner` None while nobody (alive) owns the device.
@@ -48,7 +48,7 @@ class DeviceInfo:
     memory_bytes: int
     connected: tuple[int, ...]
     owner: OwnerInfo | None
-    hw: HwCounters
+    hw: HealthCounters
     dram_used: tuple[int, int]
     nc_counters: tuple[NcCounters, ...] = ()
 
@@ -134,14 +134,14 @@ class Machine:
                 return index
         raise DeviceNotFound(f"no device with BDF {bdf} on this {self.instance_type}")
 
-    def device_info(self, index: int) -> DeviceInfo:
+    def device_info(self, index: int) -> DeviceListing:
         """Device `index` as the tree shows it now."""
         self._check_index(index)
         static = self._static[index]
         owner = live_owner(self.paths.owner(index))
         slots = read_stats(self.paths.stats(index))
         now = time.time_ns()
-        return DeviceInfo(
+        return DeviceListing(
             index=index,
             bdf=static.bdf,
             core_count=static.core_count,
@@ -153,7 +153,7 @@ class Machine:
             nc_counters=tuple(nc_counters_from(slots, nc, now) for nc in range(NC_PER_DEVICE)),
         )
 
-    def devices(self) -> list[DeviceInfo]:
+    def devices(self) -> list[DeviceListing]:
         return [self.device_info(i) for i in range(self.device_count)]
 
     # ---- claims ----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ import mmap
 import os
 import pathlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,6 @@ from driver_sim.cost import Engine, elapsed_cycles
 from driver_sim.presets import DRAM_CHANNELS, NC_PER_DEVICE
 
 SLOT_DTYPE = np.dtype("<u8")
-ECC_FIELDS = ("mem_ecc_corr", "mem_ecc_uncorr", "sram_ecc_corr", "sram_ecc_uncorr")
 NC_FIELDS = (
     "pe_executed_instr",
     "pe_matmul_executed_instr",
@@ -44,8 +44,31 @@ NC_FIELDS = (
     "runs",
 )
 NC_FIELD = {name: k for k, name in enumerate(NC_FIELDS)}
-FAULT_FIELDS = ("nc_errors", "nc_hangs", "dma_timeouts", "init_failures")
 
+
+def _health(slots: str) -> Any:
+    """A health counter kept in the `slots` block of the file ("ecc" or "fault")."""
+    return field(default=0, metadata={"slots": slots})
+
+
+@dataclass(frozen=True)
+class HealthCounters:
+    """A device's health counters, counted since its stats file was made: the one list of
+    them (the file's ECC and fault slots, the driver port and the runtime's `HwCounters`
+    follow it; the wire carries those its messages name)."""
+
+    mem_ecc_corr: int = _health("ecc")
+    mem_ecc_uncorr: int = _health("ecc")
+    sram_ecc_corr: int = _health("ecc")
+    sram_ecc_uncorr: int = _health("ecc")
+    nc_errors: int = _health("fault")  # runs that failed with an NC error
+    nc_hangs: int = _health("fault")  # runs the completion watchdog gave up on
+    dma_timeouts: int = _health("fault")  # runs whose input DMA timed out
+    init_failures: int = _health("fault")  # resets whose initialization failed
+
+
+ECC_FIELDS = tuple(f.name for f in fields(HealthCounters) if f.metadata["slots"] == "ecc")
+FAULT_FIELDS = tuple(f.name for f in fields(HealthCounters) if f.metadata["slots"] == "fault")
 DRAM_USED_SLOT = len(ECC_FIELDS)
 NC_BASE_SLOT = DRAM_USED_SLOT + DRAM_CHANNELS
 RESET_TIME_SLOT = NC_BASE_SLOT + NC_PER_DEVICE * len(NC_FIELDS)
@@ -68,22 +91,10 @@ def cycle_slots(nc: int) -> slice:
 
 
 @dataclass(frozen=True)
-class HwCounters:
-    """A device's health counters, counted since its stats file was made."""
-
-    mem_ecc_corr: int = 0
-    mem_ecc_uncorr: int = 0
-    sram_ecc_corr: int = 0
-    sram_ecc_uncorr: int = 0
-    nc_errors: int = 0  # runs that failed with an NC error
-    nc_hangs: int = 0  # runs the completion watchdog gave up on
-    dma_timeouts: int = 0  # runs whose input DMA timed out
-    init_failures: int = 0  # resets whose initialization failed
-
-
-@dataclass(frozen=True)
 class NcCounters:
-    """One NeuronCore's counters, with the fields of the wire message (see `cost`)."""
+    """One NeuronCore's counters, with the fields of the wire message (see `cost`): the one
+    list of them (the driver port and the runtime's face give this record; the wire carries
+    those its message names)."""
 
     pe_num_idle_cycles: int
     pe_num_wait_event_cycles: int
@@ -102,10 +113,12 @@ class NcCounters:
     runs: int
 
 
-def hw_counters_from(slots: np.ndarray) -> HwCounters:
+def hw_counters_from(slots: np.ndarray) -> HealthCounters:
     ecc = (int(v) for v in slots[: len(ECC_FIELDS)])
     faults = (int(v) for v in slots[FAULT_BASE_SLOT : FAULT_BASE_SLOT + len(FAULT_FIELDS)])
-    return HwCounters(*ecc, *faults)
+    return HealthCounters(
+        **dict(zip(ECC_FIELDS, ecc, strict=True)), **dict(zip(FAULT_FIELDS, faults, strict=True))
+    )
 
 
 def dram_used_from(slots: np.ndarray) -> tuple[int, int]:

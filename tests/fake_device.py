@@ -10,7 +10,7 @@ from neuron_rtd.neff import Stage, TensorSpec
 from neuron_rtd.runtime import (
     DeviceApi,
     DeviceSpec,
-    DramBuffer,
+    DramBufferApi,
     InstrRecorder,
     NcCounters,
     NeuronCoreApi,
@@ -62,10 +62,10 @@ class WrappedDevice:
     def reset(self) -> None:
         self._device.reset()
 
-    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer:
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBufferApi:
         return self._device.dram_alloc(channel, nbytes, tag=tag)
 
-    def dram_free(self, buf: DramBuffer) -> None:
+    def dram_free(self, buf: DramBufferApi) -> None:
         self._device.dram_free(buf)
 
     def dram_used(self) -> tuple[int, ...]:

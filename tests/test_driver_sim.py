@@ -126,7 +126,7 @@ def test_device_info_of_a_fresh_tree(machine: Machine) -> None:
     assert info.memory_bytes == 8 * 2**30
     assert info.connected == (1, 3)
     assert info.owner is None
-    assert info.hw == driver_sim.HwCounters()
+    assert info.hw == driver_sim.HealthCounters()
     assert info.dram_used == (0, 0)
     assert len(info.nc_counters) == 4
 

@@ -10,7 +10,7 @@ import pytest
 
 from driver_sim import (
     Device,
-    HwCounters,
+    HealthCounters,
     HwFault,
     InitFailed,
     Instr,
@@ -81,7 +81,7 @@ def test_malformed_env_spec() -> None:
 def test_env_faults_apply_at_acquire(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_SIM_FAULTS", "init_fail@1,nc_error@0:2,mem_ecc_corr@0=3")
     dev0, dev1 = machine.acquire([0, 1], address=ADDRESS, version="1")
-    assert dev0.hw_counters() == HwCounters(mem_ecc_corr=3)
+    assert dev0.hw_counters() == HealthCounters(mem_ecc_corr=3)
     assert machine.device_info(0).hw.mem_ecc_corr == 3
     dev0.reset()
     program = relu_on(dev0.nc(2))
@@ -116,12 +116,12 @@ def test_inject_file_is_consumed_before_a_run(device: Device, machine: Machine) 
     with pytest.raises(HwFault, match="NC 1: hardware error"):
         run_relu(core, program)
     assert inject.read_text() == ""
-    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2, nc_errors=1)
+    assert device.hw_counters() == HealthCounters(sram_ecc_uncorr=2, nc_errors=1)
     with pytest.raises(HwFault, match="uncorrectable ECC error in SRAM"):
         run_relu(core, program)  # the uncorrectable error meets the next run
     run_relu(core, program)
     assert core.counters().runs == 1
-    assert device.hw_counters() == HwCounters(sram_ecc_uncorr=2, nc_errors=1)  # not twice
+    assert device.hw_counters() == HealthCounters(sram_ecc_uncorr=2, nc_errors=1)  # not twice
 
 
 def test_corrected_ecc_is_only_counted_an_uncorrectable_one_spoils_a_run(
@@ -133,7 +133,7 @@ def test_corrected_ecc_is_only_counted_an_uncorrectable_one_spoils_a_run(
     with pytest.raises(HwFault, match="NC 3: uncorrectable ECC error in device memory"):
         run_relu(device.nc(3), relu_on(device.nc(3)))  # on any NC
     run_relu(device.nc(3), relu_on(device.nc(3)))
-    assert device.hw_counters() == HwCounters(mem_ecc_corr=3, mem_ecc_uncorr=1)
+    assert device.hw_counters() == HealthCounters(mem_ecc_corr=3, mem_ecc_uncorr=1)
 
 
 def test_inject_file_at_reset(device: Device, machine: Machine) -> None:
@@ -170,26 +170,26 @@ def test_nc_error_without_nc_hits_the_next_run_anywhere(device: Device) -> None:
         (
             "nc_hang:1",
             r"NC 1: the NC did not complete its run within 1 s \(hung; injected\)",
-            HwCounters(nc_hangs=1),
+            HealthCounters(nc_hangs=1),
         ),
         (
             "dma_timeout:1",
             r"NC 1: DMA of the run's inputs timed out \(injected\)",
-            HwCounters(dma_timeouts=1),
+            HealthCounters(dma_timeouts=1),
         ),
         (
             "nc_error:1",
             r"NC 1: hardware error during execution \(injected\)",
-            HwCounters(nc_errors=1),
+            HealthCounters(nc_errors=1),
         ),
     ],
 )
 def test_one_run_faults_spoil_the_next_run_on_their_nc_and_are_counted(
-    device: Device, machine: Machine, spec: str, message: str, counted: HwCounters
+    device: Device, machine: Machine, spec: str, message: str, counted: HealthCounters
 ) -> None:
     device.inject(spec)
     run_relu(device.nc(0), relu_on(device.nc(0)))  # another NC runs as ever
-    assert device.hw_counters() == HwCounters()  # not counted before it happens
+    assert device.hw_counters() == HealthCounters()  # not counted before it happens
     core = device.nc(1)
     program = relu_on(core)
     with pytest.raises(HwFault, match=message):
@@ -205,7 +205,7 @@ def test_init_failures_are_counted(device: Device) -> None:
     with pytest.raises(InitFailed):
         device.reset()
     device.reset()
-    assert device.hw_counters() == HwCounters(init_failures=1)
+    assert device.hw_counters() == HealthCounters(init_failures=1)
 
 
 def test_nc_delay(device: Device) -> None:
@@ -229,7 +229,7 @@ def test_nc_delay(device: Device) -> None:
 def test_ecc_counters_add_up(device: Device, machine: Machine) -> None:
     for spec in ("mem_ecc_corr=1", "mem_ecc_corr=2", "mem_ecc_uncorr=5", "sram_ecc_corr=7"):
         device.inject(spec)
-    expected = HwCounters(mem_ecc_corr=3, mem_ecc_uncorr=5, sram_ecc_corr=7)
+    expected = HealthCounters(mem_ecc_corr=3, mem_ecc_uncorr=5, sram_ecc_corr=7)
     assert device.hw_counters() == expected
     device.reset()  # a reset does not clear the health counters
     assert Machine.open(machine.root).device_info(0).hw == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -38,8 +39,11 @@ def test_outcomes() -> None:
     assert outcome(InferCancelled("c"), Nerr.OK) == (InferStatus.UNKNOWN, ErrorSubtype.RT)
 
 
+_model_ids = itertools.count(1)
+
+
 def model() -> object:
-    return SimpleNamespace(tally=Tally())
+    return SimpleNamespace(id=next(_model_ids))
 
 
 def test_samples_overflow_and_a_read_takes_them() -> None:

@@ -39,7 +39,7 @@ def _memory(nbytes: int) -> str:
     return f"{nbytes / 2**30:g} GB"
 
 
-def device_rows(devices: Sequence[driver_sim.DeviceInfo]) -> list[tuple[str, ...]]:
+def device_rows(devices: Sequence[driver_sim.DeviceListing]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for d in devices:
         owner = d.owner
@@ -72,7 +72,7 @@ def render_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def render_json(devices: Sequence[driver_sim.DeviceInfo]) -> str:
+def render_json(devices: Sequence[driver_sim.DeviceListing]) -> str:
     doc = [
         {
             "neuron_device": d.index,
@@ -93,7 +93,9 @@ def render_json(devices: Sequence[driver_sim.DeviceInfo]) -> str:
     return json.dumps(doc, indent=2)
 
 
-def render_topology(machine: driver_sim.Machine, devices: Sequence[driver_sim.DeviceInfo]) -> str:
+def render_topology(
+    machine: driver_sim.Machine, devices: Sequence[driver_sim.DeviceListing]
+) -> str:
     out = [f"{machine.instance_type}: {len(devices)} Neuron device(s) in a chain"]
     for i, d in enumerate(devices):
         owner = f"  (runtime pid {d.owner.pid}, {d.owner.address})" if d.owner else ""

@@ -30,12 +30,12 @@ from neuron_rtd.typed_json import ConfigError
 PROG = "neuron-monitor"
 
 
-class _Stop(Exception):
+class _StopMonitor(Exception):
     """A signal asked the monitor to stop."""
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
+    raise _StopMonitor
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     monitor = Monitor(cfg, log=_logger(args.verbose, sys.stderr))
     try:
         run(monitor, sys.stdout)
-    except (_Stop, KeyboardInterrupt):
+    except (_StopMonitor, KeyboardInterrupt):
         pass
     except BrokenPipeError:
         # stdout's reader went away: no more reports, and no error at exit either

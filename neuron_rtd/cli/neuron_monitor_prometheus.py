@@ -32,12 +32,12 @@ PROG = "neuron-monitor-prometheus"
 DEFAULT_PORT = 8000
 
 
-class _Stop(Exception):
+class _StopExporter(Exception):
     """A signal asked the exporter to stop."""
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
+    raise _StopExporter
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None) -> int:
     signal.signal(signal.SIGINT, _stop)
     try:
         feed(exporter, stdin or sys.stdin, sys.stderr, quiet=args.quiet)
-    except (_Stop, KeyboardInterrupt):
+    except (_StopExporter, KeyboardInterrupt):
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -10,14 +10,14 @@ only those outputs are written, and none comes back inline.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from neuron_rtd.errors import InvalidError, Nerr
 from neuron_rtd.neff import Neff
-from neuron_rtd.runtime.driver import DeviceApi
-from neuron_rtd.runtime.model import LoadMode, Model, ModelParams, ModelState
+from neuron_rtd.runtime.driver import DeviceApi, HealthCounters
+from neuron_rtd.runtime.model import LoadedModel, LoadMode, ModelParams, ModelState
 from neuron_rtd.runtime.sessions import session_tag
 from neuron_rtd.runtime.stats import Histogram, NmgrCounters, Tally
 
@@ -66,7 +66,7 @@ class ModelInfo:
     failure: str  # why it FAILED, when it did
 
     @classmethod
-    def of(cls, model: Model) -> ModelInfo:
+    def of(cls, model: LoadedModel) -> ModelInfo:
         return cls(
             id=model.id,
             name=model.name,
@@ -127,36 +127,25 @@ class DeviceInfo:
         )
 
 
-@dataclass(frozen=True)
-class HwCounters:
+@dataclass(frozen=True, kw_only=True)
+class HwCounters(HealthCounters):
+    """One device's health counters (the driver's list of them: ECC, and, not in the
+    original's message but served by the ext service, failed runs and resets), named by
+    the device, with the static DMA adjustment it reports."""
+
     bdf: str
     device_index: int
-    mem_ecc_corr: int
-    mem_ecc_uncorr: int
-    sram_ecc_corr: int
-    sram_ecc_uncorr: int
     transfer_adjustment: int
-    # Not in the original's message (served by the ext service): failed runs and resets.
-    nc_errors: int
-    nc_hangs: int
-    dma_timeouts: int
-    init_failures: int
 
     @classmethod
     def of(cls, device: DeviceApi, transfer_adjustment: int) -> HwCounters:
         hw = device.hw_counters()
+        counted = {f.name: getattr(hw, f.name) for f in fields(HealthCounters)}
         return cls(
             bdf=device.bdf,
             device_index=device.index,
-            mem_ecc_corr=hw.mem_ecc_corr,
-            mem_ecc_uncorr=hw.mem_ecc_uncorr,
-            sram_ecc_corr=hw.sram_ecc_corr,
-            sram_ecc_uncorr=hw.sram_ecc_uncorr,
             transfer_adjustment=transfer_adjustment,
-            nc_errors=hw.nc_errors,
-            nc_hangs=hw.nc_hangs,
-            dma_timeouts=hw.dma_timeouts,
-            init_failures=hw.init_failures,
+            **counted,
         )
 
 

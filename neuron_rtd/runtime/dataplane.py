@@ -2,9 +2,10 @@
 (`infer`) or posted to the model's workers and collected by its cookie (`post`, then
 `wait` or `poll`). Either way its inputs are resolved (bytes as they are; client shared
 memory, named in the session the call presents, read straight into the slot), the model
-takes a slot and fills it (`Model.submit`), runs (`Model.run`), and the result is answered
-from the slot inline or into the client's shared memory (`Model.outputs`, then
-`Model.answered` gives the slot back). Callers see these four calls, never the slot.
+takes a slot and fills it (`LoadedModel.submit`), runs (`LoadedModel.run`), and the result
+is answered from the slot inline or into the client's shared memory
+(`LoadedModel.outputs`, then `LoadedModel.answered` gives the slot back). Callers see
+these four calls, never the slot.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from neuron_rtd.errors import NrtError
 from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.job import Job, Source
-from neuron_rtd.runtime.model import Model
+from neuron_rtd.runtime.model import LoadedModel
 from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 
 ShmSinks = Mapping[str, ShmMapping]  # output name -> the mapping it is written to
@@ -31,7 +32,11 @@ class DataPath:
         self._inflight = inflight
 
     def infer(
-        self, model: Model, inputs: Mapping[str, Input], outputs: ShmOutputs, caller: int | None
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Input],
+        outputs: ShmOutputs,
+        caller: int | None,
     ) -> InferResult:
         """One inference in the caller's thread, answered."""
         sinks = self._sinks(model, outputs, caller)
@@ -40,7 +45,11 @@ class DataPath:
         return self._answer(model, job, sinks)
 
     def post(
-        self, model: Model, inputs: Mapping[str, Input], outputs: ShmOutputs, caller: int | None
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Input],
+        outputs: ShmOutputs,
+        caller: int | None,
     ) -> int:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
@@ -69,7 +78,7 @@ class DataPath:
         return self._inflight.completed(cookies)
 
     def _sinks(
-        self, model: Model, outputs: ShmOutputs, caller: int | None
+        self, model: LoadedModel, outputs: ShmOutputs, caller: int | None
     ) -> dict[str, ShmMapping]:
         return {
             name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
@@ -77,7 +86,7 @@ class DataPath:
         }
 
     def _sources(
-        self, model: Model, inputs: Mapping[str, Input], caller: int | None
+        self, model: LoadedModel, inputs: Mapping[str, Input], caller: int | None
     ) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
         """The inputs as the model reads them: bytes-like objects as they are, shared memory
         (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
@@ -97,7 +106,7 @@ class DataPath:
                 resolved[name] = value
         return resolved
 
-    def _answer(self, model: Model, job: Job, outputs: ShmSinks) -> InferResult:
+    def _answer(self, model: LoadedModel, job: Job, outputs: ShmSinks) -> InferResult:
         """The result of an ended job: its outputs inline, or written from its slot straight
         to the client's shared memory when the call names any there (then only those)."""
         inline: dict[str, bytes] = {}

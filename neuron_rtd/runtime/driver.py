@@ -69,63 +69,17 @@ class DeviceSpec:
         return nc * self.dram_channels // self.nc_count
 
 
-class DramBuffer(Protocol):
+class DramBufferApi(Protocol):
     @property
     def nbytes(self) -> int: ...
 
     def view(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray: ...
 
 
-class NcCounters(Protocol):
-    """What an NC has counted since its device's last reset (the wire's fields)."""
-
-    @property
-    def pe_num_idle_cycles(self) -> int: ...
-    @property
-    def pe_num_wait_event_cycles(self) -> int: ...
-    @property
-    def pe_matmul_num_wait_event_cycles(self) -> int: ...
-    @property
-    def pe_num_executed_instr(self) -> int: ...
-    @property
-    def pe_matmul_num_executed_instr(self) -> int: ...
-    @property
-    def pool_num_idle_cycles(self) -> int: ...
-    @property
-    def pool_num_wait_event_cycles(self) -> int: ...
-    @property
-    def pool_num_executed_instr(self) -> int: ...
-    @property
-    def act_num_idle_cycles(self) -> int: ...
-    @property
-    def act_num_wait_event_cycles(self) -> int: ...
-    @property
-    def act_num_executed_instr(self) -> int: ...
-    @property
-    def sb_rmw_count(self) -> int: ...
-    @property
-    def macs_count(self) -> int: ...
-    @property
-    def busy_ns(self) -> int: ...
-
-
-class HealthCounters(Protocol):
-    @property
-    def mem_ecc_corr(self) -> int: ...
-    @property
-    def mem_ecc_uncorr(self) -> int: ...
-    @property
-    def sram_ecc_corr(self) -> int: ...
-    @property
-    def sram_ecc_uncorr(self) -> int: ...
-    @property
-    def nc_errors(self) -> int: ...
-    @property
-    def nc_hangs(self) -> int: ...
-    @property
-    def dma_timeouts(self) -> int: ...
-    @property
-    def init_failures(self) -> int: ...
+# What an NC has counted since its device's last reset (the wire's fields, and its busy
+# time and runs), and a device's health counters: the driver's records, declared once.
+NcCounters = driver_sim.NcCounters
+HealthCounters = driver_sim.HealthCounters
 
 
 class NeuronCoreApi(Protocol):
@@ -150,9 +104,9 @@ class DeviceApi(Protocol):
 
     def reset(self) -> None: ...
 
-    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBuffer: ...
+    def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> DramBufferApi: ...
 
-    def dram_free(self, buf: DramBuffer) -> None: ...
+    def dram_free(self, buf: DramBufferApi) -> None: ...
 
     def dram_used(self) -> tuple[int, ...]: ...
 
@@ -286,7 +240,7 @@ class SimCore:
     def seed(self, seed: int, stream: int) -> None:
         self._core.seed(seed, stream)
 
-    def counters(self) -> driver_sim.NcCounters:
+    def counters(self) -> NcCounters:
         return self._core.counters()
 
 
@@ -313,7 +267,7 @@ class SimDevice:
     def dram_alloc(self, channel: int, nbytes: int, *, tag: str = "") -> driver_sim.DramBuffer:
         return self._device.dram_alloc(channel, nbytes, tag=tag)
 
-    def dram_free(self, buf: DramBuffer) -> None:
+    def dram_free(self, buf: DramBufferApi) -> None:
         assert isinstance(buf, driver_sim.DramBuffer)
         self._device.dram_free(buf)
 
@@ -323,7 +277,7 @@ class SimDevice:
     def nc(self, i: int) -> SimCore:
         return self._cores[i]
 
-    def hw_counters(self) -> driver_sim.HwCounters:
+    def hw_counters(self) -> HealthCounters:
         return self._device.hw_counters()
 
     def release(self) -> None:

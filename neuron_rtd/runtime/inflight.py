@@ -29,7 +29,7 @@ from neuron_rtd.errors import (
     ResourceError,
 )
 from neuron_rtd.runtime.job import Job
-from neuron_rtd.runtime.model import Model
+from neuron_rtd.runtime.model import LoadedModel
 from neuron_rtd.runtime.sessions import session_name
 
 log = logging.getLogger("nrtd.NMGR")
@@ -40,7 +40,7 @@ DEFAULT_TTL_S = 60.0
 @dataclass(eq=False)
 class Posted:
     cookie: int
-    model: Model
+    model: LoadedModel
     job: Job
     extra: Any = None  # what the caller keeps with it (the runtime: shm OFMAP mappings)
 
@@ -60,7 +60,7 @@ class Inflight:
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
 
-    def post(self, model: Model, inputs: Mapping[str, Any], extra: Any = None) -> int:
+    def post(self, model: LoadedModel, inputs: Mapping[str, Any], extra: Any = None) -> int:
         """Submit an inference and queue it; its cookie."""
         if self._closed.is_set():
             raise InferCancelled("the runtime is shutting down")
@@ -129,7 +129,7 @@ class Inflight:
             raise InvalidHandle(f"cookie {cookie} is unknown or was answered already")
         return posted
 
-    def forget(self, model: Model) -> None:
+    def forget(self, model: LoadedModel) -> None:
         """`model` is unloaded (its jobs ended and released): its cookies keep only the
         error that ended each, to answer once."""
         now = time.monotonic()

@@ -23,12 +23,12 @@ from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Bucket, Neff, Stage
 from neuron_rtd.runtime.driver import (
     DeviceApi,
-    DramBuffer,
+    DramBufferApi,
     DynamicBuffer,
     driver_errors,
 )
 from neuron_rtd.runtime.host import compile_host_stage
-from neuron_rtd.runtime.model import LoadMode, Model, ModelParams
+from neuron_rtd.runtime.model import LoadedModel, LoadMode, ModelParams
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.variant import HostRun, StageRun, Step, Variant
 
@@ -74,7 +74,7 @@ class _Allocator:
     model_name: str
 
     def __post_init__(self) -> None:
-        self.taken: list[tuple[DeviceApi, DramBuffer]] = []
+        self.taken: list[tuple[DeviceApi, DramBufferApi]] = []
         self.placed: dict[tuple[int, int, int, str, tuple[int, ...]], np.ndarray] = {}
 
     def alloc(self, vnc: int, nbytes: int, tag: str) -> np.ndarray:
@@ -211,7 +211,7 @@ def build_model(
     devices: Sequence[DeviceApi],
     params: ModelParams,
     session_id: int = 0,
-) -> Model:
+) -> LoadedModel:
     """Place `neff` on `ncg`; on any failure everything allocated is freed again."""
     mode = choose_mode(neff, ncg)
     alloc = _Allocator(ncgs, devices, neff.name)
@@ -228,7 +228,7 @@ def build_model(
     except BaseException:
         alloc.free_all()
         raise
-    return Model(
+    return LoadedModel(
         id=model_id,
         name=neff.name,
         neff=neff,

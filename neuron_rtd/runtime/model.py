@@ -52,14 +52,13 @@ from neuron_rtd.errors import (
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import (
     DeviceApi,
-    DramBuffer,
+    DramBufferApi,
     driver_errors,
     usable_cpus,
 )
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
 from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
-from neuron_rtd.runtime.stats import Tally
 from neuron_rtd.runtime.variant import StageRun, Variant
 
 log = logging.getLogger("nrtd.NMGR")
@@ -87,11 +86,11 @@ class ModelParams:
 class Observer(Protocol):
     """Told of each inference's end (the runtime's counters and metrics)."""
 
-    def inference_done(self, model: Model, job: Job) -> None: ...
+    def inference_done(self, model: LoadedModel, job: Job) -> None: ...
 
-    def queue_drop(self, model: Model) -> None: ...
+    def queue_drop(self, model: LoadedModel) -> None: ...
 
-    def rejected(self, model: Model, error: NrtError) -> None: ...
+    def rejected(self, model: LoadedModel, error: NrtError) -> None: ...
 
 
 def _default_host_pool() -> threading.BoundedSemaphore:
@@ -99,7 +98,7 @@ def _default_host_pool() -> threading.BoundedSemaphore:
 
 
 @dataclass
-class Model:
+class LoadedModel:
     id: int
     name: str
     neff: Neff
@@ -107,14 +106,13 @@ class Model:
     mode: LoadMode
     params: ModelParams
     variants: list[Variant]
-    dram: list[tuple[DeviceApi, DramBuffer]]  # (device, buffer) to free on unload
+    dram: list[tuple[DeviceApi, DramBufferApi]]  # (device, buffer) to free on unload
     vncs: tuple[int, ...]
     session_id: int = 0
     state: ModelState = ModelState.STANDBY
     failure: str = ""
     host_pool: threading.BoundedSemaphore = field(default_factory=_default_host_pool)
     observer: Observer | None = None
-    tally: Tally = field(default_factory=Tally)  # written by the observer, under its lock
     _free: list[int] = field(default_factory=list)
     _jobs: set[Job] = field(default_factory=set)
     _cond: threading.Condition = field(default_factory=threading.Condition)

@@ -18,7 +18,7 @@ from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi, driver_errors
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
-from neuron_rtd.runtime.model import Model, ModelParams, ModelState
+from neuron_rtd.runtime.model import LoadedModel, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.stats import Stats
 
@@ -41,30 +41,30 @@ class ModelTable:
         self._inflight = inflight
         self._stats = stats
         self._host_pool = host_pool
-        self._models: dict[int, Model] = {}
+        self._models: dict[int, LoadedModel] = {}
         self._ids = itertools.count(FIRST_MODEL_ID)
 
-    def __getitem__(self, model_id: int) -> Model:
+    def __getitem__(self, model_id: int) -> LoadedModel:
         try:
             return self._models[model_id]
         except KeyError:
             raise InvalidHandle(f"model {model_id} is not loaded") from None
 
-    def __iter__(self) -> Iterator[Model]:
+    def __iter__(self) -> Iterator[LoadedModel]:
         """The models, by id."""
         return iter(sorted(self._models.values(), key=lambda m: m.id))
 
     def held_by(self, session_id: int) -> int:
         return sum(m.session_id == session_id for m in self._models.values())
 
-    def add(self, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int) -> Model:
+    def add(self, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int) -> LoadedModel:
         """`neff` built on `ncg` as a new model, stopped, in the table and on its NCG."""
         model = self._build(next(self._ids), neff, ncg, params, session_id)
         ncg.models.append(model.id)
         self._models[model.id] = model
         return model
 
-    def start(self, model: Model) -> Model:
+    def start(self, model: LoadedModel) -> LoadedModel:
         """`model` READY (the others of its NCG STANDBY); a FAILED one through its
         devices' reset (`_recover`): the model as it is now (FAILED if that failed)."""
         if model.state is ModelState.FAILED:
@@ -80,20 +80,21 @@ class ModelTable:
         model.set_state(ModelState.READY)
         return model
 
-    def remove(self, model_id: int) -> tuple[Model, Ncg]:
+    def remove(self, model_id: int) -> tuple[LoadedModel, Ncg]:
         """Take a model out of the table and off its NCG (UNLOADING): the model and its
         NCG; `let_go` ends what it holds."""
         model = self._models.pop(model_id, None)
         if model is None:
             raise InvalidHandle(f"model {model_id} is not loaded")
         model.set_state(ModelState.UNLOADING)
+        self._stats.model_gone(model_id)
         ncg = self._ncgs.get(model.ncg_id)
         ncg.models.remove(model_id)
         return model, ncg
 
     def _build(
         self, model_id: int, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int
-    ) -> Model:
+    ) -> LoadedModel:
         """`neff` placed on `ncg` as model `model_id`, wired to the runtime's host pool
         and counters (a load, or a reload after a reset)."""
         model = build_model(
@@ -107,9 +108,10 @@ class ModelTable:
         )
         model.host_pool = self._host_pool
         model.observer = self._stats
+        self._stats.model_built(model_id)
         return model
 
-    def let_go(self, model: Model, why: str) -> bool:
+    def let_go(self, model: LoadedModel, why: str) -> bool:
         """End what `model` runs or holds (NERR_INFER_CANCELLED, `why`), keep only the
         answers of its cookies, and give its DRAM back (unload, or a device reset). False
         if something was still busy when it gave up waiting."""
@@ -120,7 +122,7 @@ class ModelTable:
         model.dram = []  # given back: not again, whatever comes next
         return idle
 
-    def _recover(self, failed: Model) -> Model:
+    def _recover(self, failed: LoadedModel) -> LoadedModel:
         """The reset path after a hardware error (under the runtime's lock): every model
         with an NC on the failed model's devices is stopped (what it runs or holds ends
         NERR_INFER_CANCELLED) and gives its DRAM back, those devices are reset, and each

@@ -2,7 +2,7 @@
 axis whose size varies by inference, a dynamic dimension, worked out from the bytes and
 checked across inputs), and the moves between those shapes and a bucket's fixed-size slot:
 inputs padded with zeros up to it, outputs cut back down. Which bucket holds the sizes is
-the model's (`Model._variant_for`)."""
+the model's (`LoadedModel._variant_for`)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from neuron_rtd.errors import (
 
 if TYPE_CHECKING:
     from neuron_rtd.runtime.job import Job
-    from neuron_rtd.runtime.model import Model
+    from neuron_rtd.runtime.model import LoadedModel
 
 
 class InferStatus(enum.IntEnum):  # the wire's `infer_status`
@@ -244,9 +244,10 @@ class Stats:
         self.logs = LogCounter()
         self._latency = Histogram()  # INFER_LATENCY, never drained
         self._nc_latency = Histogram()  # INFER_ON_INFA_LATENCY, never drained
+        self._tallies: dict[int, Tally] = {}  # each model's, by id, since it was built
 
     # --- what happens -----------------------------------------------------------
-    def inference_done(self, model: Model, job: Job) -> None:
+    def inference_done(self, model: LoadedModel, job: Job) -> None:
         if job.error is None and job.code == Nerr.OK:
             status, subtype = InferStatus.OK, ErrorSubtype.NONE  # the common case, quickly
         else:
@@ -257,7 +258,7 @@ class Stats:
             c = self.counters
             c.infer_count += 1
             c.infer_status[status] += 1
-            model.tally.count(status)
+            self._tally(model).count(status)
             if subtype is not ErrorSubtype.NONE:
                 c.error_subtype[subtype] += 1
             if job.started:
@@ -269,20 +270,20 @@ class Stats:
                 self._latency.add(latency_us)
                 self._nc_latency.add(nc_us)
 
-    def queue_drop(self, model: Model) -> None:
+    def queue_drop(self, model: LoadedModel) -> None:
         with self._lock:
             self.counters.infer_queue_drop_count += 1
-            model.tally.failed_to_queue += 1
+            self._tally(model).failed_to_queue += 1
 
-    def rejected(self, model: Model, error: NrtError) -> None:
+    def rejected(self, model: LoadedModel, error: NrtError) -> None:
         status, subtype = outcome(error, error.code)
         with self._lock:
             self.counters.infer_count += 1
             self.counters.infer_status[status] += 1
             self.counters.error_subtype[subtype] += 1
-            model.tally.count(status)
+            self._tally(model).count(status)
 
-    def model_loaded(self, model: Model, seconds: float) -> None:
+    def model_loaded(self, model: LoadedModel, seconds: float) -> None:
         neff = model.neff
         version = (neff.header.major, neff.header.minor)
         size = neff.header.header_size + neff.header.data_size
@@ -299,6 +300,24 @@ class Stats:
             self._add(Metric.MODEL_SIZE, now, float(size))
             self._add(Metric.MODEL_NUM_NC, now, float(neff.nc_count))
             self._add(Metric.MODEL_MAJOR_VERSION, now, float(version[0]))
+
+    def model_built(self, model_id: int) -> None:
+        """Model `model_id` was built (a load, or a reload after a reset): its tally
+        starts from nothing."""
+        with self._lock:
+            self._tallies[model_id] = Tally()
+
+    def model_gone(self, model_id: int) -> None:
+        """Model `model_id` was unloaded: its tally goes with it."""
+        with self._lock:
+            self._tallies.pop(model_id, None)
+
+    def _tally(self, model: LoadedModel) -> Tally:
+        """The tally of `model` (under the lock)."""
+        tally = self._tallies.get(model.id)
+        if tally is None:
+            tally = self._tallies[model.id] = Tally()
+        return tally
 
     def model_event(self, metric: Metric, seconds: float) -> None:
         """A start, stop or unload that took `seconds`."""
@@ -320,10 +339,10 @@ class Stats:
         with self._lock:
             return _copy_counters(self.counters)
 
-    def tallies(self, models: list[Model]) -> list[Tally]:
+    def tallies(self, models: list[LoadedModel]) -> list[Tally]:
         """A copy of each model's tally, all read at one instant."""
         with self._lock:
-            return [dataclasses.replace(model.tally) for model in models]
+            return [dataclasses.replace(self._tallies.get(m.id, Tally())) for m in models]
 
     def latency(self) -> tuple[Histogram, Histogram]:
         """Copies of the latency histograms: total, and on the NCs."""

@@ -24,21 +24,23 @@ from neuron_rtd.runtime import (
     parse_version,
 )
 
-NC_COUNTER_FIELDS = (
-    "pe_num_idle_cycles",
-    "pe_num_wait_event_cycles",
-    "pe_matmul_num_wait_event_cycles",
-    "pe_num_executed_instr",
-    "pe_matmul_num_executed_instr",
-    "pool_num_idle_cycles",
-    "pool_num_wait_event_cycles",
-    "pool_num_executed_instr",
-    "act_num_idle_cycles",
-    "act_num_wait_event_cycles",
-    "act_num_executed_instr",
-    "sb_rmw_count",
-    "macs_count",
+
+def _carried(record: type, message: type) -> tuple[str, ...]:
+    """The fields of a counter group (a dataclass) that a wire message carries by the same
+    name: the group is declared once, the message says which of it goes on the wire."""
+    names = message.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+    return tuple(f.name for f in dataclasses.fields(record) if f.name in names)
+
+
+NC_COUNTER_FIELDS = _carried(NcCounters, pb.nc_counters)
+HW_COUNTER_FIELDS = _carried(HwCounters, pb.hw_counters)  # not transfer_adjustment: renamed
+EXT_HW_COUNTER_FIELDS = _carried(HwCounters, ext_pb.ext_hw_counters)
+# Every field of the messages is carried (a counter the proto adds must be in its group).
+assert {*NC_COUNTER_FIELDS, "virtual_nc_id"} == set(pb.nc_counters.DESCRIPTOR.fields_by_name)
+assert {*HW_COUNTER_FIELDS, "transfer_adjustment_cnt"} == set(
+    pb.hw_counters.DESCRIPTOR.fields_by_name
 )
+assert set(EXT_HW_COUNTER_FIELDS) == set(ext_pb.ext_hw_counters.DESCRIPTOR.fields_by_name)
 
 
 # --- inference ---------------------------------------------------------------------------
@@ -107,20 +109,14 @@ def nmgr_counters(c: NmgrCounters) -> pb.nmgr_counters:
 
 def hw_counters(c: HwCounters) -> pb.hw_counters:
     return pb.hw_counters(
-        bdf=c.bdf,
-        device_index=c.device_index,
-        mem_ecc_corr=c.mem_ecc_corr,
-        mem_ecc_uncorr=c.mem_ecc_uncorr,
-        sram_ecc_corr=c.sram_ecc_corr,
-        sram_ecc_uncorr=c.sram_ecc_uncorr,
         transfer_adjustment_cnt=c.transfer_adjustment,
+        **{f: getattr(c, f) for f in HW_COUNTER_FIELDS},
     )
 
 
 def ext_hw_counters(c: HwCounters) -> ext_pb.ext_hw_counters:
     """A device's health counters: the ECC ones of `hw_counters`, and the fault counts."""
-    fields = ext_pb.ext_hw_counters.DESCRIPTOR.fields
-    return ext_pb.ext_hw_counters(**{f.name: getattr(c, f.name) for f in fields})
+    return ext_pb.ext_hw_counters(**{f: getattr(c, f) for f in EXT_HW_COUNTER_FIELDS})
 
 
 def metric(series: MetricSeries) -> pb.metric:
