@@ -155,3 +155,53 @@ def test_shared_memory_disabled_in_the_config(work: Path, shm: list[Shm]) -> Non
     with daemon as proc, grpc.insecure_channel(proc.address) as channel:
         status = pb_grpc.nmgr_v1Stub(channel).shm_map(request).status
     assert_nerr(status, Nerr.INVALID, "shmem_enabled false")
+
+
+def test_the_peer_socket_answers_every_malformed_message_and_serves_on(
+    daemon: DaemonProcess, sample: SampleModel
+) -> None:
+    """Garbage, an oversize message, two descriptors, a descriptor with a ticket request,
+    a session that is not open, a pipe instead of shared memory: each answered with an
+    nerr and a reason, no descriptor kept; then a real client still passes its objects."""
+    import array
+    import socket
+
+    from neuron_rtd.client import Client
+    from neuron_rtd.proto import ext_pb
+
+    path = daemon.socket_path + ".peer"
+
+    def answer(data: bytes, *fds: int) -> tuple[int, str]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.settimeout(10)
+            sock.connect(path)
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            sock.sendmsg([data], rights)
+            reply = ext_pb.peer_response.FromString(sock.recv(4096))
+        return reply.status_code, reply.details
+
+    def share(session_id: int, name: str = "/x") -> bytes:
+        request = ext_pb.shm_share_request(session_id=session_id, path=name, mmap_prot=RW)
+        return ext_pb.peer_request(shm_share=request).SerializeToString()
+
+    ticket = ext_pb.peer_request(ticket=ext_pb.peer_ticket_request()).SerializeToString()
+    read_end, write_end = os.pipe()
+    try:
+        cases = [
+            (answer(b"\xff\x00garbage"), "not a peer_request"),
+            (answer(os.urandom(5000)), "at most 4096 bytes"),
+            (answer(share(1), read_end, write_end), "carries 2"),
+            (answer(ticket, read_end), "carries no file descriptor"),
+            (answer(share(12345), read_end), "names no open session"),
+            (answer(share(0), read_end), "needs a session"),
+        ]
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    for (code, details), why in cases:
+        assert code == Nerr.INVALID and why in details, (code, details)
+    with Client(daemon.address, shm=True) as client:
+        model = client.load(sample.neff)
+        x = sample.random_inputs(0)["x"]
+        model(x=x)
+        assert client.shm_enabled  # its objects were passed

@@ -61,7 +61,10 @@ def _ask(
                     else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
                 )
                 sock.sendmsg([request.SerializeToString()], rights)
-                answer = ext_pb.peer_response.FromString(sock.recv(MAX_ANSWER))
+                data = sock.recv(MAX_ANSWER)
+                if not data:
+                    raise ConnectionResetError("the daemon closed it without an answer")
+                answer = ext_pb.peer_response.FromString(data)
                 if answer.status_code != Nerr.OK:
                     raise NrtClientError(answer.status_code, answer.details, method)
                 yield answer

@@ -39,8 +39,8 @@ from neuron_rtd.runtime import Runtime, session_tag
 log = logging.getLogger("nrtd.NMGR")
 
 MAX_MESSAGE = 4096  # a request is a session id, a name of at most 255 bytes and a number
-MAX_CONNECTIONS = 256
-MAX_PER_UID = 32
+MAX_CONNECTIONS = 1024
+MAX_PER_UID = 256  # a user's clients starting at once each connect briefly
 IDLE_S = 10.0
 TICKET_TTL_S = 60.0
 _FDS = array.array("i").itemsize
@@ -129,10 +129,15 @@ class PeerSocket:
     def _serve(self) -> None:
         while not self._stop.is_set():
             for key, _ in self._selector.select(timeout=0.5):
-                if key.fileobj is self._listener:
-                    self._accept()
-                else:
-                    self._answer(key.fileobj)  # type: ignore[arg-type]
+                try:
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    else:
+                        self._answer(key.fileobj)  # type: ignore[arg-type]
+                except Exception:  # a bug: logged, and the socket serves on
+                    log.exception("peer socket: internal error", extra={"fn": "peer_socket"})
+                    if key.fileobj is not self._listener:
+                        self._drop(key.fileobj)  # type: ignore[arg-type]
             self._drop_idle()
 
     def _accept(self) -> None:
@@ -240,7 +245,10 @@ class PeerSocket:
             share.path,
             extra={"fn": "shm_share"},
         )
-        return ext_pb.peer_response(status_code=int(Nerr.OK))
+        # never an empty message (proto3's all-default answer): on SOCK_SEQPACKET a
+        # zero-length read is how the client sees the daemon close the connection
+        mapped = f"mapped '{share.path}' in session {session_tag(share.session_id)}"
+        return ext_pb.peer_response(status_code=int(Nerr.OK), details=mapped)
 
 
 class _Refused(Exception):
