@@ -23,6 +23,8 @@ __all__ = [
     "NMGR_SESSION_MANAGER",
     "NMGR_STREAM",
     "NMGR_V1",
+    "SESSION_METADATA",
+    "TICKET_METADATA",
     "ext_pb",
     "ext_pb_grpc",
     "pb",
@@ -42,3 +44,8 @@ NMGR_V1 = "nrt.nmgr_v1"
 NMGR_SESSION_MANAGER = "nrt.nmgr_session_manager"
 NMGR_STREAM = "nrt.nmgr_stream"
 NMGR_EXT = "nrt.ext.nmgr_ext"
+
+# gRPC metadata our clients send (docs/wire-api.md): the session a call presents, and on
+# session_monitor the peer ticket that names the caller's user.
+SESSION_METADATA = "nrt-session-id"
+TICKET_METADATA = "nrt-peer-ticket"

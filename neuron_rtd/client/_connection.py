@@ -27,12 +27,18 @@ from neuron_rtd.client.errors import (
     transport_errors,
 )
 from neuron_rtd.errors import Nerr
-from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
+from neuron_rtd.proto import (
+    CHANNEL_OPTIONS,
+    SESSION_METADATA,
+    ext_pb,
+    ext_pb_grpc,
+    pb,
+    pb_grpc,
+)
 
 log = logging.getLogger("neuron_rtd.client")
 
 PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
-SESSION_METADATA = "nrt-session-id"  # how a call presents its session (server/caller.py)
 
 
 class ClientClosed(RuntimeError):

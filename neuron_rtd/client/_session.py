@@ -17,14 +17,13 @@ import grpc
 
 from neuron_rtd import __version__
 from neuron_rtd.client.errors import code_of, retry_unavailable
-from neuron_rtd.proto import pb, pb_grpc
+from neuron_rtd.proto import TICKET_METADATA, pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
 
 FRAMEWORK_NAME = "neuron-rtd-python"
 OPEN_TIMEOUT_S = 30.0  # for the first response, when the client sets no timeout
 CLOSE_TIMEOUT_S = 10.0  # for the daemon to release the session after the stream ends
-TICKET_METADATA = "nrt-peer-ticket"  # how session_monitor presents a peer ticket
 
 
 def _version(text: str) -> Any:

@@ -120,10 +120,6 @@ class Runtime:
         or `session_max_per_peer`."""
         return self._sessions.open(peer)
 
-    @property
-    def open_sessions(self) -> int:
-        return len(self._sessions)
-
     def end_session(self, session_id: int, *, release: bool = True) -> SessionRelease | None:
         """Forget an ended session and, with `release`, unload its models (and any model
         on its NCGs), destroy its NCGs and unmap its shared memory: what a client that

@@ -52,10 +52,6 @@ class SessionTable:
         self._held: Counter[int | None] = Counter()
         self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._open)
-
     def open(self, peer: int | None = UNIDENTIFIED) -> int:
         """A new session's id for `peer`; ResourceError past either limit."""
         with self._lock:

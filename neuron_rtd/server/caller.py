@@ -10,9 +10,7 @@ from __future__ import annotations
 import grpc
 
 from neuron_rtd.errors import InvalidError
-
-SESSION_METADATA = "nrt-session-id"
-TICKET_METADATA = "nrt-peer-ticket"
+from neuron_rtd.proto import SESSION_METADATA, TICKET_METADATA
 
 
 def presented_session(context: grpc.ServicerContext) -> int | None:
