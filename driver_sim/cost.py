@@ -10,6 +10,10 @@ Cost model (deterministic, from tensor shapes only):
 - Cycles: each instruction costs `ISSUE_CYCLES` on its engine plus, on PE,
   ceil(MACs / PE_MACS_PER_CYCLE) (a 128 x 128 array), and on ACT and POOL,
   ceil(output elements / LANES) (128 lanes).
+- Side work: an op that also runs instructions on other engines (a recurrent layer's
+  per-step products on PE, its gates on ACT and POOL) counts them there, each costing
+  `ISSUE_CYCLES` plus, on ACT and POOL, its share of ceil(elements / LANES)
+  (`side_cycles`); its MACs are all counted with its own instruction.
 - Clock: `NC_CLOCK_HZ` = 1.4 GHz. An engine's idle cycles are the cycles elapsed since
   the device's last reset (or claim) minus that engine's busy cycles, at least 0.
   The model has no cross-engine synchronisation, so wait-event cycles are always 0.
@@ -43,3 +47,11 @@ def engine_cycles(engine: Engine, macs: int, output_elements: int) -> int:
 def elapsed_cycles(elapsed_ns: int) -> int:
     """Clock cycles in `elapsed_ns` nanoseconds at `NC_CLOCK_HZ`."""
     return max(0, elapsed_ns) * NC_CLOCK_HZ // 1_000_000_000
+
+
+def side_cycles(engine: Engine, instructions: int, elements: int) -> int:
+    """Cycles `instructions` of an op's side work keep `engine` busy, writing `elements`
+    in all (their MACs are counted with the op's own instruction)."""
+    if engine is Engine.PE:
+        return ISSUE_CYCLES * instructions
+    return ISSUE_CYCLES * instructions + -(-elements // LANES)

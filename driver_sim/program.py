@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from driver_sim import autocast
-from driver_sim.cost import Engine, engine_cycles
+from driver_sim.cost import Engine, engine_cycles, side_cycles
 from driver_sim.errors import KernelError
 from driver_sim.ops import KERNELS, ComputeFn, Kernel, Shape
 from driver_sim.stats import NC_FIELD, NC_FIELDS, SLOT_DTYPE
@@ -155,18 +155,26 @@ def _measure(loaded: LoadedProgram, env: list[Any], freed: Mapping[int, Shape]) 
         elements = sum(int(np.prod(shape)) for shape in outs)
         totals[NC_FIELD["macs"]] += macs
         cycles[kern.engine] += engine_cycles(kern.engine, macs, elements)
+        if kern.side_work is not None:
+            for engine, (count, written) in kern.side_work(ins, outs, attrs).items():
+                for name in _INSTR_FIELDS[engine]:
+                    totals[NC_FIELD[name]] += count
+                cycles[engine] += side_cycles(engine, count, written)
     return RunCost(totals, cycles)
+
+
+# The instruction counters an instruction on each engine adds to.
+_INSTR_FIELDS = {
+    Engine.PE: ("pe_executed_instr", "pe_matmul_executed_instr"),
+    Engine.ACT: ("act_executed_instr",),
+    Engine.POOL: ("pool_executed_instr",),
+}
 
 
 def _static_totals(kernels: Sequence[Kernel]) -> np.ndarray:
     totals = np.zeros(len(NC_FIELDS), dtype=SLOT_DTYPE)
-    per_engine = {
-        Engine.PE: ("pe_executed_instr", "pe_matmul_executed_instr"),
-        Engine.ACT: ("act_executed_instr",),
-        Engine.POOL: ("pool_executed_instr",),
-    }
     for kern in kernels:
-        for name in per_engine[kern.engine]:
+        for name in _INSTR_FIELDS[kern.engine]:
             totals[NC_FIELD[name]] += 1
         totals[NC_FIELD["sb_rmw_count"]] += kern.read_modify_write
     totals[NC_FIELD["runs"]] = 1

@@ -4,8 +4,9 @@
 op modules share (attribute parsers, dtype sets, support checks, helpers); it imports no
 op module. Importing an op module registers its kernels, and this package imports each
 of them: linalg, elementwise, activation, logic, reduce, shape, create, cast, conv and
-winograd, pool, norm, resize, random. `window` holds the sliding-window geometry that
-conv and pool share.
+winograd, pool, norm, resize, random, recurrent. `window` holds the sliding-window
+geometry that conv and pool share, `sequence` the recurrent layers' (time-major inputs,
+sequence lengths, the scan over steps).
 """
 
 from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
@@ -19,6 +20,7 @@ from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
     norm,
     pool,
     random,
+    recurrent,
     reduce,
     resize,
     shape,
@@ -32,6 +34,7 @@ from driver_sim.ops.registry import (
     Kernel,
     MacCount,
     Shape,
+    SideWork,
     SupportCheck,
     kernel,
     supported_ops,
@@ -45,6 +48,7 @@ __all__ = [
     "Kernel",
     "MacCount",
     "Shape",
+    "SideWork",
     "SupportCheck",
     "kernel",
     "supported_ops",

@@ -4,10 +4,11 @@ numpy kernels; the op modules of `driver_sim.ops` register them, this module imp
 Each op is a `Kernel`: its compute function (arrays in, array out; attributes as keyword
 arguments), its engine, how many inputs and outputs it takes, its attributes (each with a
 parser that validates and a default), the ONNX op versions whose semantics it implements,
-an optional check of input dtypes and attribute combinations, and its MAC count. A kernel
-with more than one possible output returns a tuple of all of them (a step keeps the first
-ones it names). An absent optional input arrives as None. Adding an op is a function plus
-a decorator, in the op module of its concept:
+an optional check of input dtypes and attribute combinations, its MAC count, and any
+work it does on other engines than its own (`SideWork`). A kernel with more than one
+possible output returns a tuple of all of them (a step keeps the first ones it names).
+An absent optional input arrives as None. Adding an op is a function plus a decorator,
+in the op module of its concept:
 
     @kernel("Neg", Engine.POOL)
     def _neg(x: np.ndarray) -> np.ndarray:
@@ -32,6 +33,12 @@ from driver_sim.cost import Engine
 
 Shape = tuple[int, ...]
 MacCount = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], int]
+# What an op runs besides its own instruction, per engine: (instructions, elements
+# written), from its input and output shapes (a recurrent layer's per-step products on
+# PE and gate work on ACT and POOL). Most ops have none.
+SideWork = Callable[
+    [Sequence[Shape], Sequence[Shape], Mapping[str, Any]], Mapping[Engine, tuple[int, int]]
+]
 ComputeFn = Callable[..., Any]
 # Raises ValueError (the reason) when the kernel cannot run inputs of these dtypes with
 # these parsed attributes; the compiler then leaves the op to a CPU node.
@@ -74,6 +81,7 @@ class Kernel:
     read_modify_write: bool = False
     since: tuple[int, ...] | None = None  # ONNX op versions implemented (None: any)
     check: SupportCheck | None = None
+    side_work: SideWork | None = None
 
     @property
     def multi_output(self) -> bool:
@@ -124,6 +132,7 @@ def kernel(
     read_modify_write: bool = False,
     since: tuple[int, ...] | None = None,
     check: SupportCheck | None = None,
+    side_work: SideWork | None = None,
 ) -> Callable[[ComputeFn], ComputeFn]:
     """Register the decorated function as the compute function of `op`. `outputs` is a
     count or a (min, max) range; with max > 1 the function returns a tuple."""
@@ -145,6 +154,7 @@ def kernel(
             read_modify_write=read_modify_write,
             since=since,
             check=check,
+            side_work=side_work,
         )
         return compute
 

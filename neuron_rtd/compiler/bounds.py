@@ -1,12 +1,13 @@
 """Shape functions for planning memory where shape inference leaves a dimension unknown.
 
-Three kinds, as in the seed designs: from input shapes (elementwise ops, Gather, Concat:
-the output bound follows the inputs' bounds), from input values (a Range whose limits are
-constants was already folded, so its size is static), and upper bounds (NonMaxSuppression
-selects at most batch x classes x max_output_boxes_per_class boxes, NonZero at most one
-index per element, TopK with a run-time K at most the axis, Reshape to a run-time shape
-at most the input's element count per unknown dimension). A tensor whose size cannot be
-bounded gets bound 0: the runtime keeps it in host memory, sized per inference.
+Three kinds, as in the seed designs: from input shapes (elementwise ops, Gather, Concat,
+LSTM/GRU/RNN: the output bound follows the inputs' bounds), from input values (a Range
+whose limits are constants was already folded, so its size is static), and upper bounds
+(NonMaxSuppression selects at most batch x classes x max_output_boxes_per_class boxes,
+NonZero at most one index per element, TopK with a run-time K at most the axis, Reshape
+to a run-time shape at most the input's element count per unknown dimension). A tensor
+whose size cannot be bounded gets bound 0: the runtime keeps it in host memory, sized per
+inference.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def _bound(node: onnx.NodeProto, k: int, graph: Graph, bounds: dict[str, Bound])
         return _concat(node, bounds)
     if op == "Reshape":
         return _reshape(node, graph, bounds)
+    if op in ("LSTM", "GRU", "RNN"):
+        return _recurrent(node, k, bounds)
     return None
 
 
@@ -174,3 +177,18 @@ def _concat(node: onnx.NodeProto, bounds: dict[str, Bound]) -> Bound | None:
     axis = axis + len(shapes[0]) if axis < 0 else axis
     total = sum(s[axis] for s in shapes) if all(s[axis] for s in shapes) else 0
     return (*shapes[0][:axis], total, *shapes[0][axis + 1 :])
+
+
+def _recurrent(node: onnx.NodeProto, k: int, bounds: dict[str, Bound]) -> Bound | None:
+    """Y (k = 0) is (seq, directions, batch, hidden), Y_h and Y_c (directions, batch,
+    hidden); with layout 1 batch comes first. Sequence and batch follow X, directions
+    and hidden R (directions, gates * hidden, hidden)."""
+    x, r = _input(bounds, node, 0), _input(bounds, node, 2)
+    if x is None or r is None or len(x) != 3 or len(r) != 3:
+        return None
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    batch, seq = (x[0], x[1]) if layout else (x[1], x[0])
+    directions, hidden = r[0], r[2]
+    if k == 0:
+        return (batch, seq, directions, hidden) if layout else (seq, directions, batch, hidden)
+    return (batch, directions, hidden) if layout else (directions, batch, hidden)

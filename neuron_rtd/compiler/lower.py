@@ -4,7 +4,9 @@ op's own kernel.
 A 3x3 Conv with stride 1, dilation 1 and one group becomes `WinogradConv` (Winograd's
 minimal filtering: fewer multiplies than the direct convolution) where it pays at its
 shapes; its weights are transformed here, at compile time, not on every inference.
-Every other node is its own instruction.
+Every other node is its own instruction. An optional output left out before one that is
+named (an LSTM's Y when only Y_h is wanted) gets a name of its own: a NEFF names every
+instruction output, and no one reads that one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ def lower(node: onnx.NodeProto, graph: Graph) -> tuple[driver_sim.Instr, dict[st
         lowered = _winograd(node, graph)
         if lowered is not None:
             return lowered
-    return _instruction(node.op_type, node.input, node.output, node_attrs(node)), {}
+    outputs = [name or _unread(node, k, graph) for k, name in enumerate(_trim(node.output))]
+    return _instruction(node.op_type, node.input, outputs, node_attrs(node)), {}
+
+
+def _unread(node: onnx.NodeProto, k: int, graph: Graph) -> str:
+    """A name for output k of `node`, which the model leaves out: unique in the graph."""
+    name = f"{node.name}.unread{k}"
+    while name in graph.types or name in graph.consts:
+        name += "_"
+    return name
 
 
 def _instruction(op: str, inputs: Any, outputs: Any, attrs: dict[str, Any]) -> driver_sim.Instr:
