@@ -17,7 +17,7 @@ import numpy as np
 from driver_sim import blas
 from driver_sim.errors import DriverError
 from driver_sim.execute import InstrRecorder, bind_inputs, copy_outputs, run_steps
-from driver_sim.fast import FastProgram, check_engine
+from driver_sim.fast import IN_RUNS, FastProgram, check_engine, check_spinning
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
@@ -32,12 +32,19 @@ class NeuronCore:
     """NC `index` of an owned device."""
 
     def __init__(
-        self, device: Device, index: int, *, engine: str = "reference", threads: int = 1
+        self,
+        device: Device,
+        index: int,
+        *,
+        engine: str = "reference",
+        threads: int = 1,
+        spinning: str = IN_RUNS,
     ) -> None:
         self.device_index = device.index
         self.index = index
         self.engine = check_engine(engine)
-        self.threads = threads  # the fast engine's onnxruntime threads
+        self.threads = threads  # the fast engine's onnxruntime threads ...
+        self.spinning = check_spinning(spinning)  # ... and how they wait for work
         self._device = device
         self.lock = threading.Lock()
         self.rng = np.random.default_rng()
@@ -64,7 +71,9 @@ class NeuronCore:
         self._device.check_owned()
         loaded = load_program(self, program)
         if self.engine == "fast" and not reference:
-            loaded.fast = FastProgram.of(loaded, self.threads, program.opset)
+            loaded.fast = FastProgram.of(
+                loaded, self.threads, program.opset, spinning=self.spinning
+            )
         return loaded
 
     def run(

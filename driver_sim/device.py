@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from driver_sim.core import NeuronCore
 from driver_sim.dram import ChannelAllocator, DramBuffer
 from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
+from driver_sim.fast import IN_RUNS
 from driver_sim.faults import (
     DMA_TIMEOUT,
     ECC_FAULTS,
@@ -58,6 +59,7 @@ class Device:
         *,
         engine: str = "reference",
         threads: int = 1,
+        spinning: str = IN_RUNS,
     ) -> None:
         self.machine = machine
         self.index = index
@@ -71,7 +73,8 @@ class Device:
         self._channels = [ChannelAllocator(CHANNEL_BYTES) for _ in range(DRAM_CHANNELS)]
         self._buffers: dict[tuple[int, int], DramBuffer] = {}
         self._cores = tuple(
-            NeuronCore(self, nc, engine=engine, threads=threads) for nc in range(NC_PER_DEVICE)
+            NeuronCore(self, nc, engine=engine, threads=threads, spinning=spinning)
+            for nc in range(NC_PER_DEVICE)
         )
         self._stats: StatsMap | None = None
         try:

@@ -35,8 +35,13 @@ from driver_sim.execute import store_output
 from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, RunCost, Shape
+from neuron_rtd import onnxrt
+from neuron_rtd.onnxrt import ALWAYS, IN_RUNS, NEVER
 
 ENGINES = ("reference", "fast")
+# How the fast engine's threads wait for work (`neuron_rtd.onnxrt`): the default spins
+# between the ops of a run and sleeps when no run is in progress.
+SPINNING = (IN_RUNS, ALWAYS, NEVER)
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
 # Ops whose output shape depends on values however they are fed.
 DATA_SHAPED_OPS = frozenset({"NonZero"})
@@ -47,6 +52,16 @@ _L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]
 def check_engine(name: str) -> str:
     if name not in ENGINES:
         raise ValueError(f"unknown NC engine {name!r}: use one of {', '.join(ENGINES)}")
+    return name
+
+
+def check_spinning(name: str) -> str:
+    """`name` if it is one of `SPINNING` (how the engine's threads wait for work, see
+    `neuron_rtd.onnxrt`), else ValueError."""
+    if name not in SPINNING:
+        raise ValueError(
+            f"unknown NC thread spinning {name!r}: use one of {', '.join(map(repr, SPINNING))}"
+        )
     return name
 
 
@@ -80,12 +95,15 @@ class FastProgram:
     runs side by side, is made in the background when first wanted, the full one serving
     meanwhile, so that no run waits for a session to be built but the very first."""
 
-    def __init__(self, loaded: LoadedProgram, threads: int, opset: int) -> None:
+    def __init__(
+        self, loaded: LoadedProgram, threads: int, opset: int, *, spinning: str = IN_RUNS
+    ) -> None:
         # Weakly: the loaded program holds this (`LoadedProgram.fast`), and a cycle would
         # keep the sessions (their memory and threads) until a full garbage collection,
         # not free them as the program is unloaded.
         self._loaded = weakref.ref(loaded)
         self.threads = threads
+        self.spinning = spinning
         self.opset = opset
         self.costs: dict[tuple[Shape, ...], RunCost] = {}
         self._input_names = [name for name, _ in loaded.input_slots]
@@ -97,12 +115,14 @@ class FastProgram:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, loaded: LoadedProgram, threads: int, opset: int | None) -> FastProgram | None:
+    def of(
+        cls, loaded: LoadedProgram, threads: int, opset: int | None, *, spinning: str = IN_RUNS
+    ) -> FastProgram | None:
         """The fast form of `loaded`, or None when it runs on the reference kernels. With
         its input types declared (`NcProgram.input_types`) its session is made now."""
         if not _shapes_follow_input_shapes(loaded.program.instructions, loaded.program.weights):
             return None
-        fast = cls(loaded, threads, opset or DEFAULT_OPSET)
+        fast = cls(loaded, threads, opset or DEFAULT_OPSET, spinning=spinning)
         declared = loaded.program.input_types
         if declared is not None:
             types = tuple((np.dtype(dtype).str, rank) for dtype, rank in declared)
@@ -190,8 +210,6 @@ class FastProgram:
             self._sessions[types, threads] = session
 
     def _build(self, types: InputTypes, threads: int) -> Any:
-        import onnxruntime as ort
-
         loaded = self._loaded()
         if loaded is None:  # unloaded while a session was being built for it
             return None
@@ -199,15 +217,9 @@ class FastProgram:
             model = to_onnx(loaded, types, self.opset)
         except (KeyError, TypeError, ValueError):
             return None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        # No spinning after a run: other NCs and the request handlers need the cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 4
         try:
-            return ort.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            return onnxrt.session(
+                model, threads=threads, spinning=self.spinning, log_severity=onnxrt.LOG_SILENT
             )
         except Exception:  # onnxruntime refuses the graph: the reference kernels run it
             return None

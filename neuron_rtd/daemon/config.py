@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from neuron_rtd.runtime import nc_engine
+from neuron_rtd.runtime import nc_engine, nc_spinning
 from neuron_rtd.typed_json import ConfigError, Expected, check_object
 
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
@@ -181,6 +181,10 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         nc_engine(config.nc_engine)
     except ValueError as exc:
         raise ConfigError(f"{where}: nc_engine: {exc}") from None
+    try:
+        nc_spinning()
+    except ValueError as exc:
+        raise ConfigError(f"$NEURON_RTD_NC_SPINNING: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
     if config.log_level not in LOG_LEVELS:

@@ -38,6 +38,7 @@ from neuron_rtd.runtime.driver import (
     SimDevice,
     acquire_sim,
     nc_engine,
+    nc_spinning,
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
@@ -97,6 +98,7 @@ __all__ = [
     "Topology",
     "acquire_sim",
     "nc_engine",
+    "nc_spinning",
     "parse_version",
     "session_tag",
 ]

@@ -23,6 +23,7 @@ import numpy as np
 import psutil
 
 import driver_sim
+from neuron_rtd import onnxrt
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
 from neuron_rtd.neff import Stage, TensorSpec
 
@@ -156,6 +157,17 @@ def nc_engine(name: str | None = None) -> str:
     return driver_sim.fast.check_engine(chosen)
 
 
+# How the fast engine's threads wait for work (see neuron_rtd.onnxrt): spinning between
+# the ops of a run and asleep when none is in progress, unless this says otherwise (the
+# benches measure each way).
+NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
+
+
+def nc_spinning() -> str:
+    """$NEURON_RTD_NC_SPINNING, else "in-runs"; ValueError when it names no policy."""
+    return driver_sim.fast.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.IN_RUNS)
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity (a systemd CPUAffinity=, a
     container's cpuset, taskset), not every CPU of the host."""
@@ -199,8 +211,8 @@ def _cgroup_memory_left(
 
 
 def nc_threads() -> int:
-    """The threads one NC run of the fast engine may use: the usable cores (its pools do
-    not spin, so NCs running at once share them)."""
+    """The threads one NC run of the fast engine may use: the usable cores (its pools
+    spin only while they run, so NCs running at once share them)."""
     return usable_cpus()
 
 
@@ -309,7 +321,12 @@ def acquire_sim(
     """Own devices `indices` of a simulated machine (DriverError names an owner); their
     NCs compute with `engine` (see `nc_engine`)."""
     devices = machine.acquire(
-        indices, address=address, version=version, engine=nc_engine(engine), threads=nc_threads()
+        indices,
+        address=address,
+        version=version,
+        engine=nc_engine(engine),
+        threads=nc_threads(),
+        spinning=nc_spinning(),
     )
     return [SimDevice(d) for d in devices]
 
