@@ -29,6 +29,7 @@ from neuron_rtd.client import (
     _connection,
 )
 from neuron_rtd.client import default_address as default_address_exported
+from neuron_rtd.client._lane import Lanes
 from neuron_rtd.client._peer import pass_objects
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
@@ -45,7 +46,12 @@ SHM_PREFIX = f"aws_neuron_runtime_{os.getpid()}_"
 @pytest.fixture(autouse=True)
 def _no_client_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's settings come from each test, never from the caller's environment."""
-    for name in ("NEURON_RTD_ADDRESS", "NEURON_RTD_SHM_MAP", "NEURONCORE_GROUP_SIZES"):
+    for name in (
+        "NEURON_RTD_ADDRESS",
+        "NEURON_RTD_SHM_MAP",
+        "NEURON_RTD_FAST_LANE",
+        "NEURONCORE_GROUP_SIZES",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -72,6 +78,18 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):
         with self._lock:
             return [resp for name, _, resp in self.calls if name == method]
 
+    def laned(self, infer: Any) -> Any:
+        """`Lanes.infer` recording each infer the fast lane answered, as gRPC's are."""
+
+        def recorded_infer(lanes: Any, request: Any, session_id: int, timeout_s: Any) -> Any:
+            answer = infer(lanes, request, session_id, timeout_s)
+            if answer is not None:
+                with self._lock:
+                    self.calls.append(("infer", request, answer))
+            return answer
+
+        return recorded_infer
+
     def passed(self, socket_path: str, session_id: int, buffers: Any, prot: int) -> None:
         """Records the objects a client passes over the peer socket, as "shm_share"
         requests, then passes them."""
@@ -88,10 +106,11 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):
 def recorded(
     daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[grpc.Channel, Recorder]]:
-    """A channel to the daemon whose unary calls, and the shm objects passed, are
-    recorded."""
+    """A channel to the daemon whose unary calls (infers on the fast lane too), and the
+    shm objects passed, are recorded."""
     recorder = Recorder()
     monkeypatch.setattr(_connection, "pass_objects", recorder.passed)
+    monkeypatch.setattr(Lanes, "infer", recorder.laned(Lanes.infer))
     with grpc.insecure_channel(daemon.address, options=CHANNEL_OPTIONS) as raw:
         yield grpc.intercept_channel(raw, recorder), recorder
 
@@ -328,6 +347,60 @@ def test_tensors_go_through_shared_memory(
         model.unload()
         assert {r.path for r in recorder.requests("shm_unmap")} == paths
         assert daemon_shm(daemon.pid) == set()
+
+
+def test_sync_infers_take_the_fast_lane_and_answer_as_grpc(
+    daemon: DaemonProcess, mlp: SampleModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its tensors in shared memory, a synchronous infer goes over the peer socket's
+    fast lane: the same outputs, and the same errors, as a client that calls over gRPC
+    (NEURON_RTD_FAST_LANE=no)."""
+    laned: list[bool] = []
+    infer = Lanes.infer
+
+    def counted(lanes: Lanes, *args: Any) -> Any:
+        answer = infer(lanes, *args)
+        laned.append(answer is not None)
+        return answer
+
+    monkeypatch.setattr(Lanes, "infer", counted)
+    with Client(daemon.address, shm=True) as client:
+        monkeypatch.setenv("NEURON_RTD_FAST_LANE", "no")
+        with Client(daemon.address, shm=True) as grpc_only:
+            model = client.load(mlp.neff)
+            other = grpc_only.attach(model.id)
+            for seed in range(5):
+                x = mlp.random_inputs(seed)["x"]
+                got = model(x=x)
+                assert_probs(got, mlp, x)
+                np.testing.assert_array_equal(got["probs"], other(x=x)["probs"])
+            assert laned == [True] * 5  # every call on the lane, none on the gRPC-only one
+            with pytest.raises(NrtClientError) as on_lane:
+                model(x=np.zeros((3, 16), np.float32))
+            assert on_lane.value.nerr == Nerr.INFER_BAD_INPUT
+            with pytest.raises(NrtClientError) as on_grpc:
+                other(x=np.zeros((3, 16), np.float32))
+            assert str(on_grpc.value) == str(on_lane.value)
+
+
+def test_an_infer_past_its_timeout_on_the_lane_is_a_timeout(
+    daemon: DaemonProcess, mlp: SampleModel, slow_ncs: Callable[[int], None]
+) -> None:
+    """A lane that does not answer within the client's timeout fails the call with
+    NERR_TIMEOUT, as gRPC's deadline does; its late answer never reaches the next call."""
+    with Client(daemon.address, shm=True, timeout_s=0.5) as client:
+        model = client.load(mlp.neff)
+        x = mlp.random_inputs(1)["x"]
+        assert_probs(model(x=x), mlp, x)
+        slow_ncs(1500)
+        with pytest.raises(NrtConnectionError) as late:
+            model(x=x)
+        assert late.value.nerr == Nerr.TIMEOUT
+        assert "did not answer within 0.5 s" in late.value.details
+        slow_ncs(0)
+        time.sleep(1.5)  # the late inference ends, its answer going nowhere
+        y = mlp.random_inputs(2)["x"]
+        assert_probs(model(x=y), mlp, y)
 
 
 def test_shm_map_no_sends_everything_inline(

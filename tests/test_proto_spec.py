@@ -412,6 +412,11 @@ EXT_MESSAGES: dict[str, list[Field]] = {
     "peer_request": [
         (1, "shm_share", "nrt.ext.shm_share_request", S, "what"),
         (2, "ticket", "nrt.ext.peer_ticket_request", S, "what"),
+        (3, "infer", "nrt.ext.peer_infer_request", S, "what"),
+    ],
+    "peer_infer_request": [
+        (1, "session_id", "uint64", S, None),
+        (2, "infer_request", "bytes", S, None),
     ],
     "shm_share_request": [
         (1, "session_id", "uint64", S, None),
@@ -423,6 +428,7 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (1, "status_code", "int32", S, None),
         (2, "details", "string", S, None),
         (3, "ticket", "uint64", S, None),
+        (4, "infer_response", "bytes", S, None),
     ],
     "snapshot_request": [],
     "ext_nc": [

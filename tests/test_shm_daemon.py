@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,9 +161,10 @@ def test_shared_memory_disabled_in_the_config(work: Path, shm: list[Shm]) -> Non
 def test_the_peer_socket_answers_every_malformed_message_and_serves_on(
     daemon: DaemonProcess, sample: SampleModel
 ) -> None:
-    """Garbage, an oversize message, two descriptors, a descriptor with a ticket request,
-    a session that is not open, a pipe instead of shared memory: each answered with an
-    nerr and a reason, no descriptor kept; then a real client still passes its objects."""
+    """Garbage, an oversize message, an infer of garbage, two descriptors, a descriptor
+    with a ticket request, a session that is not open, a pipe instead of shared memory:
+    each answered with an nerr and a reason, no descriptor kept; then a real client still
+    passes its objects."""
     import array
     import socket
 
@@ -177,19 +179,24 @@ def test_the_peer_socket_answers_every_malformed_message_and_serves_on(
             sock.connect(path)
             rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
             sock.sendmsg([data], rights)
-            reply = ext_pb.peer_response.FromString(sock.recv(4096))
+            reply = ext_pb.peer_response.FromString(sock.recv(1 << 16))
         return reply.status_code, reply.details
 
     def share(session_id: int, name: str = "/x") -> bytes:
         request = ext_pb.shm_share_request(session_id=session_id, path=name, mmap_prot=RW)
         return ext_pb.peer_request(shm_share=request).SerializeToString()
 
+    def lane_infer(data: bytes) -> bytes:
+        infer = ext_pb.peer_infer_request(infer_request=data)
+        return ext_pb.peer_request(infer=infer).SerializeToString()
+
     ticket = ext_pb.peer_request(ticket=ext_pb.peer_ticket_request()).SerializeToString()
     read_end, write_end = os.pipe()
     try:
         cases = [
             (answer(b"\xff\x00garbage"), "not a peer_request"),
-            (answer(os.urandom(5000)), "at most 4096 bytes"),
+            (answer(os.urandom(70000)), "at most 65536 bytes"),
+            (answer(lane_infer(b"\xff\x00garbage")), "not an nrt.infer_request"),
             (answer(share(1), read_end, write_end), "carries 2"),
             (answer(ticket, read_end), "carries no file descriptor"),
             (answer(share(12345), read_end), "names no open session"),
@@ -205,3 +212,54 @@ def test_the_peer_socket_answers_every_malformed_message_and_serves_on(
         x = sample.random_inputs(0)["x"]
         model(x=x)
         assert client.shm_enabled  # its objects were passed
+
+
+def test_lanes_are_capped_per_user_and_freed_when_their_clients_go(
+    daemon: DaemonProcess,
+) -> None:
+    """Each connection that infers on the peer socket gets a thread of the daemon's (a
+    lane): at most MAX_LANES_PER_UID per user. The next is refused with NERR_RESOURCE (the
+    client then calls over gRPC), and a lane closed by its client is free again."""
+    import socket
+
+    from neuron_rtd.proto import ext_pb, pb
+    from neuron_rtd.server.peer_socket import MAX_LANES_PER_UID
+
+    infer = pb.infer_request(h_nn=pb.h_nn(id=999_999)).SerializeToString()
+    message = ext_pb.peer_request(
+        infer=ext_pb.peer_infer_request(infer_request=infer)
+    ).SerializeToString()
+
+    def ask(sock: socket.socket) -> ext_pb.peer_response:
+        sock.send(message)
+        return ext_pb.peer_response.FromString(sock.recv(1 << 16))
+
+    lanes = []
+    try:
+        for _ in range(MAX_LANES_PER_UID):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.settimeout(10)
+            sock.connect(daemon.socket_path + ".peer")
+            lanes.append(sock)
+            answer = ask(sock)
+            assert answer.status_code == Nerr.OK, answer.details
+            response = pb.infer_response.FromString(answer.infer_response)
+            assert response.status.code == Nerr.INVALID_HANDLE  # the model's own answer
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as extra:
+            extra.settimeout(10)
+            extra.connect(daemon.socket_path + ".peer")
+            refused = ask(extra)
+            assert refused.status_code == Nerr.RESOURCE
+            assert "no lane free" in refused.details and "gRPC" in refused.details
+    finally:
+        for sock in lanes:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the lanes' threads see their clients gone, and end
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as again:
+            again.settimeout(10)
+            again.connect(daemon.socket_path + ".peer")
+            if ask(again).status_code == Nerr.OK:
+                break
+        assert time.monotonic() < deadline, "no lane freed within 10 s"
+        time.sleep(0.1)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 ADDRESS_ENV = "NEURON_RTD_ADDRESS"
+LANE_ENV = "NEURON_RTD_FAST_LANE"
 SHM_ENV = "NEURON_RTD_SHM_MAP"
 NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
 
@@ -31,6 +32,12 @@ def shm_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """False when `NEURON_RTD_SHM_MAP` turns shared memory off."""
     env = os.environ if environ is None else environ
     return env.get(SHM_ENV, "").strip().lower() not in _OFF
+
+
+def lanes_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """False when `NEURON_RTD_FAST_LANE` turns the fast lane off (every infer over gRPC)."""
+    env = os.environ if environ is None else environ
+    return env.get(LANE_ENV, "").strip().lower() not in _OFF
 
 
 def parse_ncg_sizes(text: str) -> tuple[int, ...]:

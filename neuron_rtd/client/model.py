@@ -289,7 +289,7 @@ class Model:
                 response = self.connection.unary("infer_wait", wait)
                 check("infer_wait", response.status)
             else:
-                response = self.connection.unary("infer", request)
+                response = self.connection.infer(request)
                 check("infer", response.status)
             return self._outputs(response, slot)
 

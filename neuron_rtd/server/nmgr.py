@@ -21,6 +21,24 @@ from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import read_load_stream
 
 
+def answer_infer(
+    runtime: Runtime, request: pb.infer_request, session: int | None
+) -> pb.infer_response:
+    """One synchronous infer, answered: over gRPC (`NmgrServicer.infer`) or on the peer
+    socket's fast lane, with the session the call presents."""
+
+    def make() -> pb.infer_response:
+        result = runtime.infer(
+            request.h_nn.id,
+            wire.ifmaps(request.ifmap),
+            wire.shm_ofmaps(request.shm_ofmap),
+            session=session,
+        )
+        return wire.infer_response(result)
+
+    return finish("infer", make, pb.infer_response)
+
+
 class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -78,16 +96,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
 
     # --- inference ----------------------------------------------------------------
     def infer(self, request: pb.infer_request, context: grpc.ServicerContext) -> pb.infer_response:
-        def make() -> pb.infer_response:
-            result = self.runtime.infer(
-                request.h_nn.id,
-                wire.ifmaps(request.ifmap),
-                wire.shm_ofmaps(request.shm_ofmap),
-                session=presented_session(context),
-            )
-            return wire.infer_response(result)
-
-        return finish("infer", make, pb.infer_response)
+        return answer_infer(self.runtime, request, presented_session(context))
 
     def infer_post(
         self, request: pb.infer_request, context: grpc.ServicerContext

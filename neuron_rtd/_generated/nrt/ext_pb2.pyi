@@ -71,12 +71,14 @@ class describe_response(_message.Message):
     def __init__(self, runtime_version: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., sim_root: _Optional[str] = ..., instance_type: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ext_device, _Mapping]]] = ..., start_time_ns: _Optional[int] = ..., status_code: _Optional[int] = ..., details: _Optional[str] = ..., peer_socket: _Optional[str] = ...) -> None: ...
 
 class peer_request(_message.Message):
-    __slots__ = ("shm_share", "ticket")
+    __slots__ = ("shm_share", "ticket", "infer")
     SHM_SHARE_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    INFER_FIELD_NUMBER: _ClassVar[int]
     shm_share: shm_share_request
     ticket: peer_ticket_request
-    def __init__(self, shm_share: _Optional[_Union[shm_share_request, _Mapping]] = ..., ticket: _Optional[_Union[peer_ticket_request, _Mapping]] = ...) -> None: ...
+    infer: peer_infer_request
+    def __init__(self, shm_share: _Optional[_Union[shm_share_request, _Mapping]] = ..., ticket: _Optional[_Union[peer_ticket_request, _Mapping]] = ..., infer: _Optional[_Union[peer_infer_request, _Mapping]] = ...) -> None: ...
 
 class shm_share_request(_message.Message):
     __slots__ = ("session_id", "path", "mmap_prot")
@@ -92,15 +94,25 @@ class peer_ticket_request(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class peer_infer_request(_message.Message):
+    __slots__ = ("session_id", "infer_request")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    INFER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    infer_request: bytes
+    def __init__(self, session_id: _Optional[int] = ..., infer_request: _Optional[bytes] = ...) -> None: ...
+
 class peer_response(_message.Message):
-    __slots__ = ("status_code", "details", "ticket")
+    __slots__ = ("status_code", "details", "ticket", "infer_response")
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    INFER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     status_code: int
     details: str
     ticket: int
-    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., ticket: _Optional[int] = ...) -> None: ...
+    infer_response: bytes
+    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., ticket: _Optional[int] = ..., infer_response: _Optional[bytes] = ...) -> None: ...
 
 class snapshot_request(_message.Message):
     __slots__ = ()
