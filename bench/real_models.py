@@ -1,0 +1,643 @@
+"""Models as PyTorch users export them (ResNet-18, MobileNetV2, EfficientNet-B0, DeepLabV3
+on MobileNetV3-Large, a Transformer encoder, LSTM/GRU/bidirectional LSTM, and small models
+under a millisecond) through the daemon, in process and on onnxruntime, side by side in
+one run.
+
+    python bench/real_models.py [--cases resnet18,lstm,...] [--rounds 3] [--budget 0.5]
+                                [--quick] [--threads N] [--engine fast|reference]
+                                [--cache DIR] [--json FILE]
+
+Each net (bench/torch_nets.py: the published layers, widths and strides, random weights,
+seed 0) is exported once with `torch.onnx.export(..., dynamo=False, opset_version=17)`
+into the cache folder (a temp folder unless `--cache`; a file there is reused), and
+compiled to a NEFF (the summary's last line says how many ops run on the NC and how many
+on the CPU). Its inputs are seeded normal noise of the shapes in the ONNX graph. Four
+sides are timed:
+
+- onnxruntime: onnxruntime's default session on the ONNX model in this process (CPU
+  provider, `--threads` intra-op threads, one inter-op thread, spinning as it comes);
+- in-process: the NEFF on `LocalRuntime` (the runtime in this process, no gRPC);
+- daemon: the NEFF on a real `neuron-rtd` child process on a unix socket, through the
+  Python client (`Client.load`, `model.infer`), as an application calls it;
+- floor: what any daemon must pay beyond the compute, a bare gRPC echo of a small
+  message (bench/echo.py's server, a child process) plus one `np.copyto` of the model's
+  input bytes and one of its output bytes.
+
+Per model the sides run in alternating rounds (the order rotating each round, a short
+pause before each side so the pools the side before left spinning go to sleep), each
+side calling for about `--budget` seconds (at least `--min-calls`) per round. A side's
+p50 is the best of its rounds' medians; its p99 is over every timed call. The table per
+model gives both, the ratios daemon / (onnxruntime + floor) and in-process / onnxruntime,
+and the check: cosine and max abs error of the daemon's (and the in-process) outputs
+against onnxruntime's, from each side's first call. It also says how much CPU the
+machine's other processes took meanwhile (/proc/stat less this process and its two
+servers): a busy machine slows the sides unequally, a spinning pool most of all.
+
+Models stay loaded until the end; then, all of them idle, the daemon's CPU time over
+3 s (/proc/PID/stat) and this process's (the onnxruntime sessions dropped, the
+`LocalRuntime` models still loaded) tell what the runtime's thread policy costs at rest,
+as percent of one core. A last line per acceptance names the worst ratios. The runtime's
+CPU nodes run with NEURON_RTD_HOST_THREADS = `--threads` (here and in the daemon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import importlib.metadata
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import onnx
+import onnxruntime as ort
+from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
+from infer_roundtrip import cpu_seconds, percentile
+from vs_onnxruntime import INFER_TIMEOUT_S, blas_threads, compare, instance_for, settle
+
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client
+from neuron_rtd.compiler import compile_model
+from neuron_rtd.neff import read_neff
+from neuron_rtd.onnxrt import session as ort_session
+from neuron_rtd.proto import CHANNEL_OPTIONS
+from neuron_rtd.runtime import NC_ENGINES, LocalRuntime
+
+SIDES = ("onnxruntime", "in-process", "daemon", "floor")
+ECHO_PAYLOAD = bytes(64)  # the floor's small message
+IDLE_S = 3.0
+OPSET = 17
+SEED = 0
+
+# name -> what it is (bench/torch_nets.py:NETS builds them; listed here so a cached model
+# needs no torch)
+CASES = {
+    "resnet18": "ResNet-18, 1x3x224x224",
+    "mobilenet_v2": "MobileNetV2 1.0, 1x3x224x224",
+    "efficientnet_b0": "EfficientNet-B0, 1x3x224x224",
+    "deeplabv3_mnv3": "DeepLabV3 on MobileNetV3-Large (OS 16, ASPP), 1x3x224x224",
+    "transformer": "TransformerEncoder 2 layers, d_model 256, 4 heads, 1x64x256",
+    "lstm": "LSTM(64, 128, num_layers=2), 1x20x64",
+    "gru": "GRU(64, 128, num_layers=2), 1x20x64",
+    "bilstm": "bidirectional LSTM(64, 128, num_layers=2), 1x20x64",
+    "mlp": "Linear 1024-2048, ReLU, Linear 2048-512, 32x1024",
+    "tiny_mlp": "Linear 16-16, ReLU, Linear 16-16, 1x16",
+    "small_cnn": "CIFAR-size CNN (5 convs), 1x3x32x32",
+}
+
+
+@dataclasses.dataclass
+class Compiled:
+    name: str
+    path: Path  # the ONNX model
+    neff: bytes
+    summary: str  # the compile summary's last line, and the reasons for CPU ops
+    nc_ops: int
+    cpu_ops: int
+    seconds: float  # export (when exported now) and compile
+
+
+@dataclasses.dataclass
+class Figures:
+    """One model's timings (seconds per call, by side and round) and check."""
+
+    name: str
+    compiled: Compiled
+    rounds: dict[str, list[list[float]]]
+    check: dict[str, float]
+    io_bytes: tuple[int, int]
+    others_pct: float  # other processes' CPU during the rounds, percent of one core
+
+    def p50(self, side: str) -> float:
+        """The best of the rounds' medians."""
+        return min(statistics.median(r) for r in self.rounds[side])
+
+    def p99(self, side: str) -> float:
+        return percentile([t for r in self.rounds[side] for t in r], 0.99)
+
+    def calls(self, side: str) -> int:
+        return sum(len(r) for r in self.rounds[side])
+
+    def daemon_ratio(self) -> float:
+        """daemon / (onnxruntime + floor), at p50."""
+        return self.p50("daemon") / (self.p50("onnxruntime") + self.p50("floor"))
+
+    def local_ratio(self) -> float:
+        """in-process / onnxruntime, at p50."""
+        return self.p50("in-process") / self.p50("onnxruntime")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "description": CASES[self.name],
+            "compile": {
+                "seconds": round(self.compiled.seconds, 3),
+                "nc_ops": self.compiled.nc_ops,
+                "cpu_ops": self.compiled.cpu_ops,
+                "summary": self.compiled.summary,
+            },
+            "input_bytes": self.io_bytes[0],
+            "output_bytes": self.io_bytes[1],
+            "sides": {
+                side: {
+                    "p50_ms": self.p50(side) * 1e3,
+                    "p99_ms": self.p99(side) * 1e3,
+                    "calls": self.calls(side),
+                    "round_p50s_ms": [statistics.median(r) * 1e3 for r in self.rounds[side]],
+                }
+                for side in SIDES
+            },
+            "daemon_over_ort_plus_floor": self.daemon_ratio(),
+            "in_process_over_ort": self.local_ratio(),
+            "check": self.check,
+            "other_processes_cpu_pct": self.others_pct,
+        }
+
+
+# --- models -----------------------------------------------------------------------------
+def exported(name: str, cache: Path) -> tuple[Path, bool]:
+    """The ONNX file of case `name` in `cache`, exported now unless it is there; whether it
+    was exported now. Only an export imports torch."""
+    torch_version = importlib.metadata.version("torch")
+    path = cache / f"{name}-opset{OPSET}-torch{torch_version}.onnx"
+    if path.exists():
+        return path, False
+    import torch_nets  # bench/torch_nets.py: imports torch
+
+    partial = path.with_suffix(".partial")
+    torch_nets.export(name, str(partial), seed=SEED)
+    partial.replace(path)
+    return path, True
+
+
+def compile_case(name: str, cache: Path) -> Compiled:
+    t0 = time.perf_counter()
+    path, fresh = exported(name, cache)
+    result = compile_model(path, name=name)
+    lines = str(result.summary).splitlines()
+    reasons = sorted({line.strip() for line in lines if " on CPU: " in line})
+    return Compiled(
+        name=name,
+        path=path,
+        neff=result.neff,
+        summary="; ".join([lines[-1], *reasons]) + ("" if fresh else " (cached ONNX)"),
+        nc_ops=result.summary.nc_ops,
+        cpu_ops=result.summary.cpu_ops,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def seeded_inputs(model: onnx.ModelProto, seed: int = SEED) -> dict[str, np.ndarray]:
+    """Normal noise for each graph input, of its (fixed) shape and type."""
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_value for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+# --- timing -----------------------------------------------------------------------------
+def calls_for(budget_s: float, min_calls: int, call: Callable[[], Any]) -> list[float]:
+    """Time `call` again and again for `budget_s` seconds, and at least `min_calls` times."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def floor_call(echo: Callable[[bytes], bytes], in_bytes: int, out_bytes: int) -> Callable[[], Any]:
+    """The transport floor: the echo of a small message, then one copy of the input bytes
+    and one of the output bytes."""
+    src_in, src_out = np.ones(in_bytes, np.uint8), np.ones(out_bytes, np.uint8)
+    dst_in, dst_out = np.empty_like(src_in), np.empty_like(src_out)
+
+    def call() -> None:
+        echo(ECHO_PAYLOAD)
+        np.copyto(dst_in, src_in)
+        np.copyto(dst_out, src_out)
+
+    return call
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all processes of the machine have used since boot (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class OthersMeter:
+    """What the machine's other processes take while the bench runs: the machine's busy
+    CPU time less this process's and its servers' (`pids`), as percent of one core.
+    Calls on a loaded machine are slower, spinning pools most of all."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = [os.getpid(), *pids]
+        self.start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float]:
+        ours = sum(cpu_seconds(pid) for pid in self.pids)
+        return time.perf_counter(), machine_busy_s(), ours
+
+    def percent(self) -> float:
+        (t0, busy0, ours0), (t1, busy1, ours1) = self.start, self._sample()
+        return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0) * 100
+
+
+@dataclasses.dataclass
+class Bench:
+    """What every case shares: the runtime here, the daemon's client, the echo."""
+
+    args: argparse.Namespace
+    rt: LocalRuntime
+    client: Client
+    echo: Callable[[bytes], bytes]
+    server_pids: list[int]  # the daemon and the echo server
+
+    def run(self, compiled: Compiled) -> Figures:
+        """Load the model on all sides (and leave it loaded on the runtime's two, while
+        its onnxruntime session goes), check, warm up, time."""
+        args = self.args
+        model = onnx.load(compiled.path)
+        feeds = seeded_inputs(model)
+        session = ort_session(compiled.path, threads=args.threads)
+        names = [o.name for o in session.get_outputs()]
+        local = self.rt.load(compiled.neff, timeout_s=INFER_TIMEOUT_S)
+        try:
+            remote = self.client.load(compiled.neff, timeout_s=INFER_TIMEOUT_S)
+        except BaseException:
+            self.rt.unload(local)
+            raise
+        reference = session.run(names, feeds)  # first calls: warm-up, and the check
+        local_out = self.rt.infer(local, feeds)
+        remote_out = remote.infer(feeds)
+        err, cos = compare(remote_out, reference, names)
+        local_err, local_cos = compare(local_out, reference, names)
+        io_bytes = (
+            sum(a.nbytes for a in feeds.values()),
+            sum(np.asarray(a).nbytes for a in reference),
+        )
+        calls: dict[str, Callable[[], Any]] = {
+            "onnxruntime": lambda: session.run(names, feeds),
+            "in-process": lambda: self.rt.infer(local, feeds),
+            "daemon": lambda: remote.infer(feeds),
+            "floor": floor_call(self.echo, *io_bytes),
+        }
+        for side in SIDES:  # more warm-up: one-time work (sessions built, buffers mapped)
+            settle()
+            calls_for(min(0.2, args.budget / 2), 2, calls[side])
+        rounds: dict[str, list[list[float]]] = {side: [] for side in SIDES}
+        others = OthersMeter(self.server_pids)
+        for r in range(args.rounds):
+            for k in range(len(SIDES)):
+                side = SIDES[(r + k) % len(SIDES)]
+                settle()
+                rounds[side].append(calls_for(args.budget, args.min_calls, calls[side]))
+        check = {
+            "daemon_cosine": cos,
+            "daemon_max_abs_err": err,
+            "in_process_cosine": local_cos,
+            "in_process_max_abs_err": local_err,
+        }
+        return Figures(compiled.name, compiled, rounds, check, io_bytes, others.percent())
+
+
+# --- reports ----------------------------------------------------------------------------
+def print_figures(fig: Figures) -> None:
+    in_b, out_b = fig.io_bytes
+    print(f"  {'side':<34}{'p50 ms':>10}{'p99 ms':>10}{'calls':>8}")
+    for side in SIDES:
+        label = side
+        if side == "floor":
+            label = f"floor (echo + copy {in_b + out_b:,} B)"
+        print(
+            f"  {label:<34}{fig.p50(side) * 1e3:>10.3f}{fig.p99(side) * 1e3:>10.3f}"
+            f"{fig.calls(side):>8}"
+        )
+    c = fig.check
+    print(
+        f"  daemon / (onnxruntime + floor) {fig.daemon_ratio():.2f}x, "
+        f"in-process / onnxruntime {fig.local_ratio():.2f}x"
+    )
+    print(
+        f"  check vs onnxruntime: daemon cosine {c['daemon_cosine']:.7f} max|err| "
+        f"{c['daemon_max_abs_err']:.3g}; in-process cosine {c['in_process_cosine']:.7f} "
+        f"max|err| {c['in_process_max_abs_err']:.3g}"
+    )
+    print(f"  other processes on the machine: {fig.others_pct:.0f}% of a core", flush=True)
+
+
+def print_overview(results: list[Figures]) -> None:
+    columns = (
+        ("model", 16),
+        ("NC/CPU ops", 12),
+        ("ort p50", 10),
+        ("in-proc p50", 13),
+        ("daemon p50", 12),
+        ("floor p50", 11),
+        ("dmn/(ort+fl)", 14),
+        ("in-proc/ort", 13),
+        ("cosine", 11),
+        ("others", 8),
+    )
+    print("".join(f"{t:<{w}}" if i == 0 else f"{t:>{w}}" for i, (t, w) in enumerate(columns)))
+    for fig in results:
+        cells = (
+            fig.name,
+            f"{fig.compiled.nc_ops}/{fig.compiled.cpu_ops}",
+            *(f"{fig.p50(side) * 1e3:.3f}" for side in SIDES),
+            f"{fig.daemon_ratio():.2f}x",
+            f"{fig.local_ratio():.2f}x",
+            f"{fig.check['daemon_cosine']:.7f}",
+            f"{fig.others_pct:.0f}%",
+        )
+        print(
+            "".join(
+                f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
+                for i, (c, (_, w)) in enumerate(zip(cells, columns, strict=True))
+            )
+        )
+    print(
+        "(p50 in ms: the best round's median; others: the CPU the machine's other processes "
+        "took during the model's rounds, in % of one core)"
+    )
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def idle_cost(daemon_pid: int) -> dict[str, float]:
+    """CPU time of the daemon and of this process over IDLE_S seconds of rest, as percent
+    of one core, and their thread counts."""
+    settle()
+    me = os.getpid()
+    before = (cpu_seconds(daemon_pid), cpu_seconds(me))
+    t0 = time.perf_counter()
+    time.sleep(IDLE_S)
+    wall = time.perf_counter() - t0
+    after = (cpu_seconds(daemon_pid), cpu_seconds(me))
+    return {
+        "seconds": wall,
+        "daemon_pct": (after[0] - before[0]) / wall * 100,
+        "in_process_pct": (after[1] - before[1]) / wall * 100,
+        "daemon_threads": thread_count(daemon_pid),
+        "in_process_threads": thread_count(me),
+    }
+
+
+# --- the run ----------------------------------------------------------------------------
+@contextmanager
+def echo_server(work: Path) -> Iterator[tuple[Callable[[bytes], bytes], int]]:
+    """bench/echo.py's server in a child process (this script with --serve-echo); yields
+    its echo call and its pid."""
+    address = f"unix:{work}/echo.sock"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-echo", address], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit("the echo server did not start")
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call = channel.unary_unary(
+                ECHO_METHOD, request_serializer=None, response_deserializer=None
+            )
+            yield call, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0))
+    return f"{os.cpu_count()} CPUs ({usable} usable by this process){', ' + model if model else ''}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help=f"comma-separated (default all: {','.join(CASES)})"
+    )
+    parser.add_argument("--rounds", type=int, help="rounds per model (default 3, --quick 1)")
+    parser.add_argument(
+        "--budget", type=float, help="seconds per side per round (default 0.5, --quick 0.1)"
+    )
+    parser.add_argument(
+        "--min-calls", type=int, help="fewest calls per side per round (default 3, --quick 1)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="onnxruntime intra-op threads, and the runtime's CPU nodes' "
+        "(NEURON_RTD_HOST_THREADS) (default: the usable cores)",
+    )
+    parser.add_argument(
+        "--engine", choices=NC_ENGINES, default="fast", help="how the NCs compute (default fast)"
+    )
+    parser.add_argument("--cache", type=Path, help="keep the exported ONNX models in DIR")
+    parser.add_argument("--json", type=Path, help="write every figure to FILE as JSON")
+    parser.add_argument("--quick", action="store_true", help="one short round per model")
+    parser.add_argument("--serve-echo", metavar="ADDRESS", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_echo:
+        return args
+    quick = args.quick
+    args.rounds = args.rounds or (1 if quick else 3)
+    args.budget = args.budget or (0.1 if quick else 0.5)
+    args.min_calls = args.min_calls or (1 if quick else 3)
+    args.names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = [n for n in args.names if n not in CASES]
+    if unknown or not args.names:
+        parser.error(f"unknown cases {unknown}; known: {','.join(CASES)}")
+    if min(args.rounds, args.budget, args.min_calls, args.threads) <= 0:
+        parser.error("--rounds, --budget, --min-calls and --threads must be positive")
+    return args
+
+
+def print_header(args: argparse.Namespace) -> None:
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(
+        f"onnxruntime {ort.__version__}: default session, CPUExecutionProvider, "
+        f"intra_op_num_threads {args.threads}, inter_op_num_threads 1; "
+        f"torch {importlib.metadata.version('torch')} export, opset {OPSET}"
+    )
+    print(
+        f"runtime (in-process and daemon): NC engine {args.engine}, CPU nodes with "
+        f"NEURON_RTD_HOST_THREADS={args.threads}, numpy BLAS threads {blas_threads(None)}"
+    )
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"machine: {machine()}; load average {load}")
+    print(
+        f"{args.rounds} round(s) per model, ~{args.budget:g} s per side per round "
+        f"(at least {args.min_calls} calls)",
+        flush=True,
+    )
+
+
+def compile_all(names: list[str], cache: Path, failed: dict[str, str]) -> list[Compiled]:
+    """Export (unless cached) and compile each case; a refused one goes to `failed`."""
+    compiled = []
+    for name in names:
+        try:
+            entry = compile_case(name, cache)
+        except Exception as exc:  # a model the exporter or compiler refuses: reported
+            failed[name] = f"export/compile: {type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {failed[name]}", flush=True)
+            continue
+        print(f"{name}: {CASES[name]}; ready in {entry.seconds:.1f} s; {entry.summary}")
+        compiled.append(entry)
+    return compiled
+
+
+def run_all(
+    args: argparse.Namespace, compiled: list[Compiled], work: Path, failed: dict[str, str]
+) -> tuple[list[Figures], dict[str, Any]]:
+    """Every model on the four sides, then the idle cost with all of them loaded; the
+    figures and the run's own (instance, other processes' CPU, idle)."""
+    # every model stays loaded to the end, each on NCs of its own (a Neuron node each)
+    nc_needed = sum(read_neff(c.neff).nc_count for c in compiled)
+    instance = instance_for(nc_needed)
+    print(f"simulated machine: {instance} (the models take {nc_needed} NCs)", flush=True)
+    config = work / "neuron-rtd.json"
+    config.write_text(json.dumps({"sim": {"instance_type": instance}}))
+    env = {"NEURON_RTD_HOST_THREADS": str(args.threads), "NEURON_RTD_NC_ENGINE": args.engine}
+    results: list[Figures] = []
+    with ExitStack() as stack:
+        echo, echo_pid = stack.enter_context(echo_server(work))
+        daemon = stack.enter_context(
+            DaemonProcess(sim_root=work / "sim", args=["-c", str(config), "-l", "warning"], env=env)
+        )
+        rt = stack.enter_context(LocalRuntime(instance, root=work / "local", engine=args.engine))
+        client = stack.enter_context(Client(daemon.address))
+        bench = Bench(args, rt, client, echo, [daemon.pid, echo_pid])
+        whole_run = OthersMeter(bench.server_pids)
+        for entry in compiled:
+            print(f"\n{entry.name}:", flush=True)
+            try:
+                fig = bench.run(entry)
+            except Exception as exc:
+                failed[entry.name] = f"run: {type(exc).__name__}: {exc}"
+                print(f"  FAILED {failed[entry.name]}", flush=True)
+                continue
+            print_figures(fig)
+            results.append(fig)
+            gc.collect()  # the case's onnxruntime session, and its pool, go
+        others_pct = whole_run.percent()
+        idle = idle_cost(daemon.pid)
+    return results, {"instance": instance, "other_processes_cpu_pct": others_pct, "idle": idle}
+
+
+def print_summary(results: list[Figures], run: dict[str, Any]) -> dict[str, Any]:
+    """The overview table, the idle cost and the worst ratios; the summary as data."""
+    idle = run["idle"]
+    print()
+    if results:
+        print_overview(results)
+    print(
+        f"idle, every model loaded, over {idle['seconds']:.1f} s: daemon "
+        f"{idle['daemon_pct']:.1f}% of a core ({idle['daemon_threads']:.0f} threads), "
+        f"this process with its LocalRuntime {idle['in_process_pct']:.1f}% "
+        f"({idle['in_process_threads']:.0f} threads)"
+    )
+    print(
+        f"other processes on the machine during the rounds: "
+        f"{run['other_processes_cpu_pct']:.0f}% of a core"
+    )
+    if not results:
+        return {}
+    worst_daemon = max(results, key=Figures.daemon_ratio)
+    worst_local = max(results, key=Figures.local_ratio)
+    summary = {
+        "worst_daemon_ratio": worst_daemon.daemon_ratio(),
+        "worst_daemon_model": worst_daemon.name,
+        "worst_in_process_ratio": worst_local.local_ratio(),
+        "worst_in_process_model": worst_local.name,
+        "worst_cosine": min(f.check["daemon_cosine"] for f in results),
+    }
+    print(
+        f"worst daemon / (onnxruntime + floor): {summary['worst_daemon_ratio']:.2f}x "
+        f"({worst_daemon.name}); worst in-process / onnxruntime: "
+        f"{summary['worst_in_process_ratio']:.2f}x ({worst_local.name}); "
+        f"worst cosine {summary['worst_cosine']:.7f}"
+    )
+    return summary
+
+
+def main() -> int:
+    args = parse_args()
+    if args.serve_echo:
+        serve_echo(args.serve_echo)
+        return 0
+    started = time.perf_counter()
+    os.environ["NEURON_RTD_HOST_THREADS"] = str(args.threads)  # the in-process CPU nodes
+    print_header(args)
+    failed: dict[str, str] = {}
+    results: list[Figures] = []
+    run: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="nrt-real-") as tmp:
+        work = Path(tmp)
+        cache = args.cache or work / "onnx"
+        cache.mkdir(parents=True, exist_ok=True)
+        compiled = compile_all(args.names, cache, failed)
+        if compiled:
+            results, run = run_all(args, compiled, work, failed)
+    summary = print_summary(results, run) if run else {}
+    for name, why in failed.items():
+        print(f"FAILED {name}: {why}")
+    elapsed = time.perf_counter() - started
+    print(f"bench took {elapsed:.0f} s")
+    if args.json:
+        report = {
+            "command": [sys.executable, *sys.argv],
+            "threads": args.threads,
+            "engine": args.engine,
+            "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)),
+            "onnxruntime": ort.__version__,
+            "torch": importlib.metadata.version("torch"),
+            "rounds": args.rounds,
+            "budget_s": args.budget,
+            "min_calls": args.min_calls,
+            "models": {f.name: f.as_json() for f in results},
+            "failed": failed,
+            **run,
+            "summary": summary,
+            "seconds": elapsed,
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

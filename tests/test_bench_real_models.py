@@ -1,0 +1,52 @@
+"""bench/real_models.py, its quickest run: the smallest model exported from PyTorch,
+compiled, and timed on the four sides (onnxruntime, in-process, the daemon, the transport
+floor); the daemon's outputs agree with onnxruntime's. About 15 s."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.daemon
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_the_quick_run_prints_every_side_and_the_outputs_agree(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    command = [sys.executable, str(BENCH / "real_models.py"), "--quick", "--budget", "0.05"]
+    command += ["--cases", "tiny_mlp", "--cache", str(tmp_path / "onnx"), "--json", str(report)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "tiny_mlp: Linear 16-16" in out and "ops on the NC" in out
+    for side in ("onnxruntime", "in-process", "daemon", "floor"):
+        assert re.search(rf"^  {side}\b.*\d+\.\d{{3}} +\d+\.\d{{3}} +\d+$", out, re.M), side
+    assert "daemon / (onnxruntime + floor)" in out and "in-process / onnxruntime" in out
+    cosine = re.search(r"check vs onnxruntime: daemon cosine ([0-9.]+)", out)
+    assert cosine is not None and float(cosine.group(1)) > 0.9999
+    assert re.search(r"^idle, every model loaded, .*daemon [0-9.]+% of a core", out, re.M)
+    assert re.search(r"^worst daemon / \(onnxruntime \+ floor\): [0-9.]+x \(tiny_mlp\)", out, re.M)
+
+    figures = json.loads(report.read_text())
+    model = figures["models"]["tiny_mlp"]
+    assert set(model["sides"]) == {"onnxruntime", "in-process", "daemon", "floor"}
+    assert all(side["calls"] >= 1 and side["p50_ms"] > 0 for side in model["sides"].values())
+    assert model["check"]["daemon_cosine"] > 0.9999
+    assert figures["failed"] == {} and figures["idle"]["daemon_pct"] >= 0
+    assert list(tmp_path.joinpath("onnx").glob("tiny_mlp-opset17-*.onnx"))  # --cache kept it
+
+
+def test_every_case_of_the_bench_is_a_net_it_can_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import real_models
+    import torch_nets
+
+    assert list(real_models.CASES) == list(torch_nets.NETS)
