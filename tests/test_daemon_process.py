@@ -355,3 +355,43 @@ def test_socket_group_and_mode_from_config(work: Path) -> None:
     world.write_text(json.dumps({"socket_mode": "0666"}))
     done = run_daemon("-c", str(world), sim_root=work / "sim")
     assert done.returncode == 2 and "world-writable" in done.stderr
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("spinning", ["in-runs", "always"])
+def test_the_ncs_threads_sleep_between_inferences(work: Path, spinning: str) -> None:
+    """The NCs' threads spin only while a run is in progress: a model inferring every
+    20 ms leaves the cores idle in between, and an idle daemon takes no CPU. Under
+    onnxruntime's default (NEURON_RTD_NC_SPINNING=always) a thread spins ~45 ms after
+    every run: a core busy all along, which is what this test tells apart."""
+    sample = build_mlp((512, 1024, 256), batch=32, seed=3)
+    env = {**os.environ, "NEURON_RTD_NC_SPINNING": spinning}
+    with (
+        DaemonProcess(sim_root=work / spinning, args=["-t", BDFS[0]], env=env) as daemon,
+        Client(daemon.address) as client,
+    ):
+        model = client.load(sample.neff)
+        x = sample.random_inputs(seed=1)["x"]
+        model(x=x)
+        start, before = time.monotonic(), _cpu_seconds(daemon.pid)
+        calls = 0
+        while time.monotonic() - start < 1.0:
+            model(x=x)
+            calls += 1
+            time.sleep(0.02)
+        busy = (_cpu_seconds(daemon.pid) - before) / (time.monotonic() - start)
+        time.sleep(0.2)
+        before = _cpu_seconds(daemon.pid)
+        time.sleep(1.0)
+        idle = _cpu_seconds(daemon.pid) - before
+    print(f"{spinning}: {busy:.2f} cores busy, idle {idle:.3f} s")  # shown with -s
+    assert calls > 20
+    assert idle <= 0.03, f"an idle daemon took {idle:.2f} s of CPU in 1 s"
+    if spinning == "in-runs":
+        assert busy < 0.4, f"{busy:.2f} cores busy for a model inferring every 20 ms"
+    else:
+        assert busy > 0.6, f"only {busy:.2f} cores busy: the spinning this test tells apart"
