@@ -2,14 +2,16 @@
 
 A run executes in the caller's thread under the core's lock. Counters live in the
 device's stats file (see `driver_sim.stats`); a run adds its precomputed totals there
-(`LoadedProgram.cost_of`) plus its measured busy time.
+(`LoadedProgram.cost_of`, as `RunCounts`) plus its measured busy time.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +28,20 @@ if TYPE_CHECKING:
     from driver_sim.device import Device
 
 _BUSY_NS = NC_FIELD["busy_ns"]
+# The stats file's words are little-endian, the host's own (x86, ARM): a run adds to them
+# as the host's unsigned 64-bit words.
+assert sys.byteorder == "little", "driver_sim's stats file needs a little-endian host"
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """What one run adds to its NC's counters: (stats slot, amount) for each nonzero
+    increment of its `RunCost`, and its cycles. Added word by word as Python ints, they
+    cost a fraction of numpy's adds of the cost's arrays, whose calls are slow right
+    after a run (onnxruntime's) has had the caches."""
+
+    adds: tuple[tuple[int, int], ...]
+    cycles: int
 
 
 class NeuronCore:
@@ -49,8 +65,8 @@ class NeuronCore:
         self.lock = threading.Lock()
         self.rng = np.random.default_rng()
         self._slots: np.ndarray | None = None
-        self._counters: np.ndarray | None = None
-        self._cycles: np.ndarray | None = None
+        self._words: memoryview | None = None  # `_slots`, as words to add to
+        self._busy_slot = nc_slots(index).start + _BUSY_NS
 
     def __repr__(self) -> str:
         return f"NeuronCore(device={self.device_index}, nc={self.index})"
@@ -58,11 +74,9 @@ class NeuronCore:
     def attach_stats(self, slots: np.ndarray | None) -> None:
         """Point the counters at the device's stats slots (None: detach, at release)."""
         self._slots = slots
-        if slots is None:
-            self._counters = self._cycles = None
-        else:
-            self._counters = slots[nc_slots(self.index)]
-            self._cycles = slots[cycle_slots(self.index)]
+        if self._words is not None:
+            self._words.release()  # now: the stats file unmaps once no view is left
+        self._words = None if slots is None else slots.data.cast("B").cast("Q")
 
     def load(self, program: NcProgram, *, reference: bool = False) -> LoadedProgram:
         """Validate and resolve `program` for this core; KernelError if it is bad.
@@ -95,13 +109,14 @@ class NeuronCore:
             fast = program.fast if recorder is None else None
             key = None if fast is None else fast.run(inputs, outputs)
             if fast is None or key is None:
-                return self._count(self._run_reference(program, inputs, outputs, recorder), start)
-            cost = fast.costs.get(key)
-            if cost is None:  # measured by the reference kernels once per shape set
-                cost = self._run_reference(program, inputs, None)
-                if len(fast.costs) < MAX_CACHED_COSTS:
-                    fast.costs[key] = cost
-            return self._count(cost, start)
+                cost = self._run_reference(program, inputs, outputs, recorder)
+                return self._count(self._counts(cost), start)
+            counts = fast.counts.get(key)
+            if counts is None:  # measured by the reference kernels once per shape set
+                counts = self._counts(self._run_reference(program, inputs, None))
+                if len(fast.counts) < MAX_CACHED_COSTS:
+                    fast.counts[key] = counts
+            return self._count(counts, start)
 
     def _run_reference(
         self,
@@ -125,15 +140,22 @@ class NeuronCore:
             copy_outputs(program, env, outputs)
         return program.cost_of(key, env, freed)
 
-    def _count(self, cost: RunCost, start_ns: int) -> int:
-        """Add a run's cost and busy time to the counters; its cycles."""
-        counters, cycles = self._counters, self._cycles
-        if counters is None or cycles is None:
+    def _counts(self, cost: RunCost) -> RunCounts:
+        """A run's cost as this core's `RunCounts`."""
+        nc, engines = nc_slots(self.index).start, cycle_slots(self.index).start
+        adds = [(nc + k, n) for k, n in enumerate(cost.nc_totals.tolist()) if n]
+        adds += [(engines + e, n) for e, n in enumerate(cost.engine_cycles.tolist()) if n]
+        return RunCounts(tuple(adds), cost.cycles)
+
+    def _count(self, counts: RunCounts, start_ns: int) -> int:
+        """Add a run's counts and busy time to the counters; its cycles."""
+        words = self._words
+        if words is None:
             raise DriverError(f"{self!r}: device {self.device_index} was released")
-        counters += cost.nc_totals
-        counters[_BUSY_NS] += time.perf_counter_ns() - start_ns
-        cycles += cost.engine_cycles
-        return cost.cycles
+        for slot, amount in counts.adds:
+            words[slot] += amount
+        words[self._busy_slot] += time.perf_counter_ns() - start_ns
+        return counts.cycles
 
     def seed(self, seed: int, stream: int = 0) -> None:
         """Restart this core's random generator from `seed` (`stream` tells apart the

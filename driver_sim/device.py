@@ -29,10 +29,10 @@ from driver_sim.faults import (
     RUN_FAULT_COUNTERS,
     FaultSpec,
     FaultState,
+    InjectFile,
     env_faults_for,
     env_init_fail,
     parse_fault_spec,
-    take_inject_lines,
 )
 from driver_sim.owner import OwnerRecord, read_owner, write_owner
 from driver_sim.presets import CHANNEL_BYTES, DRAM_CHANNELS, NC_PER_DEVICE
@@ -65,7 +65,7 @@ class Device:
         self.index = index
         self.bdf = machine.bdf_of(index)
         self._paths = machine.paths
-        self._inject_path = os.fspath(machine.paths.inject(index))
+        self._inject = InjectFile(machine.paths.inject(index))
         self._lock_fd: int | None = lock_fd
         self._owner_pid = owner.pid
         self._lock = threading.RLock()
@@ -131,6 +131,7 @@ class Device:
                 self._stats.close()
                 self._stats = None
             self._remove_owner_file()
+            self._inject.close()
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -253,7 +254,7 @@ class Device:
             self._faults.apply(fault)
 
     def _poll_inject_file(self) -> None:
-        lines = take_inject_lines(self._inject_path)
+        lines = self._inject.take()
         if not lines:
             return
         with self._lock:
@@ -267,6 +268,11 @@ class Device:
         """Fault checks before a run on `nc` (called under that NC's lock)."""
         self.check_owned()
         self._poll_inject_file()
+        if not self._faults.quiet:  # almost never: the rest is skipped at one test
+            self._meet_faults(nc)
+
+    def _meet_faults(self, nc: int) -> None:
+        """The run on `nc` meets its pending fault (raised), else its delay."""
         faults = self._faults
         if faults.any_pending():
             with self._lock:

@@ -21,11 +21,12 @@ NC's own generator), or when onnxruntime does not take the graph it makes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,9 +35,12 @@ from driver_sim.errors import KernelError
 from driver_sim.execute import store_output
 from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import tensor_attr
-from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, RunCost, Shape
+from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
 from neuron_rtd import onnxrt
 from neuron_rtd.onnxrt import ALWAYS, IN_RUNS, NEVER
+
+if TYPE_CHECKING:
+    from driver_sim.core import RunCounts
 
 ENGINES = ("reference", "fast")
 # How the fast engine's threads wait for work (`neuron_rtd.onnxrt`): the default spins
@@ -79,6 +83,7 @@ class _Bound:
     binding: Any  # onnxruntime's IOBinding of `arrays`
     arrays: list[np.ndarray]
     key: Key
+    run: Callable[[], Any]  # runs `session` on `binding` (see `_binding_run`)
 
 
 def _run(call: Callable[..., Any], *args: Any) -> Any:
@@ -86,6 +91,22 @@ def _run(call: Callable[..., Any], *args: Any) -> Any:
         return call(*args)
     except Exception as exc:  # onnxruntime's own exception types
         raise KernelError(f"fast engine: {exc}") from None
+
+
+def _binding_run(session: Any, binding: Any) -> Callable[[], Any]:
+    """What runs `session` on `binding`: onnxruntime's compiled `run_with_iobinding`
+    itself when its Python wrapper would only check, at every run, what holds for good
+    here (the binding is of this session; no WebGPU graph capture, which a CPU session
+    never does); the wrapper otherwise, or where its internals are not those of the
+    onnxruntime this was written for (1.31: `_sess`, `_iobinding`, `_session`)."""
+    try:
+        compiled, raw = session._sess, binding._iobinding
+        direct = binding._session is compiled and not compiled.is_webgpu_graph_capture_enabled()
+    except AttributeError:
+        direct = False
+    if direct:
+        return functools.partial(compiled.run_with_iobinding, raw, None)
+    return functools.partial(session.run_with_iobinding, binding)
 
 
 class FastProgram:
@@ -105,7 +126,8 @@ class FastProgram:
         self.threads = threads
         self.spinning = spinning
         self.opset = opset
-        self.costs: dict[tuple[Shape, ...], RunCost] = {}
+        # What a run adds to the NC's counters, per input shapes (kept by the NC).
+        self.counts: dict[Key, RunCounts] = {}
         self._input_names = [name for name, _ in loaded.input_slots]
         self._output_names = [name for name, _, _ in loaded.output_slots]
         self._sessions: dict[tuple[InputTypes, int], Any] = {}  # None: refused
@@ -144,7 +166,7 @@ class FastProgram:
             key = (threads, *map(id, ins), *map(id, outs))
             bound = self._bound.get(key)
             if bound is not None:
-                _run(bound.session.run_with_iobinding, bound.binding)
+                _run(bound.run)
                 return bound.key
             feeds = {name: np.asarray(a) for name, a in zip(self._input_names, ins, strict=True)}
             types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
@@ -187,7 +209,8 @@ class FastProgram:
             binding.bind_cpu_input(name, array)
         for name, array in zip(self._output_names, outs, strict=True):
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        self._bound[key] = _Bound(session, binding, arrays, tuple(a.shape for a in ins))
+        shapes = tuple(a.shape for a in ins)
+        self._bound[key] = _Bound(session, binding, arrays, shapes, _binding_run(session, binding))
 
     def _session(self, types: InputTypes, threads: int) -> Any:
         """The session for these types and threads once built; meanwhile the one of all

@@ -19,7 +19,7 @@ Sources:
    An `init_fail` there is persistent: every reset of that device fails while the
    variable names it (it is read again at each reset).
 2. the device's `inject` file, one spec a line (blank lines and `#` comments skipped),
-   consumed (applied, then truncated) at reset and before each NC run.
+   consumed (applied, then truncated) at reset and before each NC run (`InjectFile`).
 3. `Device.inject(spec)`.
 A malformed spec raises ValueError naming it (from the file: logged and skipped, since
 the file is read by whoever runs next, who did not write it).
@@ -27,9 +27,13 @@ the file is read by whoever runs next, who did not write it).
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import functools
 import os
 import pathlib
+import select
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -153,6 +157,96 @@ def take_inject_lines(path: str | pathlib.Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+# inotify (inotify(7)): what is watched in the inject file's directory, what tells that the
+# watch no longer sees it, and the events' fixed part (wd, mask, cookie, len; then a name).
+_IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x8, 0x80, 0x100
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_UNMOUNT, _IN_IGNORED = 0x400, 0x800, 0x2000, 0x8000
+_WATCH_LOST = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_UNMOUNT | _IN_IGNORED
+_WATCHED = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE | _WATCH_LOST
+_EVENT = struct.Struct("iIII")
+
+
+class InjectFile:
+    """A device's inject file, consumed before every run (`take`).
+
+    A stat of the path before each run would cost more than all the other fault checks
+    of a run together. Instead an inotify watch on the file's directory tells whether
+    anything was written, created or renamed there since the last look, for the price of
+    a poll of one descriptor (an epoll: the runs of a device's NCs poll it at once,
+    which `select.poll` refuses); only then is the file read. The kernel queues the
+    event before the write (or the rename) returns, so a fault written before a run is
+    seen by that run, as with the stat. Where inotify is not to be had, or once the
+    watch is lost (the directory removed or moved), every take stats the path instead."""
+
+    def __init__(self, path: str | pathlib.Path) -> None:
+        self.path = os.fspath(path)
+        self._fd = _inotify_watch(os.path.dirname(self.path))
+        self._poller: select.epoll | None = None
+        if self._fd is not None:
+            self._poller = select.epoll()
+            self._poller.register(self._fd, select.EPOLLIN)
+        self._watching = self._fd is not None
+        self._unread = True  # what was written before the watch began: read at the first take
+
+    def take(self) -> list[str]:
+        """Consume the file: its spec lines, after which it is empty."""
+        if self._watching:
+            assert self._poller is not None
+            if not self._unread and not self._poller.poll(0):
+                return []  # nothing written since the last take
+            self._unread = False
+            self._drain()  # before the read: a write after it is told by an event of its own
+        return take_inject_lines(self.path)
+
+    def _drain(self) -> None:
+        """Read the queued events (another run's take may have read them already); a lost
+        watch ends the watching."""
+        fd = self._fd
+        assert fd is not None
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except BlockingIOError:
+                return
+            at = 0
+            while at < len(data):
+                _, mask, _, name_len = _EVENT.unpack_from(data, at)
+                if mask & _WATCH_LOST:
+                    self._watching = False
+                at += _EVENT.size + name_len
+
+    def close(self) -> None:
+        """Stop watching (the device is released: no run is in progress)."""
+        fd, self._fd, self._watching = self._fd, None, False
+        if self._poller is not None:
+            self._poller.close()
+        if fd is not None:
+            os.close(fd)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _inotify_watch(directory: str) -> int | None:
+    """A non-blocking inotify descriptor watching `directory` (`_WATCHED`); None where
+    there is no inotify (not Linux) or no more of it (its per-user limits)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "inotify_init1"):
+        return None
+    fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(directory), _WATCHED) < 0:
+        os.close(fd)
+        return None
+    return fd
+
+
 @dataclass
 class FaultState:
     """A device's pending execution and init faults (ECC faults go straight to stats)."""
@@ -163,6 +257,9 @@ class FaultState:
         default_factory=lambda: {name: set() for name in ONE_RUN_FAULTS}
     )
     delays_s: list[float] = field(default_factory=lambda: [0.0] * NC_PER_DEVICE)
+    # No one-run fault pending and no NC delayed: what a run meets almost always, told by
+    # one attribute (kept by `apply` and `take`) instead of a look through the above.
+    quiet: bool = True
 
     def apply(self, fault: FaultSpec) -> None:
         """Record a one-shot init fault or an NC fault."""
@@ -174,6 +271,7 @@ class FaultState:
             targets = range(NC_PER_DEVICE) if fault.nc is None else (fault.nc,)
             for nc in targets:
                 self.delays_s[nc] = (fault.value or 0) / 1000.0
+        self._settle()
 
     def take_init_fail(self) -> bool:
         """Whether a one-shot init failure is pending; it is used up."""
@@ -190,5 +288,9 @@ class FaultState:
             for target in (nc, None):
                 if target in targets:
                     targets.discard(target)
+                    self._settle()
                     return name
         return None
+
+    def _settle(self) -> None:
+        self.quiet = not self.any_pending() and not any(self.delays_s)

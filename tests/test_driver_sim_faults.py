@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +22,10 @@ from driver_sim import (
     Machine,
     NcProgram,
     NeuronCore,
+    faults,
     parse_fault_spec,
 )
-from driver_sim.faults import FaultSpec, parse_env_faults
+from driver_sim.faults import FaultSpec, InjectFile, parse_env_faults
 
 ADDRESS = "unix:/t.sock"
 
@@ -238,3 +243,116 @@ def test_ecc_counters_add_up(device: Device, machine: Machine) -> None:
 def test_inject_rejects_malformed(device: Device) -> None:
     with pytest.raises(ValueError, match="'nc_delay_ms'"):
         device.inject("nc_delay_ms")
+
+
+# ---- the inject file's watch ----------------------------------------------------------------
+# Before each run the NC consumes the inject file; an inotify watch on its folder says
+# whether anything was written since the last look (`InjectFile`), a stat where none can be.
+
+
+def _fails_next(core: NeuronCore, program: LoadedProgram) -> None:
+    with pytest.raises(HwFault, match="hardware error"):
+        run_relu(core, program)
+    run_relu(core, program)
+
+
+@pytest.mark.parametrize(
+    "how", ["in_place", "append", "rename_over", "rm_and_create", "shell_sed", "rename_away"]
+)
+def test_each_way_of_writing_the_inject_file_is_seen_by_the_next_run(
+    device: Device, machine: Machine, how: str
+) -> None:
+    core = device.nc(1)
+    program = relu_on(core)
+    inject = machine.root / "neuron0" / "inject"
+    for _ in range(3):
+        run_relu(core, program)
+        if how == "in_place":
+            inject.write_text("nc_error:1\n")
+        elif how == "append":
+            with open(inject, "a") as file:
+                file.write("nc_error\n")
+        elif how == "rename_over":
+            made = inject.with_name("inject.tmp")
+            made.write_text("nc_error\n")
+            os.replace(made, inject)
+        elif how == "rm_and_create":
+            inject.unlink()
+            inject.write_text("nc_error\n")
+        elif how == "shell_sed":
+            inject.write_text("# x\n")
+            subprocess.run(["sed", "-i", "s/# x/nc_error/", str(inject)], check=True)
+        else:
+            os.rename(inject, inject.with_name("old"))
+            inject.write_text("nc_error\n")
+            inject.with_name("old").unlink()
+        _fails_next(core, program)
+    assert device._inject._watching
+
+
+def test_an_inject_file_written_before_the_claim_is_seen_at_the_first_run(
+    machine: Machine,
+) -> None:
+    (machine.root / "neuron0" / "inject").write_text("nc_error\n")
+    (device,) = machine.acquire([0], address=ADDRESS, version="1")
+    try:
+        core = device.nc(0)
+        _fails_next(core, relu_on(core))
+    finally:
+        device.release()
+
+
+def test_a_lost_watch_falls_back_to_a_stat_per_run(tmp_path: Path) -> None:
+    folder = tmp_path / "dev"
+    folder.mkdir()
+    (folder / "inject").write_text("")
+    watched = InjectFile(folder / "inject")
+    assert watched.take() == [] and watched._watching
+    os.rename(folder, tmp_path / "elsewhere")  # the watch follows the folder away
+    folder.mkdir()
+    (folder / "inject").write_text("x\n")
+    assert watched.take() == ["x"] and not watched._watching
+    watched.close()
+
+
+def test_without_inotify_every_take_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(faults, "_inotify_watch", lambda folder: None)
+    inject = tmp_path / "inject"
+    inject.write_text("a\n")
+    watched = InjectFile(inject)
+    assert not watched._watching
+    assert watched.take() == ["a"] and watched.take() == []
+    inject.write_text("b\n")
+    assert watched.take() == ["b"]
+    watched.close()
+
+
+def test_released_devices_leave_no_watch(machine: Machine) -> None:
+    for _ in range(300):  # past the per-user limit of inotify instances (128) if leaked
+        (device,) = machine.acquire([0], address=ADDRESS, version="1")
+        assert device._inject._watching
+        device.release()
+
+
+def test_every_nc_of_a_device_checks_the_file_at_once(device: Device, machine: Machine) -> None:
+    inject = machine.root / "neuron0" / "inject"
+    errors: list[BaseException] = []
+
+    def runs(nc: int) -> None:
+        core = device.nc(nc)
+        program = relu_on(core)
+        try:
+            for _ in range(2000):
+                run_relu(core, program)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runs, args=(nc,)) for nc in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(20):
+        with open(inject, "a") as file:
+            file.write("nc_delay_ms=0\n")
+    for thread in threads:
+        thread.join()
+    assert errors == []

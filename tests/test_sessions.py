@@ -164,6 +164,13 @@ def test_unknown_session_ids_are_refused(daemon: DaemonProcess, neff_file: Path)
         loaded = stub.load(iter(requests))
         assert loaded.status.code == Nerr.INVALID and loaded.h_nn.id == 0
         assert stub.list_egs(pb.empty()).eg_info == []
+        # a malformed session in the metadata is refused the same way, every call
+        bad = (("nrt-session-id", "not-a-number"),)
+        request = pb.infer_request(h_nn=pb.h_nn(id=1))
+        for method in (stub.infer, stub.infer_post):
+            answer = method(request, metadata=bad)
+            assert answer.status.code == Nerr.INVALID, method
+            assert "must be a session id" in answer.status.details.decode()
 
 
 def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:

@@ -2,10 +2,10 @@
 (`infer`) or posted to the model's workers and collected by its cookie (`post`, then
 `wait` or `poll`). Either way its inputs are resolved (bytes as they are; client shared
 memory, named in the session the call presents, read straight into the slot), the model
-takes a slot and fills it (`LoadedModel.submit`), runs (`LoadedModel.run`), and the result
-is answered from the slot inline or into the client's shared memory
-(`LoadedModel.outputs`, then `LoadedModel.answered` gives the slot back). Callers see
-these four calls, never the slot.
+takes a slot and fills it (`LoadedModel.submit`), runs (`LoadedModel.run`; both at once
+in the caller's thread, `LoadedModel.infer`), and the result is answered from the slot
+inline or into the client's shared memory (`LoadedModel.outputs`, then
+`LoadedModel.answered` gives the slot back). Callers see these calls, never the slot.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ class DataPath:
     ) -> InferResult:
         """One inference in the caller's thread, answered."""
         sinks = self._sinks(model, outputs, caller)
-        job = model.submit(self._sources(model, inputs, caller))
-        model.run(job)
+        job = model.infer(self._sources(model, inputs, caller))
         return self._answer(model, job, sinks)
 
     def post(
@@ -80,6 +79,8 @@ class DataPath:
     def _sinks(
         self, model: LoadedModel, outputs: ShmOutputs, caller: int | None
     ) -> dict[str, ShmMapping]:
+        if not outputs:  # the common case: all answered inline
+            return {}
         return {
             name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
             for name, path in outputs.items()

@@ -29,7 +29,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -97,6 +97,14 @@ def _default_host_pool() -> threading.BoundedSemaphore:
     return threading.BoundedSemaphore(usable_cpus())
 
 
+# The states and codes every inference passes through, looked up once (an enum member
+# named through its class costs a lookup each time).
+_READY = ModelState.READY
+_SHARED = LoadMode.SHARED
+_QUEUED, _RUNNING, _DONE = JobState.QUEUED, JobState.RUNNING, JobState.DONE
+_OK, _NUM_ERR = Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR
+
+
 @dataclass
 class LoadedModel:
     id: int
@@ -115,12 +123,16 @@ class LoadedModel:
     observer: Observer | None = None
     _free: list[int] = field(default_factory=list)
     _jobs: set[Job] = field(default_factory=set)
-    _cond: threading.Condition = field(default_factory=threading.Condition)
+    # Guards the slots and the jobs' states. Taken as it is (a C call each way) where no
+    # one waits; `_cond` over it is for stop/unload, which wait for jobs to leave.
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _cond: threading.Condition = field(init=False, repr=False)
     _serial: threading.Lock = field(default_factory=threading.Lock)
     _workers: futures.ThreadPoolExecutor | None = None
     _draining: int = 0  # stop/unload calls waiting on `_cond`
 
     def __post_init__(self) -> None:
+        self._cond = threading.Condition(self._lock)
         self._free = list(range(self.params.ninfer))
         self._shapes = InputShapes(self.neff.inputs, self.id, self.name)
         self._inputs = self.input_specs = self._shapes.specs
@@ -131,6 +143,16 @@ class LoadedModel:
         # one of fixed shapes, and how driver errors are named.
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
+        # Its outputs per slot, when they are plain arrays: what `outputs` answers and
+        # `_numerical_code` reads (its float ones, see `_checked_form`), with no cut to
+        # this inference's sizes.
+        self._plain_outputs = None if self._only is None else _plain_outputs(self._only, self.neff)
+        self._plain_floats = None
+        if self._plain_outputs is not None:
+            self._plain_floats = [
+                tuple(_checked_form(outputs[t.name]) for t in self._float_outputs)
+                for outputs in self._plain_outputs
+            ]
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
         # Profiling is chosen once, here: a profiled model's inferences hand a recorder down
         # their steps, an unprofiled model's none (a test per step is all it costs).
@@ -159,7 +181,7 @@ class LoadedModel:
         return self.params.ninfer - len(self._free)
 
     def set_state(self, state: ModelState, failure: str = "") -> None:
-        with self._cond:
+        with self._lock:
             self.state = state
             self.failure = failure
 
@@ -169,16 +191,34 @@ class LoadedModel:
         and copy the inputs into it: what an inference does before it is queued.
 
         `inputs` maps names to bytes-like objects or `Source`s."""
-        self._check_runnable()
+        job = self._filled(inputs)
+        with self._lock:
+            job.state = _QUEUED
+            self._wake()
+        return job
+
+    def infer(self, inputs: Mapping[str, Any]) -> Job:
+        """Submit an inference and run it in this thread, to its end (the outcome in the
+        job, to be answered). Nobody else takes it, so it goes from its inputs straight to
+        running, never queued."""
+        job = self._filled(inputs)
+        self.run(job)
+        return job
+
+    def _filled(self, inputs: Mapping[str, Any]) -> Job:
+        """A job with the inputs checked and copied into its slot (still SUBMITTING)."""
+        if self.state is not _READY:
+            self._check_runnable()
         try:
             shapes, sizes = self._shapes.check(inputs)
-            variant = self._variant_for(sizes)
+            variant = self._only or self._variant_for(sizes)
         except BadInput as exc:
             if self.observer is not None:
                 self.observer.rejected(self, exc)
             raise
-        with self._cond:
-            self._check_runnable()  # again, now that stop/unload cannot slip in between
+        with self._lock:
+            if self.state is not _READY:  # again, now that stop/unload cannot slip in
+                self._check_runnable()
             if not self._free:
                 if self.observer is not None:
                     self.observer.queue_drop(self)
@@ -193,16 +233,13 @@ class LoadedModel:
         except BaseException:
             self.release(job)
             raise
-        with self._cond:
-            job.state = JobState.QUEUED
-            self._wake()
         return job
 
     def post(self, inputs: Mapping[str, Any]) -> Job:
         """Submit an inference and queue it on this model's own workers (`ninfer` of
         them, so every slot can be in the pipeline at once), started in order of posting."""
         job = self.submit(inputs)
-        with self._cond:
+        with self._lock:
             if self._workers is None:
                 self._workers = futures.ThreadPoolExecutor(
                     self.params.ninfer, thread_name_prefix=f"model-{self.id}"
@@ -231,8 +268,8 @@ class LoadedModel:
     def _end(self, job: Job) -> None:
         """The job has ended (its outcome set): its slot goes back now if nobody will
         answer it."""
-        with self._cond:
-            job.state = JobState.DONE
+        with self._lock:
+            job.state = _DONE
             job.ended = time.monotonic()
             if job.abandoned:
                 self._release_locked(job)
@@ -241,7 +278,7 @@ class LoadedModel:
     def run(self, job: Job) -> None:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
         try:
-            if self.mode is LoadMode.SHARED:
+            if self.mode is _SHARED:
                 with self._serial:  # shared-NC mode runs one request at a time
                     self._execute(job)
             else:
@@ -260,8 +297,8 @@ class LoadedModel:
 
     def _begin(self, job: Job) -> float:
         """The job is running from now; its deadline (monotonic seconds)."""
-        with self._cond:  # stop/unload read the state under it
-            job.state = JobState.RUNNING
+        with self._lock:  # stop/unload read the state under it
+            job.state = _RUNNING
         job.started = time.monotonic()
         return job.started + self.params.timeout_s
 
@@ -326,7 +363,7 @@ class LoadedModel:
 
     def _fail(self, error: NrtError) -> None:
         """An unrecoverable error: the model stops until it is started again."""
-        with self._cond:
+        with self._lock:
             if self.state is not ModelState.READY:
                 return
             self.state = ModelState.FAILED
@@ -337,13 +374,15 @@ class LoadedModel:
         """Begin answering an ended job: its outputs, as views of its slot, for the
         caller to send and then call `answered(job)`. Raises the job's error instead (its
         slot given back)."""
-        with self._cond:
+        with self._lock:
             if job.released:
                 raise job.error or InferCancelled(f"model {self.id}: the inference was dropped")
             job.answering = True
         try:
             if job.error is not None:
                 raise job.error
+            if job.variant is self._only and self._plain_outputs is not None:
+                return dict(self._plain_outputs[job.slot])
             slot = job.variant.slots[job.slot]
             return {t.name: cut(np.asarray(slot[t.name]), t, job.sizes) for t in self.neff.outputs}
         except BaseException:
@@ -352,20 +391,20 @@ class LoadedModel:
 
     def answered(self, job: Job) -> None:
         """The job's outputs are sent: its slot is given back."""
-        with self._cond:
+        with self._lock:
             job.answering = False
             self._release_locked(job)
             self._wake()
 
     def release(self, job: Job) -> None:
         """Give the job's slot back now (it must not be running)."""
-        with self._cond:
+        with self._lock:
             self._release_locked(job)
             self._wake()
 
     def abandon(self, job: Job) -> None:
         """Nobody will answer `job`: give its slot back, now or when it ends."""
-        with self._cond:
+        with self._lock:
             if job.state is JobState.DONE:
                 self._release_locked(job)
                 self._wake()
@@ -379,7 +418,7 @@ class LoadedModel:
             self._free.append(job.slot)
 
     def _wake(self) -> None:
-        """Wake stop/unload waiting for jobs to leave the slots (called under `_cond`);
+        """Wake stop/unload waiting for jobs to leave the slots (called under `_lock`);
         nobody else waits on it, so an inference with no stop pending skips the call."""
         if self._draining:
             self._cond.notify_all()
@@ -441,8 +480,6 @@ class LoadedModel:
             copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
 
     def _variant_for(self, sizes: Mapping[str, int]) -> Variant:
-        if self._only is not None:
-            return self._only
         for variant in self.variants:
             if variant.holds(sizes):
                 return variant
@@ -455,12 +492,16 @@ class LoadedModel:
         )
 
     def _numerical_code(self, job: Job) -> Nerr:
-        slot = job.variant.slots[job.slot]
-        for spec in self._float_outputs:
-            value = cut(np.asarray(slot[spec.name]), spec, job.sizes)
-            if not all_finite(value):
-                return Nerr.INFER_COMPLETED_WITH_NUM_ERR
-        return Nerr.OK
+        values: Sequence[np.ndarray | memoryview[float]]
+        if job.variant is self._only and self._plain_floats is not None:
+            values = self._plain_floats[job.slot]
+        else:
+            slot = job.variant.slots[job.slot]
+            values = [cut(np.asarray(slot[t.name]), t, job.sizes) for t in self._float_outputs]
+        for value in values:
+            if not (finite_sum(value.tolist()) if type(value) is memoryview else all_finite(value)):
+                return _NUM_ERR
+        return _OK
 
     def _check_runnable(self) -> None:
         if self.state is ModelState.READY:
@@ -475,18 +516,32 @@ class LoadedModel:
         )
 
 
+def _plain_outputs(variant: Variant, neff: Neff) -> list[dict[str, np.ndarray]] | None:
+    """Per slot of a variant of fixed shapes, its outputs by name, when every one is a
+    plain array (not a `DynamicBuffer`, whose array each run makes anew); else None."""
+    names = [t.name for t in neff.outputs]
+    if not all(isinstance(slot[n], np.ndarray) for slot in variant.slots for n in names):
+        return None
+    return [{n: slot[n] for n in names} for slot in variant.slots]
+
+
+def _checked_form(output: np.ndarray) -> np.ndarray | memoryview[float]:
+    """A float output as `_numerical_code` checks it: a handful of float32 or float64
+    values in place as a memoryview, whose floats Python reads with no call into numpy
+    (slow on the caches a run has just had); else the array itself (`all_finite`)."""
+    if output.size <= _FEW and output.flags.c_contiguous and output.dtype in _BLAS_FLOATS:
+        items = output.data.cast("B")  # (the dtype is in the host's byte order)
+        return items.cast("f") if output.dtype == np.float32 else items.cast("d")
+    return output
+
+
 def all_finite(value: np.ndarray) -> bool:
     """Whether a float array holds no NaN or Inf. Its dot product with itself is finite
     only if every element is (a NaN or Inf makes it NaN or Inf), and BLAS reads the array
     faster than `isfinite` can; a non-finite dot product (also from squares that overflow)
     is settled elementwise."""
-    if value.size <= 64:  # a handful: summed exactly in Python (inf or nan stays so)
-        try:
-            return math.isfinite(math.fsum(value.reshape(-1).tolist()))
-        except OverflowError:  # finite values whose sum overflows
-            return True
-        except ValueError:  # inf - inf
-            return False
+    if value.size <= _FEW:
+        return finite_sum(value.reshape(-1).tolist())
     if value.dtype in _BLAS_FLOATS and value.size > 1024:
         flat = value.reshape(-1)
         with np.errstate(all="ignore"):
@@ -495,4 +550,16 @@ def all_finite(value: np.ndarray) -> bool:
     return bool(np.isfinite(value).all())
 
 
+def finite_sum(values: Sequence[float]) -> bool:
+    """Whether a handful of floats holds no NaN or Inf: summed exactly in Python (an inf
+    or a nan stays so)."""
+    try:
+        return math.isfinite(math.fsum(values))
+    except OverflowError:  # finite values whose sum overflows
+        return True
+    except ValueError:  # inf - inf
+        return False
+
+
+_FEW = 64  # values summed in Python rather than checked by numpy
 _BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

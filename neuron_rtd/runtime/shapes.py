@@ -26,11 +26,14 @@ class InputShapes:
         self.model_id = model_id
         self.name = name
         self._axis = {t.name: symbol_axis(t) for t in specs}  # worked out once
+        # Per input of fixed shape, its byte count (a spec works it out at every ask).
+        self._fixed = {t.name: t.nbytes for t in specs if self._axis[t.name] is None}
 
     def check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
         """The shape of each input, and the size each dynamic dimension takes in them."""
         shapes: dict[str, Shape] = {}
         sizes: dict[str, int] = {}
+        fixed = self._fixed
         for name, data in inputs.items():
             spec = self.specs.get(name)
             if spec is None:
@@ -39,9 +42,12 @@ class InputShapes:
                     f"its inputs are: {', '.join(self.specs)}"
                 )
             size = len(data) if type(data) is bytes else nbytes(data)
-            shapes[name] = self._shape(spec, size, sizes)
-        missing = [name for name in self.specs if name not in shapes]
-        if missing:
+            if fixed.get(name) == size:  # the common case: a fixed shape, all its bytes
+                shapes[name] = spec.shape
+            else:
+                shapes[name] = self._shape(spec, size, sizes)
+        if len(shapes) < len(self.specs):  # every name given is an input's: some are missing
+            missing = [name for name in self.specs if name not in shapes]
             raise BadInput(
                 f"model {self.model_id} ({self.name}) is missing input(s): "
                 + ", ".join(

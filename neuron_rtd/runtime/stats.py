@@ -75,6 +75,12 @@ class Metric(enum.IntEnum):  # the wire's `metric_type`
     INFER_ON_INFA_CYCLES_X1K = 9
 
 
+# What most inferences end as, looked up once (an enum member costs a lookup through its
+# class each time it is named).
+_NERR_OK = Nerr.OK
+_IST_OK = InferStatus.OK
+_NO_SUBTYPE = ErrorSubtype.NONE
+
 _PER_INFERENCE = (
     Metric.INFER_LATENCY,
     Metric.INFER_ON_INFA_LATENCY,
@@ -209,12 +215,16 @@ class SampleRing:
         self.capacity = capacity
         self._times = np.empty(capacity, np.int64)
         self._values = np.empty(capacity, np.float64)
+        # The arrays as a sample is written into them: an item set through a memoryview
+        # makes no call into numpy (slow on the caches an inference has just had).
+        self._time_items = self._times.data.cast("B").cast("q")
+        self._value_items = self._values.data.cast("B").cast("d")
         self._next = 0
         self._held = 0
 
     def append(self, sample: tuple[int, float]) -> None:
         at = self._next
-        self._times[at], self._values[at] = sample
+        self._time_items[at], self._value_items[at] = sample
         self._next = at + 1 if at + 1 < self.capacity else 0
         if self._held < self.capacity:
             self._held += 1
@@ -239,6 +249,10 @@ class Stats:
         self.counters = NmgrCounters()
         self._capacity = capacity
         self._samples = {m: SampleRing(capacity) for m in Metric}
+        # Those every inference adds to, at hand.
+        self._infer_latency = self._samples[Metric.INFER_LATENCY]
+        self._infer_nc_latency = self._samples[Metric.INFER_ON_INFA_LATENCY]
+        self._infer_cycles = self._samples[Metric.INFER_ON_INFA_CYCLES_X1K]
         self._seen: Counter[Metric] = Counter()  # samples added since the last read
         self._seen_infer = 0  # ... of the three per-inference metrics, each
         self.logs = LogCounter()
@@ -248,24 +262,18 @@ class Stats:
 
     # --- what happens -----------------------------------------------------------
     def inference_done(self, model: LoadedModel, job: Job) -> None:
-        if job.error is None and job.code == Nerr.OK:
-            status, subtype = InferStatus.OK, ErrorSubtype.NONE  # the common case, quickly
-        else:
-            status, subtype = outcome(job.error, job.code)
+        error, code = job.error, job.code
         now = time.time_ns()
-        samples = self._samples
         with self._lock:
-            c = self.counters
-            c.infer_count += 1
-            c.infer_status[status] += 1
-            self._tally(model).count(status)
-            if subtype is not ErrorSubtype.NONE:
-                c.error_subtype[subtype] += 1
+            if error is None and code == _NERR_OK:  # the common case, quickly
+                self._count(model, _IST_OK, _NO_SUBTYPE)
+            else:
+                self._count(model, *outcome(error, code))
             if job.started:
                 latency_us, nc_us = (job.ended - job.posted) * 1e6, job.nc_ns / 1e3
-                samples[Metric.INFER_LATENCY].append((now, latency_us))
-                samples[Metric.INFER_ON_INFA_LATENCY].append((now, nc_us))
-                samples[Metric.INFER_ON_INFA_CYCLES_X1K].append((now, job.cycles / 1e3))
+                self._infer_latency.append((now, latency_us))
+                self._infer_nc_latency.append((now, nc_us))
+                self._infer_cycles.append((now, job.cycles / 1e3))
                 self._seen_infer += 1
                 self._latency.add(latency_us)
                 self._nc_latency.add(nc_us)
@@ -276,12 +284,17 @@ class Stats:
             self._tally(model).failed_to_queue += 1
 
     def rejected(self, model: LoadedModel, error: NrtError) -> None:
-        status, subtype = outcome(error, error.code)
         with self._lock:
-            self.counters.infer_count += 1
-            self.counters.infer_status[status] += 1
-            self.counters.error_subtype[subtype] += 1
-            self._tally(model).count(status)
+            self._count(model, *outcome(error, error.code))
+
+    def _count(self, model: LoadedModel, status: InferStatus, subtype: ErrorSubtype) -> None:
+        """An inference that ended as `status`, `subtype` (under the lock)."""
+        c = self.counters
+        c.infer_count += 1
+        c.infer_status[status] += 1
+        if subtype is not _NO_SUBTYPE:
+            c.error_subtype[subtype] += 1
+        self._tally(model).count(status)
 
     def model_loaded(self, model: LoadedModel, seconds: float) -> None:
         neff = model.neff

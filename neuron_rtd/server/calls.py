@@ -21,6 +21,10 @@ class WithStatus(Protocol):
 
 R = TypeVar("R", bound=WithStatus)
 
+# The nerr values, as ints: a response's code is checked to be one at a set's lookup
+# (`Nerr(code)` costs a call into the enum machinery per response).
+_NERR_CODES = frozenset(int(code) for code in Nerr)
+
 
 def finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
     """Run `make`, turning a runtime error into `empty()` with its nerr code (an
@@ -29,7 +33,9 @@ def finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
     with capture() as lines:
         try:
             response = make()
-            code = Nerr(response.status.code)
+            code = response.status.code
+            if code not in _NERR_CODES:
+                code = Nerr(code)  # raises: a response with no nerr value is a bug
         except NrtError as exc:
             log.error("%s", exc, extra={"fn": method})
             response, code = empty(), exc.code

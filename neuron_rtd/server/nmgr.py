@@ -8,7 +8,7 @@ overridden here answer gRPC UNIMPLEMENTED (the generated base class does that).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -22,17 +22,18 @@ from neuron_rtd.server.load_stream import read_load_stream
 
 
 def answer_infer(
-    runtime: Runtime, request: pb.infer_request, session: int | None
+    runtime: Runtime, request: pb.infer_request, session: Callable[[], int | None]
 ) -> pb.infer_response:
     """One synchronous infer, answered: over gRPC (`NmgrServicer.infer`) or on the peer
-    socket's fast lane, with the session the call presents."""
+    socket's fast lane, with the session the call presents (`session()`, whose error, a
+    malformed id, is answered as any other)."""
 
     def make() -> pb.infer_response:
         result = runtime.infer(
             request.h_nn.id,
             wire.ifmaps(request.ifmap),
             wire.shm_ofmaps(request.shm_ofmap),
-            session=session,
+            session=session(),
         )
         return wire.infer_response(result)
 
@@ -96,7 +97,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
 
     # --- inference ----------------------------------------------------------------
     def infer(self, request: pb.infer_request, context: grpc.ServicerContext) -> pb.infer_response:
-        return answer_infer(self.runtime, request, presented_session(context))
+        return answer_infer(self.runtime, request, lambda: presented_session(context))
 
     def infer_post(
         self, request: pb.infer_request, context: grpc.ServicerContext

@@ -331,7 +331,7 @@ class PeerSocket:
             request = pb.infer_request.FromString(infer.infer_request)
         except Exception:  # protobuf's DecodeError, by whichever implementation
             raise _Refused("infer: infer_request is not an nrt.infer_request") from None
-        answer = answer_infer(self.runtime, request, infer.session_id or None)
+        answer = answer_infer(self.runtime, request, lambda: infer.session_id or None)
         return ext_pb.peer_response(
             status_code=int(Nerr.OK), infer_response=answer.SerializeToString()
         )

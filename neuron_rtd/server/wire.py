@@ -48,12 +48,10 @@ def ifmaps(ios: Iterable[pb.infer_io]) -> dict[str, Input]:
     """The inputs by name: inline bytes, or the shared memory they are in."""
     inputs: dict[str, Input] = {}
     for io in ios:
-        if io.name in inputs:
-            raise InvalidError(f"ifmap '{io.name}' is given twice")
-        if io.WhichOneof("data") == "buf_shm":
-            inputs[io.name] = ShmInput(io.buf_shm.path)
-        else:
-            inputs[io.name] = io.buf
+        name = io.name  # read once: each read of a field makes a new object
+        if name in inputs:
+            raise InvalidError(f"ifmap '{name}' is given twice")
+        inputs[name] = ShmInput(io.buf_shm.path) if io.HasField("buf_shm") else io.buf
     return inputs
 
 
