@@ -91,7 +91,7 @@ def onnxruntime_conv(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     # no spinning between calls: a spinning pool thread would compete with numpy's BLAS
-    session = onnxrt.session(model, threads=THREADS, spinning=onnxrt.IN_RUNS)
+    session = onnxrt.session(model, threads=THREADS, spinning=onnxrt.WHILE_BUSY)
     return lambda: session.run(None, {"x": x})[0]
 
 

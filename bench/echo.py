@@ -3,6 +3,7 @@ own bytes, on the same kind of socket and with as many threads as the daemon."""
 
 from __future__ import annotations
 
+import socket
 from concurrent import futures
 
 import grpc
@@ -11,6 +12,21 @@ from neuron_rtd.proto import CHANNEL_OPTIONS
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"
+
+
+def serve_socket_echo(path: str) -> None:
+    """Answer each message on a SOCK_SEQPACKET unix socket at `path` with its own bytes,
+    one connection at a time, until killed (the fast lane's floor, as `serve_echo` is
+    gRPC's); prints `ready` once it listens."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        print("ready", flush=True)
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                while data := conn.recv(1 << 16):
+                    conn.send(data)
 
 
 def serve_echo(address: str) -> None:

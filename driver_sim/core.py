@@ -19,7 +19,7 @@ import numpy as np
 from driver_sim import blas
 from driver_sim.errors import DriverError
 from driver_sim.execute import InstrRecorder, bind_inputs, copy_outputs, run_steps
-from driver_sim.fast import IN_RUNS, FastProgram, check_engine, check_spinning
+from driver_sim.fast import WHILE_BUSY, FastProgram, check_engine, check_spinning
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
@@ -54,7 +54,7 @@ class NeuronCore:
         *,
         engine: str = "reference",
         threads: int = 1,
-        spinning: str = IN_RUNS,
+        spinning: str = WHILE_BUSY,
     ) -> None:
         self.device_index = device.index
         self.index = index

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from driver_sim.core import NeuronCore
 from driver_sim.dram import ChannelAllocator, DramBuffer
 from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
-from driver_sim.fast import IN_RUNS
+from driver_sim.fast import WHILE_BUSY
 from driver_sim.faults import (
     DMA_TIMEOUT,
     ECC_FAULTS,
@@ -59,7 +59,7 @@ class Device:
         *,
         engine: str = "reference",
         threads: int = 1,
-        spinning: str = IN_RUNS,
+        spinning: str = WHILE_BUSY,
     ) -> None:
         self.machine = machine
         self.index = index

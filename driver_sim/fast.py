@@ -37,15 +37,15 @@ from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
 from neuron_rtd import onnxrt
-from neuron_rtd.onnxrt import ALWAYS, IN_RUNS, NEVER
+from neuron_rtd.onnxrt import ALWAYS, NEVER, WHILE_BUSY
 
 if TYPE_CHECKING:
     from driver_sim.core import RunCounts
 
 ENGINES = ("reference", "fast")
 # How the fast engine's threads wait for work (`neuron_rtd.onnxrt`): the default spins
-# between the ops of a run and sleeps when no run is in progress.
-SPINNING = (IN_RUNS, ALWAYS, NEVER)
+# between the ops of a run and a millisecond after it, then sleeps.
+SPINNING = (WHILE_BUSY, ALWAYS, NEVER)
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
 # Ops whose output shape depends on values however they are fed.
 DATA_SHAPED_OPS = frozenset({"NonZero"})
@@ -117,7 +117,7 @@ class FastProgram:
     meanwhile, so that no run waits for a session to be built but the very first."""
 
     def __init__(
-        self, loaded: LoadedProgram, threads: int, opset: int, *, spinning: str = IN_RUNS
+        self, loaded: LoadedProgram, threads: int, opset: int, *, spinning: str = WHILE_BUSY
     ) -> None:
         # Weakly: the loaded program holds this (`LoadedProgram.fast`), and a cycle would
         # keep the sessions (their memory and threads) until a full garbage collection,
@@ -138,7 +138,7 @@ class FastProgram:
 
     @classmethod
     def of(
-        cls, loaded: LoadedProgram, threads: int, opset: int | None, *, spinning: str = IN_RUNS
+        cls, loaded: LoadedProgram, threads: int, opset: int | None, *, spinning: str = WHILE_BUSY
     ) -> FastProgram | None:
         """The fast form of `loaded`, or None when it runs on the reference kernels. With
         its input types declared (`NcProgram.input_types`) its session is made now."""

@@ -18,7 +18,7 @@ from driver_sim.errors import (
     MachineMismatch,
     NoMachine,
 )
-from driver_sim.fast import IN_RUNS
+from driver_sim.fast import WHILE_BUSY
 from driver_sim.faults import FAULTS_ENV, parse_env_faults
 from driver_sim.owner import OwnerInfo, is_alive, live_owner, read_owner, record_for_this_process
 from driver_sim.presets import DEFAULT_INSTANCE_TYPE, NC_PER_DEVICE, default_sim_root, preset_named
@@ -167,7 +167,7 @@ class Machine:
         version: str,
         engine: str = "reference",
         threads: int = 1,
-        spinning: str = IN_RUNS,
+        spinning: str = WHILE_BUSY,
     ) -> list[Device]:
         """Own the devices `indices`, all or none: DeviceBusy names a current owner. Their
         NCs compute with `engine` (`threads`: the fast engine's threads per NC run,

@@ -19,14 +19,15 @@ import onnx
 ModelSource = onnx.ModelProto | bytes | str | Path
 
 # How a session's intra-op threads wait for work. onnxruntime's default (ALWAYS) lets them
-# spin a while after each run too, which keeps a core busy while the session is idle and
-# takes it from whatever runs next on a small host. NEVER puts them to sleep whenever they
-# wait, so each op of a run wakes them again: 0.25 ms on a 0.6 ms MLP, over 1 ms on a
-# MobileNet's hundred small ops. IN_RUNS (the runtime's choice) spins between the ops of a
-# run and sleeps the moment the session's last run in progress returns (onnxruntime's
-# `session.force_spinning_stop`): a model computing runs at spinning speed, an idle one
-# takes no CPU at all.
-ALWAYS, IN_RUNS, NEVER = "always", "in-runs", "never"
+# spin ~45 ms after each run: a session called every 20 ms keeps a core busy for good, taken
+# from whatever else runs on a small host. NEVER puts them to sleep whenever they wait, so
+# each op of a run wakes them again: 0.25 ms on a 0.6 ms MLP, over 1 ms on a MobileNet's
+# hundred small ops. WHILE_BUSY (the runtime's choice) spins between the ops of a run and up
+# to SPIN_AFTER_RUN_US after it: the next run of a model whose calls come back to back finds
+# its threads awake (waking them at the start of each run cost 20-70 us a call), and an idle
+# one takes no CPU after that millisecond.
+ALWAYS, WHILE_BUSY, NEVER = "always", "while-busy", "never"
+SPIN_AFTER_RUN_US = 1000
 Spinning = str  # one of the three
 
 # onnxruntime's log severities: 0 verbose .. 3 error, 4 fatal only
@@ -66,8 +67,10 @@ def session(
     machine's cores). onnxruntime's own exceptions pass through: callers name the model."""
     import onnxruntime as ort
 
-    if spinning not in (ALWAYS, IN_RUNS, NEVER):
-        raise ValueError(f"spinning must be {ALWAYS!r}, {IN_RUNS!r} or {NEVER!r}, not {spinning!r}")
+    if spinning not in (ALWAYS, WHILE_BUSY, NEVER):
+        raise ValueError(
+            f"spinning must be {ALWAYS!r}, {WHILE_BUSY!r} or {NEVER!r}, not {spinning!r}"
+        )
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
@@ -75,8 +78,10 @@ def session(
     options.add_session_config_entry(
         "session.intra_op.allow_spinning", "0" if spinning == NEVER else "1"
     )
-    if spinning == IN_RUNS:
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+    if spinning == WHILE_BUSY:
+        options.add_session_config_entry(
+            "session.intra_op.spin_duration_us", str(SPIN_AFTER_RUN_US)
+        )
     options.log_severity_level = log_severity
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

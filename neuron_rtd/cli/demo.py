@@ -90,7 +90,7 @@ def _real_model(client: Client, work: Path, sim_root: str) -> bool:
 
     section("Inference on 1 and on 3 images, checked against onnxruntime")
     # no spinning between calls: its idle threads would take the cores from the daemon
-    session = onnxrt.session(onnx_model, spinning=onnxrt.IN_RUNS)
+    session = onnxrt.session(onnx_model, spinning=onnxrt.WHILE_BUSY)
     images = random_inputs(onnx_model, seed=1, N=3)["input"]
     want = session.run(["probs"], {"input": images})[0]
     good = True

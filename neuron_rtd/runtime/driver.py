@@ -158,14 +158,14 @@ def nc_engine(name: str | None = None) -> str:
 
 
 # How the fast engine's threads wait for work (see neuron_rtd.onnxrt): spinning between
-# the ops of a run and asleep when none is in progress, unless this says otherwise (the
-# benches measure each way).
+# the ops of a run and a millisecond after it, then asleep, unless this says otherwise
+# (the benches measure each way).
 NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
 
 
 def nc_spinning() -> str:
-    """$NEURON_RTD_NC_SPINNING, else "in-runs"; ValueError when it names no policy."""
-    return driver_sim.fast.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.IN_RUNS)
+    """$NEURON_RTD_NC_SPINNING, else "while-busy"; ValueError when it names no policy."""
+    return driver_sim.fast.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.WHILE_BUSY)
 
 
 def usable_cpus() -> int:

@@ -48,12 +48,12 @@ def _ort_stage(node: str, stage: Stage) -> HostFn:
     if model is None or instr.inputs[-1:] != (ORT_MODEL,):
         raise NeffInvalid(f"CPU node '{node}': its {ORT_OP} instruction names no '{ORT_MODEL}'")
     try:
-        # Its pool spins only while it runs: the NC kernels that follow need those cores;
+        # Its pool spins only while busy: the NC kernels that follow need those cores;
         # its errors come back as InferError, not on stderr.
         session = onnxrt.session(
             model.tobytes(),
             threads=host_threads(),
-            spinning=onnxrt.IN_RUNS,
+            spinning=onnxrt.WHILE_BUSY,
             log_severity=onnxrt.LOG_SILENT,
         )
     except Exception as exc:  # onnxruntime raises its own exception types
