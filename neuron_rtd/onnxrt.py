@@ -23,12 +23,14 @@ ModelSource = onnx.ModelProto | bytes | str | Path
 # from whatever else runs on a small host. NEVER puts them to sleep whenever they wait, so
 # each op of a run wakes them again: 0.25 ms on a 0.6 ms MLP, over 1 ms on a MobileNet's
 # hundred small ops. WHILE_BUSY (the runtime's choice) spins between the ops of a run and up
-# to SPIN_AFTER_RUN_US after it: the next run of a model whose calls come back to back finds
-# its threads awake (waking them at the start of each run cost 20-70 us a call), and an idle
-# one takes no CPU after that millisecond.
-ALWAYS, WHILE_BUSY, NEVER = "always", "while-busy", "never"
+# to SPIN_AFTER_RUN_US after it, then sleeps: calls that come back to back find the threads
+# awake (waking them at the start of each run costs 20-70 us, 10-25% of a small model's
+# call), and an idle session takes no CPU after that millisecond. IN_RUNS sleeps the moment
+# the session's last run in progress returns (`session.force_spinning_stop`): the least CPU
+# under steady load, each run paying the wake.
+ALWAYS, WHILE_BUSY, IN_RUNS, NEVER = "always", "while-busy", "in-runs", "never"
 SPIN_AFTER_RUN_US = 1000
-Spinning = str  # one of the three
+Spinning = str  # one of the four
 
 # onnxruntime's log severities: 0 verbose .. 3 error, 4 fatal only
 LOG_ERRORS = 3
@@ -67,9 +69,10 @@ def session(
     machine's cores). onnxruntime's own exceptions pass through: callers name the model."""
     import onnxruntime as ort
 
-    if spinning not in (ALWAYS, WHILE_BUSY, NEVER):
+    if spinning not in (ALWAYS, WHILE_BUSY, IN_RUNS, NEVER):
         raise ValueError(
-            f"spinning must be {ALWAYS!r}, {WHILE_BUSY!r} or {NEVER!r}, not {spinning!r}"
+            f"spinning must be {ALWAYS!r}, {WHILE_BUSY!r}, {IN_RUNS!r} or {NEVER!r}, "
+            f"not {spinning!r}"
         )
     options = ort.SessionOptions()
     if threads is not None:
@@ -78,6 +81,8 @@ def session(
     options.add_session_config_entry(
         "session.intra_op.allow_spinning", "0" if spinning == NEVER else "1"
     )
+    if spinning == IN_RUNS:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if spinning == WHILE_BUSY:
         options.add_session_config_entry(
             "session.intra_op.spin_duration_us", str(SPIN_AFTER_RUN_US)

@@ -362,11 +362,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("spinning", ["while-busy", "always"])
+@pytest.mark.parametrize("spinning", ["in-runs", "while-busy", "always"])
 def test_the_ncs_threads_sleep_between_inferences(work: Path, spinning: str) -> None:
-    """The NCs' threads spin while runs come back to back, not for long after one: a
-    model inferring every 20 ms leaves the cores idle in between, and an idle daemon
-    takes no CPU. Under
+    """The NCs' threads spin while they run (while-busy: up to 1 ms after), not for long
+    after: a model inferring every 20 ms leaves the cores idle in between, and an idle
+    daemon takes no CPU. Under
     onnxruntime's default (NEURON_RTD_NC_SPINNING=always) a thread spins ~45 ms after
     every run: a core busy all along, which is what this test tells apart."""
     sample = build_mlp((512, 1024, 256), batch=32, seed=3)
@@ -392,7 +392,7 @@ def test_the_ncs_threads_sleep_between_inferences(work: Path, spinning: str) -> 
     print(f"{spinning}: {busy:.2f} cores busy, idle {idle:.3f} s")  # shown with -s
     assert calls > 20
     assert idle <= 0.03, f"an idle daemon took {idle:.2f} s of CPU in 1 s"
-    if spinning == "while-busy":
+    if spinning != "always":
         assert busy < 0.4, f"{busy:.2f} cores busy for a model inferring every 20 ms"
     else:
         assert busy > 0.6, f"only {busy:.2f} cores busy: the spinning this test tells apart"

@@ -467,3 +467,35 @@ def test_admission_sees_a_cgroups_memory_limit(tmp_path: Path) -> None:
     (v1 / "memory.limit_in_bytes").write_text("2000\n")
     (v1 / "memory.usage_in_bytes").write_text("500\n")
     assert _cgroup_memory_left(proc, tmp_path) == 1500
+
+
+def test_a_model_with_an_empty_output_loads_and_answers_it() -> None:
+    """An output with no elements (a Slice past the end) is a fine output: the model
+    loads, and each inference answers it empty, with no numerical error."""
+    from onnx import TensorProto, helper
+
+    from neuron_rtd.compiler import compile_model
+    from neuron_rtd.runtime import LocalRuntime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 0])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])
+    starts = helper.make_tensor("starts", TensorProto.INT64, [1], [9])
+    ends = helper.make_tensor("ends", TensorProto.INT64, [1], [12])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"]),
+        helper.make_node("Relu", ["x"], ["z"]),
+    ]
+    graph = helper.make_graph(nodes, "empty", [x], [y, z], [starts, ends, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with LocalRuntime() as local:
+        loaded = local.runtime.load(compile_model(model).neff)
+        data = np.arange(-4, 4, dtype=np.float32).reshape(2, 4)
+        result = local.runtime.infer(loaded.id, {"x": data.tobytes()})
+        assert result.code == Nerr.OK
+        assert result.outputs["y"] == b""
+        assert (
+            np.frombuffer(result.outputs["z"], np.float32).tolist()
+            == np.maximum(data, 0).ravel().tolist()
+        )

@@ -158,8 +158,8 @@ def nc_engine(name: str | None = None) -> str:
 
 
 # How the fast engine's threads wait for work (see neuron_rtd.onnxrt): spinning between
-# the ops of a run and a millisecond after it, then asleep, unless this says otherwise
-# (the benches measure each way).
+# the ops of a run and a millisecond after it, then asleep, unless this says otherwise (the
+# benches measure each way).
 NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
 
 

@@ -529,7 +529,8 @@ def _checked_form(output: np.ndarray) -> np.ndarray | memoryview[float]:
     """A float output as `_numerical_code` checks it: a handful of float32 or float64
     values in place as a memoryview, whose floats Python reads with no call into numpy
     (slow on the caches a run has just had); else the array itself (`all_finite`)."""
-    if output.size <= _FEW and output.flags.c_contiguous and output.dtype in _BLAS_FLOATS:
+    small = 0 < output.size <= _FEW  # (a memoryview of no elements cannot be cast)
+    if small and output.flags.c_contiguous and output.dtype in _BLAS_FLOATS:
         items = output.data.cast("B")  # (the dtype is in the host's byte order)
         return items.cast("f") if output.dtype == np.float32 else items.cast("d")
     return output
