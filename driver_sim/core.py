@@ -19,10 +19,11 @@ import numpy as np
 from driver_sim import blas
 from driver_sim.errors import DriverError
 from driver_sim.execute import InstrRecorder, bind_inputs, copy_outputs, run_steps
-from driver_sim.fast import WHILE_BUSY, FastProgram, check_engine, check_spinning
+from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
+from neuron_rtd.onnxrt import WHILE_BUSY, check_spinning
 
 if TYPE_CHECKING:
     from driver_sim.device import Device

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from driver_sim.core import NeuronCore
 from driver_sim.dram import ChannelAllocator, DramBuffer
 from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
-from driver_sim.fast import WHILE_BUSY
 from driver_sim.faults import (
     DMA_TIMEOUT,
     ECC_FAULTS,
@@ -37,6 +36,7 @@ from driver_sim.faults import (
 from driver_sim.owner import OwnerRecord, read_owner, write_owner
 from driver_sim.presets import CHANNEL_BYTES, DRAM_CHANNELS, NC_PER_DEVICE
 from driver_sim.stats import HealthCounters, StatsMap, hw_counters_from
+from neuron_rtd.onnxrt import WHILE_BUSY
 
 if TYPE_CHECKING:
     from driver_sim.machine import Machine

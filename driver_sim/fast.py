@@ -37,15 +37,12 @@ from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
 from neuron_rtd import onnxrt
-from neuron_rtd.onnxrt import ALWAYS, IN_RUNS, NEVER, WHILE_BUSY
+from neuron_rtd.onnxrt import WHILE_BUSY
 
 if TYPE_CHECKING:
     from driver_sim.core import RunCounts
 
 ENGINES = ("reference", "fast")
-# How the fast engine's threads wait for work (`neuron_rtd.onnxrt`): the default spins
-# between the ops of a run and up to a millisecond after it, then sleeps.
-SPINNING = (WHILE_BUSY, IN_RUNS, ALWAYS, NEVER)
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
 # Ops whose output shape depends on values however they are fed.
 DATA_SHAPED_OPS = frozenset({"NonZero"})
@@ -56,16 +53,6 @@ _L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]
 def check_engine(name: str) -> str:
     if name not in ENGINES:
         raise ValueError(f"unknown NC engine {name!r}: use one of {', '.join(ENGINES)}")
-    return name
-
-
-def check_spinning(name: str) -> str:
-    """`name` if it is one of `SPINNING` (how the engine's threads wait for work, see
-    `neuron_rtd.onnxrt`), else ValueError."""
-    if name not in SPINNING:
-        raise ValueError(
-            f"unknown NC thread spinning {name!r}: use one of {', '.join(map(repr, SPINNING))}"
-        )
     return name
 
 

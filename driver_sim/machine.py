@@ -18,7 +18,6 @@ from driver_sim.errors import (
     MachineMismatch,
     NoMachine,
 )
-from driver_sim.fast import WHILE_BUSY
 from driver_sim.faults import FAULTS_ENV, parse_env_faults
 from driver_sim.owner import OwnerInfo, is_alive, live_owner, read_owner, record_for_this_process
 from driver_sim.presets import DEFAULT_INSTANCE_TYPE, NC_PER_DEVICE, default_sim_root, preset_named
@@ -31,6 +30,7 @@ from driver_sim.stats import (
     read_stats,
 )
 from driver_sim.tree import TreePaths, build_tree, parse_connected, read_machine_json, read_text
+from neuron_rtd.onnxrt import WHILE_BUSY
 
 OWNER_WAIT_S = 0.5  # how long DeviceBusy waits for a new owner to write its owner file
 

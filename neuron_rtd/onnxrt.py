@@ -29,8 +29,19 @@ ModelSource = onnx.ModelProto | bytes | str | Path
 # the session's last run in progress returns (`session.force_spinning_stop`): the least CPU
 # under steady load, each run paying the wake.
 ALWAYS, WHILE_BUSY, IN_RUNS, NEVER = "always", "while-busy", "in-runs", "never"
+SPINNING = (WHILE_BUSY, IN_RUNS, ALWAYS, NEVER)
 SPIN_AFTER_RUN_US = 1000
-Spinning = str  # one of the four
+Spinning = str  # one of SPINNING
+
+
+def check_spinning(name: str) -> Spinning:
+    """`name` if it names one of the ways in `SPINNING`, else ValueError."""
+    if name not in SPINNING:
+        raise ValueError(
+            f"unknown thread spinning {name!r}: use one of {', '.join(map(repr, SPINNING))}"
+        )
+    return name
+
 
 # onnxruntime's log severities: 0 verbose .. 3 error, 4 fatal only
 LOG_ERRORS = 3
@@ -69,11 +80,7 @@ def session(
     machine's cores). onnxruntime's own exceptions pass through: callers name the model."""
     import onnxruntime as ort
 
-    if spinning not in (ALWAYS, WHILE_BUSY, IN_RUNS, NEVER):
-        raise ValueError(
-            f"spinning must be {ALWAYS!r}, {WHILE_BUSY!r}, {IN_RUNS!r} or {NEVER!r}, "
-            f"not {spinning!r}"
-        )
+    check_spinning(spinning)
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads

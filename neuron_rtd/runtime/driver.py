@@ -165,7 +165,7 @@ NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
 
 def nc_spinning() -> str:
     """$NEURON_RTD_NC_SPINNING, else "while-busy"; ValueError when it names no policy."""
-    return driver_sim.fast.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.WHILE_BUSY)
+    return onnxrt.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.WHILE_BUSY)
 
 
 def usable_cpus() -> int:
