@@ -45,23 +45,26 @@ class NrtConnectionError(NrtClientError):
     a transport failure. `grpc_code` is gRPC's status code for it."""
 
     def __init__(
-        self, method: str, address: str, exc: grpc.RpcError, timeout_s: float | None
+        self, method: str, address: str, grpc_code: grpc.StatusCode | None, message: str
     ) -> None:
         self.address = address
-        self.grpc_code = code_of(exc)
-        late = self.grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
-        code = Nerr.TIMEOUT if late else Nerr.FAIL
-        super().__init__(code, transport_message(exc, address, timeout_s), method)
+        self.grpc_code = grpc_code
+        late = grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
+        super().__init__(Nerr.TIMEOUT if late else Nerr.FAIL, message, method)
+
+    @classmethod
+    def of(
+        cls, method: str, address: str, exc: grpc.RpcError, timeout_s: float | None
+    ) -> NrtConnectionError:
+        """The failure gRPC reported as `exc`."""
+        return cls(method, address, code_of(exc), transport_message(exc, address, timeout_s))
 
     @classmethod
     def timed_out(cls, method: str, address: str, timeout_s: float | None) -> NrtConnectionError:
         """The daemon did not answer `method` within `timeout_s` (NERR_TIMEOUT), as gRPC's
         DEADLINE_EXCEEDED says it, on a path that is not gRPC's (the fast lane)."""
-        error = cls.__new__(cls)
-        error.address = address
-        error.grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
-        NrtClientError.__init__(error, Nerr.TIMEOUT, late_message(address, timeout_s), method)
-        return error
+        late = grpc.StatusCode.DEADLINE_EXCEEDED
+        return cls(method, address, late, late_message(address, timeout_s))
 
 
 def transport_message(exc: grpc.RpcError, address: str, timeout_s: float | None) -> str:
@@ -93,7 +96,7 @@ def transport_errors(method: str, address: str, timeout_s: float | None) -> Iter
     try:
         yield
     except grpc.RpcError as exc:
-        raise NrtConnectionError(method, address, exc, timeout_s) from None
+        raise NrtConnectionError.of(method, address, exc, timeout_s) from None
 
 
 def check(method: str, status: Any) -> None:
