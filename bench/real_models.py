@@ -65,7 +65,14 @@ import onnx
 import onnxruntime as ort
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
 from infer_roundtrip import cpu_seconds, percentile
-from vs_onnxruntime import INFER_TIMEOUT_S, blas_threads, compare, instance_for, settle
+from vs_onnxruntime import (
+    INFER_TIMEOUT_S,
+    blas_threads,
+    compare,
+    instance_for,
+    print_row,
+    settle,
+)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -361,7 +368,7 @@ def print_overview(results: list[Figures]) -> None:
         ("cosine", 11),
         ("others", 8),
     )
-    print("".join(f"{t:<{w}}" if i == 0 else f"{t:>{w}}" for i, (t, w) in enumerate(columns)))
+    print_row([title for title, _ in columns], columns)
     for fig in results:
         cells = (
             fig.name,
@@ -372,12 +379,7 @@ def print_overview(results: list[Figures]) -> None:
             f"{fig.check['daemon_cosine']:.7f}",
             f"{fig.others_pct:.0f}%",
         )
-        print(
-            "".join(
-                f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
-                for i, (c, (_, w)) in enumerate(zip(cells, columns, strict=True))
-            )
-        )
+        print_row(cells, columns)
     print(
         "(p50 in ms: the best round's median; others: the CPU the machine's other processes "
         "took during the model's rounds, in % of one core)"

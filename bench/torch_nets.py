@@ -61,6 +61,34 @@ def make_divisible(value: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
+class Residual(nn.Module):
+    """`layers` in sequence, plus the block's input when `residual` (the shape stays): the
+    bottleneck of MobileNetV2, EfficientNet and MobileNetV3."""
+
+    def __init__(self, layers: Sequence[nn.Module], residual: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*layers)
+        self.residual = residual
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+class PooledClassifier(nn.Module):
+    """`features`, global average pooling, dropout 0.2 and a linear layer: the head of
+    MobileNetV2 and EfficientNet-B0."""
+
+    def __init__(self, features: Sequence[nn.Module], width: int, classes: int) -> None:
+        super().__init__()
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(width, classes))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
 # --- ResNet-18 (He et al. 2015) ---------------------------------------------------------
 class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
@@ -95,12 +123,11 @@ class ResNet18(nn.Module):
 
 
 # --- MobileNetV2 (Sandler et al. 2018), width 1.0 ---------------------------------------
-class InvertedResidual(nn.Module):
+class InvertedResidual(Residual):
     """1x1 expand (ReLU6), depthwise 3x3 (ReLU6), 1x1 linear projection; a residual when
     the shape stays."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, expand: int) -> None:
-        super().__init__()
         hidden = c_in * expand
         layers: list[nn.Module] = []
         if expand != 1:
@@ -109,15 +136,10 @@ class InvertedResidual(nn.Module):
             conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6),
             conv_bn(hidden, c_out, 1),
         ]
-        self.body = nn.Sequential(*layers)
-        self.residual = stride == 1 and c_in == c_out
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.body(x)
-        return x + y if self.residual else y
+        super().__init__(layers, stride == 1 and c_in == c_out)
 
 
-class MobileNetV2(nn.Module):
+class MobileNetV2(PooledClassifier):
     # expansion t, channels c, repeats n, first stride s
     SETTINGS = (
         (1, 16, 1, 1),
@@ -130,7 +152,6 @@ class MobileNetV2(nn.Module):
     )
 
     def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
         layers: list[nn.Module] = [conv_bn(3, 32, 3, 2, act=nn.ReLU6)]
         c_in = 32
         for t, c, n, s in self.SETTINGS:
@@ -138,22 +159,16 @@ class MobileNetV2(nn.Module):
                 layers.append(InvertedResidual(c_in, c, s if i == 0 else 1, t))
                 c_in = c
         layers.append(conv_bn(c_in, 1280, 1, act=nn.ReLU6))
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, classes))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.adaptive_avg_pool2d(self.features(x), 1)
-        return self.classifier(torch.flatten(x, 1))
+        super().__init__(layers, 1280, classes)
 
 
 # --- EfficientNet-B0 (Tan & Le 2019) ----------------------------------------------------
-class MBConv(nn.Module):
+class MBConv(Residual):
     """1x1 expand (SiLU), depthwise kxk (SiLU), squeeze-excitation (to a quarter of the
     block's input channels), 1x1 projection; a residual when the shape stays (stochastic
     depth is the identity in eval mode)."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, expand: int) -> None:
-        super().__init__()
         hidden = c_in * expand
         layers: list[nn.Module] = []
         if expand != 1:
@@ -163,15 +178,10 @@ class MBConv(nn.Module):
             SqueezeExcite(hidden, max(1, c_in // 4), nn.SiLU, nn.Sigmoid),
             conv_bn(hidden, c_out, 1),
         ]
-        self.body = nn.Sequential(*layers)
-        self.residual = stride == 1 and c_in == c_out
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.body(x)
-        return x + y if self.residual else y
+        super().__init__(layers, stride == 1 and c_in == c_out)
 
 
-class EfficientNetB0(nn.Module):
+class EfficientNetB0(PooledClassifier):
     # expansion, kernel, first stride, channels out, repeats
     SETTINGS = (
         (1, 3, 1, 16, 1),
@@ -184,7 +194,6 @@ class EfficientNetB0(nn.Module):
     )
 
     def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
         layers: list[nn.Module] = [conv_bn(3, 32, 3, 2, act=nn.SiLU)]
         c_in = 32
         for expand, kernel, stride, c_out, repeats in self.SETTINGS:
@@ -192,16 +201,11 @@ class EfficientNetB0(nn.Module):
                 layers.append(MBConv(c_in, c_out, kernel, stride if i == 0 else 1, expand))
                 c_in = c_out
         layers.append(conv_bn(c_in, 1280, 1, act=nn.SiLU))
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, classes))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.adaptive_avg_pool2d(self.features(x), 1)
-        return self.classifier(torch.flatten(x, 1))
+        super().__init__(layers, 1280, classes)
 
 
 # --- DeepLabV3 (Chen et al. 2017) on MobileNetV3-Large (Howard et al. 2019) -------------
-class V3Block(nn.Module):
+class V3Block(Residual):
     """MobileNetV3's bottleneck: 1x1 expand, depthwise kxk (dilated past output stride
     16), squeeze-excitation (ReLU, hard sigmoid), 1x1 projection."""
 
@@ -216,7 +220,6 @@ class V3Block(nn.Module):
         stride: int,
         dilation: int,
     ) -> None:
-        super().__init__()
         layers: list[nn.Module] = []
         if hidden != c_in:
             layers.append(conv_bn(c_in, hidden, 1, act=act))
@@ -228,12 +231,7 @@ class V3Block(nn.Module):
             squeezed = make_divisible(hidden // 4)
             layers.append(SqueezeExcite(hidden, squeezed, nn.ReLU, nn.Hardsigmoid))
         layers.append(conv_bn(hidden, c_out, 1))
-        self.body = nn.Sequential(*layers)
-        self.residual = stride == 1 and c_in == c_out
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.body(x)
-        return x + y if self.residual else y
+        super().__init__(layers, stride == 1 and c_in == c_out)
 
 
 class MobileNetV3LargeBackbone(nn.Sequential):

@@ -42,7 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +284,17 @@ def run_case(
         rt.unload(local_model)
 
 
+def print_row(cells: Sequence[str], columns: Sequence[tuple[str, int]]) -> None:
+    """One line of a table: each cell in its column's width, the first left-aligned, the
+    rest right-aligned (`columns`: each column's title and width)."""
+    print(
+        "".join(
+            f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
+            for i, (c, (_, w)) in enumerate(zip(cells, columns, strict=True))
+        )
+    )
+
+
 def print_table(results: list[Result]) -> None:
     """One row per case; max|err| and cosine are the daemon's outputs against onnxruntime's."""
     columns = (
@@ -298,11 +309,7 @@ def print_table(results: list[Result]) -> None:
         ("max|err|", 10),
         ("cosine", 11),
     )
-    print(
-        "".join(
-            f"{title:<{w}}" if i == 0 else f"{title:>{w}}" for i, (title, w) in enumerate(columns)
-        )
-    )
+    print_row([title for title, _ in columns], columns)
     for res in results:
         ort_p50, local_p50, daemon_p50 = (res.p50(s) for s in SIDES)
         ratio = daemon_p50 / ort_p50
@@ -320,12 +327,7 @@ def print_table(results: list[Result]) -> None:
             f"{res.max_abs_err:.2g}",
             f"{res.cosine:.7f}",
         )
-        print(
-            "".join(
-                f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
-                for i, (c, (_, w)) in enumerate(zip(cells, columns, strict=True))
-            )
-        )
+        print_row(cells, columns)
     print(
         "transport (daemon p50 - in-process p50): "
         + ", ".join(
