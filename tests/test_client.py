@@ -117,16 +117,36 @@ def recorded(
 
 def daemon_shm(pid: int, prefix: str = SHM_PREFIX) -> set[str]:
     """The shm objects of this test process (of any client, with the bare prefix
-    `aws_neuron_runtime_`) that the daemon holds open."""
+    `aws_neuron_runtime_`) that the daemon holds open: named ones (/dev/shm) and the
+    memfds passed to it (named after the path calls give them)."""
     held = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except FileNotFoundError:
             continue
-        if target.startswith(f"/dev/shm/{prefix}"):
-            held.add("/" + target.removeprefix("/dev/shm/").removesuffix(" (deleted)"))
+        name = _shm_name(target, prefix)
+        if name is not None:
+            held.add(name)
     return held
+
+
+def daemon_maps_shm(pid: int, prefix: str = SHM_PREFIX) -> set[str]:
+    """The shm objects of this test process that the daemon has mapped (not only open)."""
+    mapped = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        name = _shm_name(fields[5], prefix) if len(fields) == 6 else None
+        if name is not None:
+            mapped.add(name)
+    return mapped
+
+
+def _shm_name(target: str, prefix: str) -> str | None:
+    for root in ("/dev/shm/", "/memfd:"):
+        if target.startswith(f"{root}{prefix}"):
+            return "/" + target.removeprefix(root).removesuffix(" (deleted)")
+    return None
 
 
 def leftover_names() -> list[str]:
@@ -344,9 +364,12 @@ def test_tensors_go_through_shared_memory(
             assert request.mmap_prot == 3  # PROT_READ | PROT_WRITE
         assert daemon_shm(daemon.pid) == paths  # the daemon holds them open ...
         assert leftover_names() == []  # ... and their names are gone already
+        # fixed-size tensors: memfds sealed at their size, which the daemon maps (memcpy)
+        assert daemon_maps_shm(daemon.pid) == paths
         model.unload()
         assert {r.path for r in recorder.requests("shm_unmap")} == paths
         assert daemon_shm(daemon.pid) == set()
+        assert daemon_maps_shm(daemon.pid) == set()
 
 
 def test_sync_infers_take_the_fast_lane_and_answer_as_grpc(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from neuron_rtd.runtime.shm import (
 )
 
 RW = PROT_READ | PROT_WRITE
+F_SEAL_FUTURE_WRITE = 0x10  # linux/fcntl.h; not in Python's fcntl
 
 
 def at(table: ShmTable, path: str, caller: int | None = None, owner: int = 0) -> ShmMapping:
@@ -173,3 +176,55 @@ def test_a_passed_descriptor_that_is_no_regular_file_is_refused_and_closed(root:
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed by the refusal
     os.close(write_end)
+
+
+def memfd(data: bytes, seals: int = 0) -> int:
+    fd = os.memfd_create("t", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def test_a_passed_object_sealed_against_shrinking_is_mapped_and_copied_exactly(
+    root: Path,
+) -> None:
+    table = ShmTable(root=root)
+    fd = memfd(bytes(range(256)) * 64, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    table.adopt(os.dup(fd), "/sealed", RW, session_id=5)
+    mapping = at(table, "/sealed", caller=5)
+    assert mapping.view is not None and len(mapping.view) == 16384
+    assert table.read(mapping, 300, "x") == (bytes(range(256)) * 2)[:300]
+    table.write(mapping, b"\xff" * 10, "y")
+    assert os.pread(fd, 12, 0) == b"\xff" * 10 + bytes([10, 11])  # the client sees it
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 4)  # the seal: nobody can pull pages from under the daemon
+    # a hole punched in it reads as zeros, no SIGBUS (FALLOC_FL_PUNCH_HOLE|KEEP_SIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.fallocate(fd, 3, ctypes.c_long(0), ctypes.c_long(8192)) == 0
+    assert table.read(mapping, 8192 + 4, "x")[8188:] == b"\x00" * 4 + bytes(range(4))
+    with pytest.raises(BadInput, match="holds 16384 bytes"):
+        table.read(mapping, 16385, "x")  # past its end: the kernel's short read says so
+    assert table.unmap_session(5) == ["/sealed"]
+    assert mapping.view.closed
+    os.close(fd)
+
+
+def test_unsealed_or_unmappable_passed_objects_go_through_the_kernel(root: Path) -> None:
+    table = ShmTable(root=root)
+    plain = memfd(b"abcd")  # could be shrunk any time: never mapped
+    future = memfd(b"efgh", fcntl.F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE)  # no writable map
+    table.adopt(plain, "/plain", RW, session_id=5)
+    table.adopt(future, "/future", RW, session_id=5)
+    table.adopt(memfd(b"ijkl", fcntl.F_SEAL_SHRINK), "/ro", PROT_READ, session_id=5)
+    assert at(table, "/plain", caller=5).view is None
+    assert at(table, "/future", caller=5).view is None
+    assert at(table, "/ro", caller=5).view is not None  # read-only: mapped read-only
+    assert [table.read(at(table, p, caller=5), 4, "x") for p in ("/plain", "/future", "/ro")] == [
+        b"abcd",
+        b"efgh",
+        b"ijkl",
+    ]
+    with pytest.raises(BadInput, match="without PROT_WRITE"):
+        table.write(at(table, "/ro", caller=5), b"z", "y")
+    table.close()

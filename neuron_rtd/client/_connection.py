@@ -267,6 +267,19 @@ class Connection:
             self._peer_socket = response.peer_socket
         return self._peer_socket
 
+    def passes_objects(self) -> bool:
+        """Whether `share` passes buffers' objects over the daemon's peer socket (in this
+        client's session) rather than having the daemon map them by name: buffers made to
+        be shared then need no name (`ShmBuffer(passed=True)`). A failure to tell is
+        False here, and `share` then meets it again and says what it was."""
+        try:
+            if not self.peer_socket():
+                return False
+            self._open_stream()
+        except NrtClientError:
+            return False
+        return self.session is not None and bool(self.session.id)
+
     def share(self, buffers: Sequence[ShmBuffer], session_id: int) -> bool:
         """Give the daemon the buffers: passed over its peer socket in this client's
         session stream (one is opened for them if the client has none: its end unmaps

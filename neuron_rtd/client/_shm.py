@@ -1,17 +1,23 @@
-"""POSIX shared memory objects that hold a client's tensors.
+"""Shared memory objects that hold a client's tensors.
 
-A `ShmBuffer` is made with `shm_open(3)` (O_CREAT|O_EXCL, mode 0600: open to no one
-else), sized with `ftruncate` and mapped here. The daemon gets it passed, its open file
-descriptor sent over the daemon's peer socket (`_peer.pass_objects`), or, where the daemon has
-none, opens it by name in `shm_map`; either way the name is unlinked then: the object
-lives on while either side holds it. Nothing here goes through
-`multiprocessing.shared_memory`, whose resource tracker would claim the names.
+A `ShmBuffer` is sized with `ftruncate` and mapped here. The daemon gets it one of two ways:
+- passed: its open file descriptor sent over the daemon's peer socket
+  (`_peer.pass_objects`). Such a buffer is a memfd (`memfd_create(2)`), nameless, and when
+  its size is fixed for good it is sealed against shrinking and growing (`F_SEAL_SHRINK`,
+  `F_SEAL_GROW`): the daemon may then map it and copy tensors with memcpy, since no
+  truncation can pull its pages away under a copy (see `runtime/shm.py`).
+- by name, where the daemon has no peer socket: made with `shm_open(3)` (O_CREAT|O_EXCL,
+  mode 0600: open to no one else), and the daemon opens it in `shm_map`; the name is
+  unlinked then: the object lives on while either side holds it.
+Nothing here goes through `multiprocessing.shared_memory`, whose resource tracker would
+claim the names.
 """
 
 from __future__ import annotations
 
 import _posixshmem  # type: ignore[import-not-found]
 import contextlib
+import fcntl
 import itertools
 import math
 import mmap
@@ -29,19 +35,31 @@ def new_name() -> str:
     return f"{NAME_PREFIX}{os.getpid()}_{next(_serial)}_{secrets.token_hex(4)}"
 
 
-class ShmBuffer:
-    """One shm object of `size` bytes, mapped read-write into this process."""
+# A fixed-size passed object: its size can change no more, nor its seals.
+FIXED_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
-    def __init__(self, size: int) -> None:
-        self.path = new_name()
+
+class ShmBuffer:
+    """One shm object of `size` bytes, mapped read-write into this process. `passed`:
+    made to be passed to the daemon, a memfd with no name (else a named POSIX object);
+    `fixed` (passed ones only): its size is sealed, never to change."""
+
+    def __init__(self, size: int, *, passed: bool = False, fixed: bool = False) -> None:
+        self.path = new_name()  # for a passed object, only what calls name it by
         self.size = 0
         self._map: mmap.mmap | None = None
-        self._linked = True
-        self._fd: int | None = _posixshmem.shm_open(
-            self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600
-        )
+        self._linked = not passed
+        if passed:
+            flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+            self._fd: int | None = os.memfd_create(self.path.lstrip("/"), flags)
+        else:
+            self._fd = _posixshmem.shm_open(
+                self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600
+            )
         try:
             self.resize(size)
+            if passed and fixed:
+                fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, FIXED_SIZE_SEALS)
         except BaseException:
             self.close()
             raise

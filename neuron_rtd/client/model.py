@@ -371,8 +371,9 @@ class Model:
         outputs = self.outputs if self._shm_outputs else ()
         made: list[ShmBuffer] = []
         try:
-            ins = {t.name: _made(made, t.nbytes) for t in self.inputs}
-            outs = {t.name: _made(made, t.nbytes) for t in outputs}
+            passed = self.connection.passes_objects()
+            ins = {t.name: _made(made, t, passed) for t in self.inputs}
+            outs = {t.name: _made(made, t, passed) for t in outputs}
         except OSError as exc:
             for buffer in made:
                 buffer.close()
@@ -424,7 +425,9 @@ class Model:
             self.unload()
 
 
-def _made(made: list[ShmBuffer], size: int) -> ShmBuffer:
-    buffer = ShmBuffer(size)
+def _made(made: list[ShmBuffer], tensor: TensorSpec, passed: bool) -> ShmBuffer:
+    """A buffer for `tensor` (its whole size), added to `made`; a passed one of a fixed
+    size is sealed at that size, for the daemon to map (`ShmBuffer`)."""
+    buffer = ShmBuffer(tensor.nbytes, passed=passed, fixed=not tensor.varying_axes)
     made.append(buffer)
     return buffer
