@@ -83,7 +83,7 @@ class NeuronCore:
         """Validate and resolve `program` for this core; KernelError if it is bad.
         `reference`: it runs on the reference kernels whatever the core's engine (a
         program whose runs are recorded, timed instruction by instruction)."""
-        self._device.check_owned()
+        self._device.before_load(self.index)
         loaded = load_program(self, program)
         if self.engine == "fast" and not reference:
             loaded.fast = FastProgram.of(

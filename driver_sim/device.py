@@ -264,6 +264,21 @@ class Device:
                 except ValueError as exc:
                     log.warning("inject file of %s: %s (skipped)", self.bdf, str(exc))
 
+    def before_load(self, nc: int) -> None:
+        """Fault checks before a program load on `nc`: its injected delay, if any."""
+        self.check_owned()
+        self._poll_inject_file()
+        delay = self._faults.load_delay_s
+        if delay:
+            log.info(
+                "Holding a program load on %s NC %d for %g ms (injected load_delay_ms)",
+                self.bdf,
+                nc,
+                delay * 1000,
+                extra={"fn": "load_program"},
+            )
+            time.sleep(delay)
+
     def before_run(self, nc: int) -> None:
         """Fault checks before a run on `nc` (called under that NC's lock)."""
         self.check_owned()

@@ -9,6 +9,9 @@ A spec is `name[:nc][=value]`:
     dma_timeout[:nc]    the next run's input DMA to that NC times out: HwFault; once
     nc_delay_ms[:nc]=ms every following run on that NC (all NCs if none named) first sleeps
                         `ms` milliseconds; 0 clears
+    load_delay_ms=ms    every following program load on the device (a model's load puts
+                        one on each of its NCs) first sleeps `ms` milliseconds, logged;
+                        0 clears (a load held long enough for a test to act during it)
     mem_ecc_corr=n, mem_ecc_uncorr=n, sram_ecc_corr=n, sram_ecc_uncorr=n
                         add n to that ECC counter; an uncorrectable one (n > 0) also
                         spoils the device's next run, on any NC
@@ -19,7 +22,8 @@ Sources:
    An `init_fail` there is persistent: every reset of that device fails while the
    variable names it (it is read again at each reset).
 2. the device's `inject` file, one spec a line (blank lines and `#` comments skipped),
-   consumed (applied, then truncated) at reset and before each NC run (`InjectFile`).
+   consumed (applied, then truncated) at reset, before each NC run and before each
+   program load (`InjectFile`).
 3. `Device.inject(spec)`.
 A malformed spec raises ValueError naming it (from the file: logged and skipped, since
 the file is read by whoever runs next, who did not write it).
@@ -44,6 +48,7 @@ FAULTS_ENV = "NEURON_SIM_FAULTS"
 INIT_FAIL = "init_fail"
 NC_ERROR = "nc_error"
 NC_DELAY_MS = "nc_delay_ms"
+LOAD_DELAY_MS = "load_delay_ms"
 NC_HANG = "nc_hang"
 DMA_TIMEOUT = "dma_timeout"
 ECC_FAULTS = frozenset(ECC_FIELDS)
@@ -51,14 +56,14 @@ ECC_UNCORRECTABLE = ("mem_ecc_uncorr", "sram_ecc_uncorr")
 _NC_RUN_FAULTS = (NC_ERROR, NC_HANG, DMA_TIMEOUT)  # injected for an NC (or any)
 # Each spoils the next run on its NC (an uncorrectable ECC error: on any NC).
 ONE_RUN_FAULTS = (*_NC_RUN_FAULTS, *ECC_UNCORRECTABLE)
-FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, *_NC_RUN_FAULTS}) | ECC_FAULTS
+FAULT_NAMES = frozenset({INIT_FAIL, NC_DELAY_MS, LOAD_DELAY_MS, *_NC_RUN_FAULTS}) | ECC_FAULTS
 # The fault counter (`stats.FAULT_FIELDS`) each run fault adds to; an uncorrectable ECC
 # error's spoiled run is counted by its ECC counter, once, when injected.
 RUN_FAULT_COUNTERS = {NC_ERROR: "nc_errors", NC_HANG: "nc_hangs", DMA_TIMEOUT: "dma_timeouts"}
 HANG_DETECT_S = 1.0  # how long the driver waits for a run to complete before it gives up
 
 _TAKES_NC = frozenset({NC_DELAY_MS, *_NC_RUN_FAULTS})
-_TAKES_VALUE = frozenset({NC_DELAY_MS}) | ECC_FAULTS
+_TAKES_VALUE = frozenset({NC_DELAY_MS, LOAD_DELAY_MS}) | ECC_FAULTS
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,7 @@ class FaultState:
         default_factory=lambda: {name: set() for name in ONE_RUN_FAULTS}
     )
     delays_s: list[float] = field(default_factory=lambda: [0.0] * NC_PER_DEVICE)
+    load_delay_s: float = 0.0  # before each program load
     # No one-run fault pending and no NC delayed: what a run meets almost always, told by
     # one attribute (kept by `apply` and `take`) instead of a look through the above.
     quiet: bool = True
@@ -271,6 +277,8 @@ class FaultState:
             targets = range(NC_PER_DEVICE) if fault.nc is None else (fault.nc,)
             for nc in targets:
                 self.delays_s[nc] = (fault.value or 0) / 1000.0
+        elif fault.name == LOAD_DELAY_MS:
+            self.load_delay_s = (fault.value or 0) / 1000.0
         self._settle()
 
     def take_init_fail(self) -> bool:

@@ -55,10 +55,13 @@ class InternalErrors(logging.Handler):
 
 class Context:
     """What the servicers read of their gRPC context: the call's metadata (none: the
-    calls present no session)."""
+    calls present no session), and whether its caller still waits (always)."""
 
     def invocation_metadata(self) -> tuple[()]:
         return ()
+
+    def is_active(self) -> bool:
+        return True
 
 
 CONTEXT: Any = Context()

@@ -1,12 +1,17 @@
-"""Command-line argument types more than one command takes (`argparse` `type=` functions).
+"""Command-line argument types more than one command takes (`argparse` `type=` functions),
+and the check of a file named on the command line.
 
 Shared by every layer and importing none: `neuron-cc` (the compiler) and `neuron-cli
-validate` (a tool) parse `--input-shape` here.
+validate` (a tool) parse `--input-shape` here; `neuron-cli` and `neuron-batch` say why a
+file they were given cannot be read (`unreadable`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
+import stat
 
 
 def parse_shape(text: str, *, example: str) -> tuple[str, tuple[int, ...]]:
@@ -21,3 +26,45 @@ def parse_shape(text: str, *, example: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not name or not sizes or any(d < 0 for d in sizes):
         raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... (e.g. {example}), got {text!r}")
     return name, sizes
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def unreadable(path: str | os.PathLike[str], what: str = "file") -> str | None:
+    """Why a file named on the command line cannot be read as one, in a few words (`no
+    such file`, `a directory, not a file`, `permission denied: nobody (uid 65534) may not
+    read it`; `what` names the file: `NEFF file`); None when it can."""
+    try:
+        status = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return f"no such {what}"
+    except PermissionError:
+        return f"permission denied: {_user()} may not look in its directory"
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
+    for is_kind, kind in _KINDS:
+        if is_kind(status.st_mode):
+            return f"{kind}, not {'an' if what[0] in 'AEIOUaeiou' else 'a'} {what}"
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        return f"permission denied: {_user()} may not read it"
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
+    return None
+
+
+def _user() -> str:
+    uid = os.geteuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

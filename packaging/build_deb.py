@@ -11,9 +11,11 @@ What it holds:
   (/usr/lib/tmpfiles.d/neuron-rtd.conf);
 - the config in /etc/neuron-rtd (conffiles), the packaged one with `socket_group: neuron`
   and mode 0660: members of `neuron` connect without root;
+- the README and docs/ in /usr/share/doc/neuron-rtd;
 - maintainer scripts (packaging/debian/): the user, group and /run made by postinst (with
   groupadd/useradd where there is no systemd-sysusers), the service enabled and started
-  where systemd runs, and remove/purge that leave nothing behind.
+  where systemd runs (enabled, and what to run said, where it does not), the daemon
+  stopped by prerm however it was started, and remove/purge that leave nothing behind.
 
 Every file and folder has the mode it is given here (0644/0755), whatever the builder's
 umask: the umask is set to 022 before anything is laid out.
@@ -187,7 +189,9 @@ def lay_out(stage: Path, version: str) -> list[str]:
         target.write_text(packaged_config(source))
         target.chmod(0o644)
     doc = stage / "usr" / "share" / "doc" / "neuron-rtd"
-    install_file(ROOT / "README.md", doc / "README.md")
+    pages = [p.relative_to(ROOT) for p in sorted((ROOT / "docs").glob("*.md"))]
+    for relative in (Path("README.md"), Path("ARCHITECTURE.md"), *pages):
+        install_file(ROOT / relative, doc / relative)  # the README's links hold there too
     install_file(PACKAGING / "copyright", doc / "copyright")
     changelog = (PACKAGING / "changelog").read_text()
     changelog = changelog.replace("@VERSION@", version).replace("@MAINTAINER@", MAINTAINER)

@@ -575,7 +575,23 @@ def test_cli_checks_the_output_path_before_compiling(tmp_path: Path) -> None:
             text=True,
             check=False,
         )
-        assert done.returncode == 1 and done.stdout == ""
+        assert done.returncode == 2 and done.stdout == ""  # bad input, as in every command
         assert done.stderr == f"neuron-cc: error: cannot write {output}: {why}" + (
             f" {output.parent}\n" if why.startswith("there") else "\n"
         )
+
+
+def test_cli_says_what_the_model_path_is_when_it_is_not_a_file(tmp_path: Path) -> None:
+    for model, why in (
+        (tmp_path / "none.onnx", "no such ONNX file"),
+        (tmp_path, "a directory, not an ONNX file"),
+    ):
+        cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(model)]
+        done = subprocess.run(
+            [*cli, "-o", str(tmp_path / "m.neff")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr == f"neuron-cc: error: {model}: {why}\n"

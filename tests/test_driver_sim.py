@@ -25,6 +25,7 @@ from driver_sim import (
     Machine,
     MachineMismatch,
     OwnerInfo,
+    presets,
 )
 
 ADDRESS = "unix:/tmp/test-nrtd.sock"
@@ -83,14 +84,21 @@ def test_chain_topology(tmp_path: pathlib.Path) -> None:
     assert single.devices()[0].connected == ()
 
 
-def test_default_sim_root(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_sim_root(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     monkeypatch.setenv("NEURON_SIM_ROOT", "/somewhere/sim")
     assert driver_sim.default_sim_root() == pathlib.Path("/somewhere/sim")
     monkeypatch.delenv("NEURON_SIM_ROOT")
+    assert pathlib.Path("/run/neuron-sim") == presets.SYSTEM_SIM_ROOT
+    system = tmp_path / "run-neuron-sim"  # the service's machine, here, not the host's
+    monkeypatch.setattr(presets, "SYSTEM_SIM_ROOT", system)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert driver_sim.default_sim_root() == pathlib.Path("/run/neuron-sim")
+    assert driver_sim.default_sim_root() == system
     monkeypatch.setattr(os, "geteuid", lambda: 1234)
     assert driver_sim.default_sim_root() == pathlib.Path("/tmp/neuron-sim-1234")
+    system.mkdir()
+    (system / "machine.json").write_text("{}")  # readable: a member of the service's group
+    monkeypatch.setattr(os, "access", lambda path, mode: path == system / "machine.json")
+    assert driver_sim.default_sim_root() == system
 
 
 # ---- the state tree --------------------------------------------------------------------

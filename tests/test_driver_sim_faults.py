@@ -46,6 +46,7 @@ def test_parse_specs() -> None:
     assert parse_fault_spec("nc_error") == FaultSpec("nc_error")
     assert parse_fault_spec("nc_error:2") == FaultSpec("nc_error", 2)
     assert parse_fault_spec("nc_delay_ms:1=50") == FaultSpec("nc_delay_ms", 1, 50)
+    assert parse_fault_spec("load_delay_ms=50") == FaultSpec("load_delay_ms", None, 50)
     assert parse_fault_spec(" mem_ecc_corr = 3 ") == FaultSpec("mem_ecc_corr", None, 3)
     assert parse_env_faults("init_fail@1, nc_error@0:2,mem_ecc_corr@0=3") == [
         (1, FaultSpec("init_fail")),
@@ -65,6 +66,8 @@ def test_parse_specs() -> None:
         "mem_ecc_corr",
         "mem_ecc_corr:1=2",
         "nc_delay_ms=-5",
+        "load_delay_ms",
+        "load_delay_ms:1=5",
         "sram_ecc_uncorr=lots",
     ],
 )
@@ -228,6 +231,21 @@ def test_nc_delay(device: Device) -> None:
     device.inject("nc_delay_ms:2=0")
     start = time.perf_counter()
     run_relu(core, program)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_load_delay_holds_every_program_load_until_cleared(
+    device: Device, machine: Machine
+) -> None:
+    # A delay far longer than a load, so "held" and "not held" cannot be confused; written
+    # to the inject file, as a test of the daemon writes it.
+    (machine.root / "neuron0" / "inject").write_text("load_delay_ms=1000\n")
+    start = time.perf_counter()
+    relu_on(device.nc(3))
+    assert time.perf_counter() - start >= 1.0
+    device.inject("load_delay_ms=0")
+    start = time.perf_counter()
+    relu_on(device.nc(3))
     assert time.perf_counter() - start < 0.5
 
 

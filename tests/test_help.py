@@ -35,7 +35,9 @@ def test_help_is_plain_text(prog: str) -> None:
 
 def test_the_daemon_states_its_defaults() -> None:
     text = help_of(SCRIPTS["neuron-rtd"], "neuron-rtd").stdout
-    assert "(default unix:/run/neuron.sock)" in " ".join(text.split())
+    said = " ".join(text.split())  # where it listens: flags, then the clients' variable
+    assert "(default: $NEURON_RTD_ADDRESS, as the clients read it, else the config's " in said
+    assert "server_address, else unix:/run/neuron.sock)" in said
     assert "/etc/neuron-rtd/neuron-rtd.json" in text  # on one line, not split at a hyphen
     assert "/etc/neuron-rtd/instances/INSTANCE.json" in text
     assert "log level (default info" in text

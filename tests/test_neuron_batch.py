@@ -282,7 +282,7 @@ def test_no_batch_is_sent_after_one_failed() -> None:
             self.sent: list[Future[dict[str, np.ndarray]]] = []
 
         def infer_async(
-            self, inputs: dict[str, np.ndarray], posted: bool
+            self, inputs: dict[str, np.ndarray], posted: bool, cast: bool = False
         ) -> Future[dict[str, np.ndarray]]:
             self.sent.append(Future())
             return self.sent[-1]
@@ -418,6 +418,51 @@ def test_the_readme_stream_demo_runs() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "neuron-batch: 32 records in" in done.stdout and "0 skipped; 8 shard(s)" in done.stdout
     assert "first output: images-" in done.stdout
+    # the command it prints names paths it removes: it says so
+    assert "(its files are in a temporary folder, removed when the demo ends: --work DIR " in (
+        done.stdout
+    )
+
+
+def test_the_stream_demo_keeps_its_files_in_work_and_runs_again_there(work: Path) -> None:
+    kept = work / "kept"
+    demo = [sys.executable, "-m", "neuron_rtd.cli.stream_demo", "--images", "8"]
+    demo += ["--work", str(kept)]
+    for _ in range(2):  # the second run starts over in the folder the first one used
+        done = subprocess.run(demo, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"(its files stay in {kept}; the daemon it names stops" in done.stdout
+        assert sorted(p.name for p in kept.iterdir()) == ["data", "out", "resnet.neff", "sim"]
+        assert len(list((kept / "out").glob("*.tfrecord"))) == 8
+    assert "--overwrite" in done.stdout
+
+
+def test_a_used_output_folder_is_refused_unless_resume_or_overwrite(
+    daemon: DaemonProcess, model: tuple[SampleModel, Path], work: Path
+) -> None:
+    """A run into a folder another run used would leave that run's outputs beside a
+    checkpoint of its own: it is refused, or told what to do."""
+    _, neff = model
+    xs = make_shards(work / "in", shards=3, per_shard=4)
+    out = work / "out"
+    everything = batch_cmd(daemon, neff, "--input", str(work / "in" / "*.tfrecord"))
+    first = subprocess.run([*everything, "--output", str(out)], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    one = batch_cmd(daemon, neff, "--input", str(work / "in" / "part-00.tfrecord"))
+    again = subprocess.run([*one, "--output", str(out)], capture_output=True, text=True)
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr == (
+        f"neuron-batch: error: --output {out}: a run used it already (its checkpoint "
+        f"{out}/.checkpoint.json: 3 shard(s) done): give --resume to go on with that run, "
+        "--overwrite to start over in it, or another folder\n"
+    )
+    assert set(outputs_of(out)) == set(xs)  # nothing touched
+    over = subprocess.run(
+        [*one, "--output", str(out), "--overwrite", "--json"], capture_output=True, text=True
+    )
+    assert over.returncode == 0, over.stderr
+    assert json.loads(over.stdout.splitlines()[-1])["units_done"] == 1
+    assert {key.split("@")[0] for key in outputs_of(out)} == {str(work / "in" / "part-00.tfrecord")}
 
 
 def test_a_manifest_interleaves_by_weight_and_a_resume_replays_its_weights(
@@ -479,12 +524,12 @@ def test_progress_on_a_terminal(tmp_path: Path) -> None:
     assert "neuron-batch: 2048 records in" in screen and "Traceback" not in screen
 
 
-def test_the_readme_names_every_key_of_the_json_lines() -> None:
-    """Scripts read `--json`'s lines by the README's table of keys: it lists them all."""
+def test_the_docs_name_every_key_of_the_json_lines() -> None:
+    """Scripts read `--json`'s lines by docs/streaming.md's table of keys: it lists them all."""
     import re
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    table = readme[readme.index("| key | what |") :].split("\n\n")[0]
+    page = (Path(__file__).parent.parent / "docs" / "streaming.md").read_text()
+    table = page[page.index("| key | what |") :].split("\n\n")[0]
     rows = [row.strip().split("|")[1] for row in table.splitlines()[2:]]
     documented = {key for row in rows for key in re.findall(r"`(\w+)`", row)}
     assert documented == set(Totals().snapshot())

@@ -155,9 +155,10 @@ def test_a_run_never_writes_through_links_planted_at_its_names(
     planted += [f".{u}.tfrecord.partial" for u in units] + [f"{u}.tfrecord" for u in units]
     for name in planted:
         (out / name).symlink_to(victim)
-    code, _, err = run(
-        capsys, neff, "--input", str(work / "in" / "*"), "--output", str(out), "-a", daemon.address
-    )
+    args = ["--input", str(work / "in" / "*"), "--output", str(out), "-a", daemon.address]
+    code, _, err = run(capsys, neff, *args)  # a checkpoint there: a run used the folder
+    assert code == 2 and "a run used it already" in err, err
+    code, _, err = run(capsys, neff, *args, "--overwrite")  # the link goes, not its file
     assert code == 0, err
     assert victim.read_text() == "precious"
     assert set(outputs_of(out)) == set(xs)
@@ -376,7 +377,7 @@ def test_credentials_in_urls_are_never_said_or_written(
     code, stdout, err = run(capsys, neff, *args, "--json")
     assert code == 0, err
     said += [stdout, err]
-    code, stdout, err = run(capsys, neff, *args)
+    code, stdout, err = run(capsys, neff, *args, "--overwrite")
     assert code == 0 and "neuron-batch: 10 records in" in stdout, err
     said += [stdout, err]
     got = outputs_of(out)

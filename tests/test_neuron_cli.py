@@ -124,10 +124,10 @@ def test_load_list_unload_and_what_it_makes_outlives_it(
     (group,) = snapshot(channel).ncgs
     assert (group.id, group.implicit, group.session) == (ncg_id, True, "")
 
-    assert ok(neuron_cli(cli, "list-model")) == f"Found 1 models\n{model_id} READY {ncg_id} mlp\n"
+    assert ok(neuron_cli(cli, "list-model")) == f"Found 1 model\n{model_id} READY {ncg_id} mlp\n"
     elsewhere = "unix:/nonexistent.sock"  # -a, before or after the command, wins over the env
-    assert ok(neuron_cli(elsewhere, "list-model", "-a", cli)).startswith("Found 1 models\n")
-    assert ok(neuron_cli(elsewhere, "-a", cli, "list-model")).startswith("Found 1 models\n")
+    assert ok(neuron_cli(elsewhere, "list-model", "-a", cli)).startswith("Found 1 model\n")
+    assert ok(neuron_cli(elsewhere, "-a", cli, "list-model")).startswith("Found 1 model\n")
     (listed,) = ok_json(neuron_cli(cli, "list-model", "--json"))
     assert listed["model_id"] == model_id and listed["nc_count"] == 1
     assert listed["inputs"] == [{"name": "x", "dtype": "float32", "shape": [4, 64]}]
@@ -319,24 +319,26 @@ def test_infer_names_what_does_not_fit_before_sending(
 
     def infer(**arrays: np.ndarray) -> str:
         save_npz(work / "in.npz", arrays)
-        return failed(neuron_cli(cli, "infer", model_id, "--inputs", work / "in.npz"))
+        return failed(neuron_cli(cli, "infer", model_id, "--inputs", work / "in.npz"), code=2)
 
     x = np.zeros((4, 64), np.float32)
     assert infer(y=x) == (
         f"neuron-cli: {work}/in.npz has no array named 'x'; {work}/in.npz has arrays the "
         f"model does not take: 'y'; {takes}"
     )
-    assert infer(x=x.astype(np.float64)) == (
-        f"neuron-cli: 'x' is float64 in {work}/in.npz; the model takes float32 "
-        f"(save it with .astype('float32')); {takes}"
+    assert infer(x=np.full((4, 64), 0.1)) == (  # float64 values float32 does not hold
+        f"neuron-cli: {work}/in.npz: input 'x' is float64, the model takes float32, which "
+        "cannot hold its values (0.1 would become 0.10000000149011612): convert them "
+        "(.astype('float32')) or pass --cast for numpy's unsafe cast (precision lost, "
+        f"out-of-range values become inf or wrap); {takes}"
     )
     assert infer(x=x[:2]) == (
         f"neuron-cli: 'x' has shape (2, 64) in {work}/in.npz; the model takes float32 (4, 64); "
         f"{takes}"
     )
-    missing = failed(neuron_cli(cli, "infer", model_id, "--inputs", work / "none.npz"))
+    missing = failed(neuron_cli(cli, "infer", model_id, "--inputs", work / "none.npz"), code=2)
     assert missing == f"neuron-cli: {work}/none.npz: no such file"
-    not_npz = failed(neuron_cli(cli, "infer", model_id, "--inputs", neff))
+    not_npz = failed(neuron_cli(cli, "infer", model_id, "--inputs", neff), code=2)
     assert not_npz == f"neuron-cli: {neff}: not an npz file (numpy.savez writes one)"
     assert models(channel)[model_id].tally.incorrect_input == 0  # nothing was sent
 
@@ -375,7 +377,9 @@ def test_infer_on_a_model_with_a_varying_axis(daemon: DaemonProcess, stub: Any, 
         with np.load(work / "out.npz") as answer:
             np.testing.assert_array_equal(answer["y"], np.maximum(batch, 0))
     save_npz(work / "in.npz", {"x": batch[:, :3]})
-    wrong = failed(neuron_cli(cli, "infer", loaded["model_id"], "--inputs", work / "in.npz"))
+    wrong = failed(
+        neuron_cli(cli, "infer", loaded["model_id"], "--inputs", work / "in.npz"), code=2
+    )
     assert "'x' has shape (3, 3) in" in wrong and "the model takes float32 (?, 4)" in wrong
 
 
@@ -416,9 +420,15 @@ def test_daemon_errors_name_the_nerr_code_and_what_to_do(
     assert failed(neuron_cli(cli, "load", neff, "--ncg-id", "99")) == (
         "neuron-cli: NCG 99 does not exist (NERR_INVALID_HANDLE): see neuron-cli list-ncg"
     )
-    too_big = failed(neuron_cli(cli, "create-ncg", "99"))
-    assert too_big.startswith("neuron-cli: not enough NeuronCores: 99 contiguous needed")
-    assert "(NERR_RESOURCE_NC): free NeuronCores first" in too_big
+    too_big = failed(neuron_cli(cli, "create-ncg", "99"))  # more than the machine has
+    assert too_big == (
+        "neuron-cli: not enough NeuronCores: 99 contiguous needed, this runtime has 16 "
+        "(NERR_RESOURCE_NC): ask for at most 16, all it has (0 takes the largest free run)"
+    )
+    taken = ok_json(neuron_cli(cli, "create-ncg", "1", "-j"))["ncg_id"]
+    busy = failed(neuron_cli(cli, "create-ncg", "16"))  # as many as it has, one taken
+    assert "(NERR_RESOURCE_NC): free NeuronCores first (neuron-cli list-ncg" in busy
+    ok(neuron_cli(cli, "destroy-ncg", taken))
 
     bad = work / "bad.neff"
     bad.write_bytes(neff.read_bytes()[:3000])
@@ -430,8 +440,8 @@ def test_daemon_errors_name_the_nerr_code_and_what_to_do(
     assert failed(neuron_cli(cli, "load", bad, "--ncg-id", "0")).startswith(
         f"neuron-cli: {bad}: NEFF is truncated"
     )
-    assert failed(neuron_cli(cli, "load", work / "none.neff")) == (
-        f"neuron-cli: {work}/none.neff: no such file"
+    assert failed(neuron_cli(cli, "load", work / "none.neff"), code=2) == (
+        f"neuron-cli: {work}/none.neff: no such NEFF file"
     )
     assert ncgs(stub) == {}  # --ncg-id 0 made no NCG for a NEFF it could not read
 
@@ -439,9 +449,9 @@ def test_daemon_errors_name_the_nerr_code_and_what_to_do(
 def test_no_daemon_is_one_line_and_exit_1(work: Path) -> None:
     nobody = f"unix:{work}/nobody.sock"
     assert failed(neuron_cli(None, "-a", nobody, "list-model")) == (
-        f"neuron-cli: no runtime answers at {nobody} (No such file or directory): is "
-        "neuron-rtd running there? "
-        "(systemctl status neuron-rtd; NEURON_RTD_ADDRESS names another address)"
+        f"neuron-cli: no runtime answers at {nobody}: no socket {work}/nobody.sock, so no "
+        f"daemon listens there: start one (systemctl start neuron-rtd, or neuron-rtd -g "
+        f"{nobody}), or name another address (-a ADDRESS, or NEURON_RTD_ADDRESS)"
     )
 
 

@@ -131,5 +131,5 @@ def test_no_daemon_at_the_address_is_said_as_every_tool_says_it(work: Path) -> N
     nobody = f"unix:{work}/nobody.sock"
     done = run_neuron_ls("-a", nobody, sim_root=work / "sim")
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr.startswith(f"neuron-ls: no runtime answers at {nobody} (No such file")
-    assert "is neuron-rtd running there?" in done.stderr
+    assert done.stderr.startswith(f"neuron-ls: no runtime answers at {nobody}: no socket ")
+    assert "start one (systemctl start neuron-rtd" in done.stderr

@@ -4,6 +4,8 @@ prometheus-client's parser and by a real Prometheus server when one is installed
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import socket
 import subprocess
@@ -58,6 +60,42 @@ def exporter() -> Iterator[tuple[subprocess.Popen[str], int]]:
     )
     yield proc, port
     stop(proc)
+
+
+def test_no_metrics_before_the_first_report(exporter: tuple[subprocess.Popen[str], int]) -> None:
+    """Before any report a scrape shows no samples, not zeros no report said."""
+    proc, port = exporter
+    assert proc.stdin is not None
+    assert wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics") == "", "a scrape") is True
+    proc.stdin.write(json.dumps({"neuron_runtime_data": []}) + "\n")
+    proc.stdin.flush()
+    got = wait_for(lambda: scrape(port), "the first report's metrics")
+    assert value(got, "system_vcpu_count") == 0  # what that report said (nothing): served
+
+
+def test_alone_on_a_terminal_it_says_what_it_waits_for() -> None:
+    port = free_port()
+    terminal, stdin = os.openpty()
+    proc = subprocess.Popen(
+        command("neuron_monitor_prometheus", "--port", str(port)),
+        stdin=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(stdin)
+    assert proc.stderr is not None
+    try:
+        told, _, _ = select.select([proc.stderr], [], [], 60)
+        line = proc.stderr.readline() if told else "(nothing)"
+    finally:
+        code = stop(proc)
+        os.close(terminal)
+    assert line == (
+        f"neuron-monitor-prometheus: serving http://127.0.0.1:{port}/metrics from the reports "
+        "read on stdin (none yet): run it as neuron-monitor | neuron-monitor-prometheus\n"
+    )
+    assert code == 0  # SIGTERM: its normal stop
 
 
 def test_reports_in_metrics_out(

@@ -15,10 +15,11 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client.client import Client
-from neuron_rtd.compiler import compile_model
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.errors import Nerr
 from neuron_rtd.models import resnet
 from neuron_rtd.neff import read_neff
@@ -310,8 +311,16 @@ def test_cli_profile_errors(
     assert done.returncode == 1
     assert "enable_node_profiling" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+    # what was wrong, then the code, as neuron-cli's other commands say it
+    assert done.stderr.startswith(f"neuron-cli profile: model {plain} (")
+    assert "was not loaded with node profiling" in done.stderr
+    assert done.stderr.endswith(" (NERR_INVALID)\n") and "profile: profile:" not in done.stderr
     unknown = neuron_cli("4242", "-a", daemon.address)
-    assert unknown.returncode == 1 and "not loaded" in unknown.stderr
+    assert (unknown.returncode, unknown.stderr) == (
+        1,
+        "neuron-cli profile: model 4242 is not loaded (NERR_INVALID_HANDLE): see neuron-cli "
+        "list-model\n",
+    )
     absent = neuron_cli("1", "-a", f"unix:{tmp_path}/nobody.sock")
     assert absent.returncode == 1 and "no runtime answers" in absent.stderr
     assert "Traceback" not in absent.stderr
@@ -321,3 +330,33 @@ def test_cli_profile_errors(
     assert bad_runs.returncode == 2
     usage = neuron_cli("-a", daemon.address)
     assert usage.returncode == 2
+
+
+@pytest.mark.daemon
+def test_cli_profile_of_a_neff_with_a_varying_axis_picks_a_bucket_as_validate_does(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Random inputs at the largest bucket by default, or at --input-shape's shape."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn", [x], [y])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    neff = tmp_path / "dyn.neff"
+    neff.write_bytes(compile_model(onnx_model, dynamic_batch=bucket_ranges(1, 4)).neff)
+
+    def batch_run(*args: str) -> list[list[int]]:
+        done = neuron_cli(neff, "--runs", "1", "-a", daemon.address, "-j", *args)
+        assert done.returncode == 0, done.stderr
+        (row,) = json.loads(done.stdout)["run_order"]
+        return list(row["input_shapes"])
+
+    assert batch_run() == [[4, 4]]  # the largest bucket
+    assert batch_run("--input-shape", "x=2,4") == [[2, 4]]
+    too_big = neuron_cli(neff, "--input-shape", "x=9,4", "-a", daemon.address)
+    assert too_big.returncode == 2 and "axis 0 is 9" in too_big.stderr
+    by_id = neuron_cli("10001", "--input-shape", "x=2,4", "-a", daemon.address)
+    assert (by_id.returncode, by_id.stderr) == (
+        2,
+        "neuron-cli profile: error: --input-shape applies to a NEFF file, not to a loaded "
+        "model's id\n",
+    )

@@ -295,7 +295,7 @@ def test_usage_errors_exit_2(files: Files, clean: DaemonProcess, work: Path) -> 
     nobody = f"unix:{work}/nobody.sock"
     done = neuron_cli("validate", files.onnx, files.neff, "-a", nobody)
     assert done.returncode == 1  # no daemon: a failure, not a usage error, as in every tool
-    assert f"no runtime answers at {nobody} (No such file or directory)" in done.stderr
+    assert f"no runtime answers at {nobody}: no socket {work}/nobody.sock" in done.stderr
 
 
 def test_bad_files_exit_2_in_process(

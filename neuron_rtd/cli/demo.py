@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import numpy as np
 import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, Terminated, add_version, entry
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import pb
 
@@ -36,19 +38,17 @@ def section(title: str) -> None:
 def neuron_ls(sim_root: str, *args: str) -> str:
     env = {**os.environ, "NEURON_SIM_ROOT": sim_root}
     env.pop("NEURON_RTD_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "neuron_rtd.cli.neuron_ls", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.rstrip()
+    return tool("neuron_rtd.cli.neuron_ls", *args, env=env)
 
 
-def tool(*args: str) -> str:
-    """Run one of our command-line tools as a user would; its output."""
-    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+def tool(*args: str, env: dict[str, str] | None = None) -> str:
+    """Run one of our command-line tools as a user would; its output. A tool stopped by
+    Ctrl-C or SIGTERM (the terminal signals the demo with it) stops the demo the same way."""
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env)
+    if done.returncode in (130, -signal.SIGINT):
+        raise KeyboardInterrupt
+    if done.returncode in (143, -signal.SIGTERM):
+        raise Terminated
     if done.returncode != 0:
         raise RuntimeError(f"{args[0]} exited {done.returncode}: {done.stderr.strip()}")
     return done.stdout.rstrip()
@@ -181,9 +181,9 @@ def run(work: Path, instance_type: str) -> int:
     config.write_text(json.dumps({"sim": {"instance_type": instance_type}}))
     daemon = DaemonProcess(sim_root=sim_root, args=["-c", str(config), "-l", "info"])
     section(f"Starting neuron-rtd on a simulated {instance_type} (sim root {sim_root})")
-    daemon.start()
-    print(f"neuron-rtd pid {daemon.pid} is ready on {daemon.address}")
-    try:
+    try:  # started inside: stopped whatever happens, Ctrl-C while it starts too
+        daemon.start()
+        print(f"neuron-rtd pid {daemon.pid} is ready on {daemon.address}")
         with Client(daemon.address) as client:
             print(f"runtime version {client.version()}")
             section("neuron-ls")
@@ -198,9 +198,10 @@ def run(work: Path, instance_type: str) -> int:
         print("\n".join("  " + line for line in daemon.log().splitlines()[-40:]))
         daemon.close()
     print("\n" + ("DEMO OK" if ok and code == 0 else "DEMO FAILED"))
-    return 0 if ok and code == 0 else 1
+    return EXIT_OK if ok and code == 0 else EXIT_FAILED
 
 
+@entry("neuron-rtd-demo")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="neuron-rtd-demo",
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(driver_sim.PRESETS),
         help="the simulated machine (default %(default)s)",
     )
+    add_version(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nrtd-demo-") as work:
         return run(Path(work), args.instance_type)

@@ -1,7 +1,7 @@
 """`neuron-batch`: stream TFRecord shards through a model on the daemon, outputs in order.
 
     neuron-batch --neff MODEL.neff --input 'data/train-*.tfrecord' \\
-        --feature image:float32:3,224,224 --output out/ [--ncgs 2] [--resume]
+        --feature image:float32:3,224,224 --output out/ [--ncgs 2] [--resume | --overwrite]
 
 The exit codes are in EXIT_CODES, which --help prints.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -19,11 +19,24 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from neuron_rtd.client import NrtClientError, default_address
+from neuron_rtd.arguments import unreadable
+from neuron_rtd.client import NrtClientError
+from neuron_rtd.client.address import AddressError, default_address, grpc_target
+from neuron_rtd.command_line import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGTERM,
+    EXIT_USAGE,
+    add_cast,
+    add_json_output,
+    add_version,
+    entry,
+    signal_exit_code,
+)
 from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import read_neff
-from neuron_rtd.tools.stream.checkpoint import BadCheckpoint
+from neuron_rtd.tools.stream.checkpoint import CHECKPOINT, BadCheckpoint, Checkpoint
 from neuron_rtd.tools.stream.features import DecodeError, SpecMismatch, check_specs, parse_feature
 from neuron_rtd.tools.stream.output_folder import UnsafeOutput, prepare
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
@@ -35,8 +48,9 @@ EXIT_CODES = (
     "Exit codes: 0 every record answered (or skipped under --on-corrupt skip); 1 the data, "
     "the storage or the daemon failed the run (a corrupt record under fail: which and where; "
     "a record over --max-record-mb); 2 a usage error (also a --feature or --batch the model "
-    "does not take, an --output folder refused, a checkpoint --resume cannot read); 130 or "
-    "143 stopped by Ctrl-C or SIGTERM (--resume goes on)."
+    "does not take, an --output folder refused or used by a run already without --resume or "
+    "--overwrite, a checkpoint --resume cannot read); 130 or 143 stopped by Ctrl-C or "
+    "SIGTERM (--resume goes on)."
 )
 
 
@@ -55,14 +69,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, stopping the run as Ctrl-C does."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated
 
 
 def _cores_busy(figures: dict[str, float]) -> str:
@@ -105,8 +111,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         type=_feature,
-        metavar="NAME:DTYPE:D0,D1,...[:raw|list|image]",
-        help="an Example feature to a model input of one record's shape (repeatable)",
+        metavar="NAME[=INPUT]:DTYPE:D0,D1,...[:raw|list|image]",
+        help="the Example feature NAME to the model input of that name (or to INPUT), as "
+        "one record's dtype and shape, decoded raw (default), from a list, or as an image "
+        "(repeatable: one per input)",
+    )
+    add_cast(
+        p,
+        "a record's values the feature's dtype cannot hold, a feature's dtype the "
+        "model's input cannot",
     )
     p.add_argument(
         "--output",
@@ -166,66 +179,122 @@ def parser() -> argparse.ArgumentParser:
         help="a record longer than this is refused (exit 1) from its header, before it is read "
         "(default 256)",
     )
-    p.add_argument(
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
         help="skip the shards a killed run finished (one whose output is missing is done again)",
     )
-    p.add_argument("--json", action="store_true", help="progress as JSON lines on stdout")
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --output folder a run used: the outputs its checkpoint lists "
+        "and the checkpoint are removed first",
+    )
+    add_json_output(p, "progress as JSON lines on stdout")
     p.add_argument(
         "-a",
         "--address",
         help="the daemon (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
     )
+    add_version(p)
     return p
 
 
+def used_before(output: Path) -> str | None:
+    """What a run left in `output` (its checkpoint), said for a run that would start over
+    there; None when no run did."""
+    if not (output / CHECKPOINT).exists():
+        return None
+    try:
+        done = f"{len(Checkpoint(output, resume=True).done)} shard(s) done"
+    except BadCheckpoint:
+        done = "unreadable"
+    return f"a run used it already (its checkpoint {output / CHECKPOINT}: {done})"
+
+
+def start_over(output: Path) -> None:
+    """Remove what an earlier run left in `output`: the outputs of the units its checkpoint
+    lists (their own names only, never another file) and the checkpoint."""
+    try:
+        done = Checkpoint(output, resume=True).done
+    except BadCheckpoint:
+        done = set()
+    for name in done:
+        if "/" in name or name.startswith("."):
+            continue  # not a name a run gives its outputs
+        for suffix in (".tfrecord", ".npz"):
+            (output / f"{name}{suffix}").unlink(missing_ok=True)
+    (output / CHECKPOINT).unlink()
+
+
+@entry(PROG)
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run the parsed arguments ask for; the exit code."""
 
     def error(text: str) -> None:
         """An error line on stderr, with no credentials of any URL in it."""
         print(f"{PROG}: error: {redact(text, *args.input)}", file=sys.stderr)
 
-    if not Path(args.neff).is_file():
-        what = "not a file" if Path(args.neff).exists() else "no such file"
-        error(f"--neff {args.neff}: {what}")
-        return 2
+    if args.cast:  # every feature converted as numpy's unsafe cast does
+        args.feature = [dataclasses.replace(spec, cast=True) for spec in args.feature]
+    why = unreadable(args.neff)
+    if why:
+        error(f"--neff {args.neff}: {why}")
+        return EXIT_USAGE
     try:
         neff = read_neff(Path(args.neff).read_bytes())
     except (NrtError, OSError, ValueError) as exc:
         error(f"--neff {args.neff}: {exc}")
-        return 2
+        return EXIT_USAGE
     try:  # now, before the inputs are looked for (the run checks it again, for the API)
         check_specs(args.feature, neff.inputs, args.batch)
     except SpecMismatch as exc:
         error(str(exc))
-        return 2
+        return EXIT_USAGE
     if bool(args.input) == (args.manifest is not None):
         error("give --input (one or more) or --manifest")
-        return 2
+        return EXIT_USAGE
     try:
         shards = expand(args.input) if args.input else []
         if args.manifest is not None:
             read_manifest(args.manifest)  # checked now, read again during the run
     except (ValueError, OSError) as exc:
         error(str(exc))
-        return 2
+        return EXIT_USAGE
+    try:  # read as every tool reads an address (client/address.py)
+        address = grpc_target(args.address) if args.address else default_address()
+    except AddressError as exc:
+        error(str(exc))
+        return EXIT_USAGE
     try:
         prepare(args.output)
     except UnsafeOutput as exc:
         error(f"--output {exc}")
-        return 2
+        return EXIT_USAGE
     except OSError as exc:
         why = "a file is there" if args.output.is_file() else exc.strerror
         error(f"--output {args.output}: cannot make the folder ({why})")
-        return 2
+        return EXIT_USAGE
+    used = None if args.resume else used_before(args.output)
+    if used and not args.overwrite:
+        error(
+            f"--output {args.output}: {used}: give --resume to go on with that run, "
+            "--overwrite to start over in it, or another folder"
+        )
+        return EXIT_USAGE
+    if used:
+        start_over(args.output)
     options = Options(
         neff=neff,
         shards=shards,
         features=args.feature,
         output=args.output,
-        address=args.address or default_address(),
+        address=address,
         format=args.format,
         ncgs=args.ncgs,
         channels=args.channels,
@@ -259,33 +328,33 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-    signal.signal(signal.SIGTERM, _terminate)  # as Ctrl-C: the shards done are kept
-    try:
+    try:  # SIGTERM stops the run as Ctrl-C does (`entry`): the shards done are kept
         with live if shown else contextlib.nullcontext():
             totals = Pipeline(options, report).run()
     except KeyboardInterrupt as stopped:
-        by = signal.SIGTERM if isinstance(stopped, _Terminated) else signal.SIGINT
+        code = signal_exit_code(stopped)
+        resume = "--resume in place of --overwrite" if args.overwrite else "--resume"
         print(
-            f"{PROG}: stopped by {by.name}; the shards done are kept in "
-            f"{args.output}: run the same command with --resume to go on",
+            f"{PROG}: stopped by {'SIGTERM' if code == EXIT_SIGTERM else 'SIGINT'}; the shards "
+            f"done are kept in {args.output}: run the same command with {resume} to go on",
             file=sys.stderr,
         )
-        return 128 + by
+        return code
     except (UnsafeOutput, BadCheckpoint) as exc:
         error(str(exc))
-        return 2
+        return EXIT_USAGE
     except RecordTooLarge as exc:
         error(f"{exc} (--max-record-mb raises the limit)")
-        return 1
+        return EXIT_FAILED
     except (CorruptRecord, DecodeError) as exc:
         error(str(exc))
-        return 1
+        return EXIT_FAILED
     except NrtClientError as exc:
         error(f"the daemon: {exc}")
-        return 1
+        return EXIT_FAILED
     except (NrtError, OSError) as exc:
         error(str(exc))
-        return 1
+        return EXIT_FAILED
     if not args.json:
         figures = totals.snapshot()
         print(
@@ -296,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.output}, {figures['units_skipped']:.0f} done before",
             file=sys.stderr if shown else sys.stdout,
         )
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

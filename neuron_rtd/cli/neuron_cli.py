@@ -11,10 +11,12 @@
     neuron-cli validate model.onnx model.neff   compare a NEFF on the daemon with onnxruntime
 
 What neuron-cli makes (NCGs, models) outlives it. Every command takes `-a ADDRESS` (default
-$NEURON_RTD_ADDRESS, else unix:/run/neuron.sock); the runtime commands take `--json`.
+$NEURON_RTD_ADDRESS, else unix:/run/neuron.sock) and `-j/--json-output` (or `--json`).
 
-Exit codes: 0 success, 1 it failed (no daemon answers, the daemon refused, a file that
-does not fit; validate: the check failed), 2 usage errors.
+Exit codes (docs/cli.md): 0 success, 1 it failed (no daemon answers, the daemon refused;
+validate: the check failed), 2 usage errors and bad input (a file that is not there, not
+readable or not what the command takes; an npz that does not fit the model), 130 Ctrl-C,
+143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import inspect
 import sys
 from typing import Protocol
 
+from neuron_rtd.client.address import AddressError, default_address, grpc_target
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_USAGE, add_version, entry
 from neuron_rtd.tools import control, profile
 from neuron_rtd.tools.validate import command as validate
 
@@ -82,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
         help="the daemon's address, for any command (default: $NEURON_RTD_ADDRESS, else "
         "unix:/run/neuron.sock)",
     )
+    add_version(top)
     commands = top.add_subparsers(dest="command", required=True, title="commands")
     for name, summary, command in COMMANDS:
         sub = commands.add_parser(
@@ -95,21 +100,26 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+@entry("neuron-cli")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.address is None:  # `neuron-cli -a ADDRESS COMMAND` as well as after COMMAND
         args.address = args.top_address
+    try:  # every command's address read once, as every tool reads it (client/address.py)
+        args.address = grpc_target(args.address) if args.address else default_address()
+    except AddressError as exc:
+        print(f"neuron-cli: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return int(args.handler(args))
-    except KeyboardInterrupt:
-        print("neuron-cli: interrupted", file=sys.stderr)
-        return 130
+    except BrokenPipeError:  # stdout's reader went away: `entry` ends it quietly
+        raise
     except Exception as exc:  # a bug: still one line, never a traceback
         print(
             f"neuron-cli: unexpected {type(exc).__name__}: {exc} (a bug, please report it)",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """`neuron-ls`: the Neuron devices of this machine and the runtime that owns each.
 
 Reads the driver's state tree (no daemon needed; `NEURON_SIM_ROOT` picks the tree).
-With `-a ADDRESS` (or `NEURON_RTD_ADDRESS`) it asks that daemon which machine it serves.
+With `-a ADDRESS` (or `NEURON_RTD_ADDRESS`) it asks that daemon which machine it serves;
+with neither, and no tree at the default root, it asks the daemon at the default address
+(whose tree may be closed to this user: it then says why, and what to do).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from typing import Any
 import grpc
 
 import driver_sim
+from neuron_rtd.client.address import (
+    ADDRESS_ENV,
+    DEFAULT_ADDRESS,
+    AddressError,
+    default_address,
+    grpc_target,
+)
 from neuron_rtd.client.errors import NrtConnectionError, transport_errors
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_USAGE, add_json_output, add_version, entry
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
 
@@ -119,7 +129,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "or from the daemon at ADDRESS.",
         formatter_class=PlainHelp,
     )
-    parser.add_argument("-j", "--json-output", action="store_true", help="print JSON")
+    add_json_output(parser, "print JSON")
     parser.add_argument("-t", "--topology", action="store_true", help="draw the device chain")
     parser.add_argument(
         "-a",
@@ -131,6 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the instance type the machine must be (an error if it is another)",
     )
+    add_version(parser)
     return parser.parse_args(argv)
 
 
@@ -142,34 +153,63 @@ def _root_source(address: str | None) -> str:
     return f"the default root; {driver_sim.SIM_ROOT_ENV} names another"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    address = args.address or os.environ.get("NEURON_RTD_ADDRESS")
+class Failed(Exception):
+    """neuron-ls cannot list the devices: exit 1 with this message."""
+
+
+def _described(address: str) -> Any:
+    """The daemon's describe; Failed in the words every tool says it in."""
+    try:
+        with transport_errors("describe", address, DESCRIBE_TIMEOUT_S):
+            return ask_daemon(address)
+    except NrtConnectionError as exc:
+        raise Failed(exc.details) from None
+
+
+def _machine(address: str | None, instance_type: str | None) -> tuple[Any, set[int] | None]:
+    """The machine to list (the one the daemon at `address` serves, if one is named), and
+    the devices of it to list (None: all)."""
     root: str | None = None
     only: set[int] | None = None
     if address:
-        try:
-            with transport_errors("describe", address, DESCRIBE_TIMEOUT_S):
-                described = ask_daemon(address)
-        except NrtConnectionError as exc:  # said as every tool says it
-            print(f"neuron-ls: {exc.details}", file=sys.stderr)
-            return 1
+        described = _described(address)
         root = described.sim_root
         only = {d.index for d in described.devices}
     try:
-        machine = driver_sim.Machine.open(root, instance_type=args.instance_type, create=False)
+        return driver_sim.Machine.open(root, instance_type=instance_type, create=False), only
     except driver_sim.NoMachine as exc:
-        print(
-            f"neuron-ls: {exc} ({_root_source(address)}): start neuron-rtd, which makes the "
-            f"machine, or set {driver_sim.SIM_ROOT_ENV} to the root it serves",
-            file=sys.stderr,
-        )
-        return 1
+        if address or driver_sim.SIM_ROOT_ENV in os.environ:
+            raise Failed(
+                f"{exc} ({_root_source(address)}): start neuron-rtd, which makes the machine, "
+                f"or set {driver_sim.SIM_ROOT_ENV} to the root it serves"
+            ) from None
+        # the default root, and none there: the service's may be one this user cannot
+        # read, or a daemon of their own serves another; its daemon knows (or says why not)
+        try:
+            return _machine(DEFAULT_ADDRESS, instance_type)
+        except Failed as why_not:
+            raise Failed(f"{exc} ({_root_source(None)}), and {why_not}") from None
     except (driver_sim.DriverError, ValueError, OSError) as exc:
-        print(f"neuron-ls: {exc} ({_root_source(address)})", file=sys.stderr)
-        return 1
+        raise Failed(f"{exc} ({_root_source(address)})") from None
+
+
+@entry("neuron-ls")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:  # read as every tool reads an address (client/address.py)
+        address = grpc_target(args.address) if args.address else None
+        if address is None and os.environ.get(ADDRESS_ENV):
+            address = default_address()
+    except AddressError as exc:
+        print(f"neuron-ls: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        machine, only = _machine(address, args.instance_type)
+    except Failed as exc:
+        print(f"neuron-ls: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     devices = [d for d in machine.devices() if only is None or d.index in only]
-    if args.json_output:
+    if args.json:
         print(render_json(devices))
     elif args.topology:
         print(render_topology(machine, devices))

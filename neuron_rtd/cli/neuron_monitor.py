@@ -9,7 +9,8 @@ one a line: the first at once, then whenever a metric group's period has passed.
 
 A runtime that does not answer shows an `error` in its entry and in its groups; the
 monitor keeps going and reports it again when it answers. Exit codes: 0 when stopped
-(SIGINT, SIGTERM, stdout closed), 2 for usage errors (a bad configuration names its key).
+(SIGINT, SIGTERM, stdout closed: its normal end, as a service's), 2 for usage errors (a bad
+configuration names its key).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 from types import FrameType
 from typing import TextIO
 
+from neuron_rtd.client.address import AddressError, default_address, grpc_target
+from neuron_rtd.command_line import EXIT_OK, EXIT_USAGE, add_version, entry
 from neuron_rtd.tools.monitor import config as monitor_config
 from neuron_rtd.tools.monitor.monitor import Log, Monitor
 from neuron_rtd.typed_json import ConfigError
@@ -42,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=(__doc__ or "").split("\n\n")[0].strip().replace("`", ""),
-        epilog="The configuration format: see README.md, section neuron-monitor.",
+        epilog="The configuration format: see docs/tools.md, section neuron-monitor.",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -67,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="what to tell on stderr: 0 nothing, 1 runtimes coming and going, "
         "2 each report, 3 the time each runtime took to answer",
     )
+    add_version(parser)
     return parser.parse_args(argv)
 
 
@@ -89,24 +93,23 @@ def run(monitor: Monitor, out: TextIO, *, reports: int | None = None) -> None:
             time.sleep(monitor.seconds_to_next())
 
 
+@entry(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.config_file:
             cfg = monitor_config.load(args.config_file)
         else:
-            addresses = args.address or [
-                os.environ.get("NEURON_RTD_ADDRESS") or monitor_config.DEFAULT_ADDRESS
-            ]
+            addresses = [grpc_target(a) for a in args.address or []] or [default_address()]
             cfg = monitor_config.everything(addresses)
-    except ConfigError as exc:
+    except (ConfigError, AddressError) as exc:
         where = f"{args.config_file}: " if args.config_file else ""
         print(f"{PROG}: error: {where}{exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+        return EXIT_USAGE
     monitor = Monitor(cfg, log=_logger(args.verbose, sys.stderr))
-    try:
+    try:  # the handlers set inside: a signal at once still ends here, in a clean stop
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         run(monitor, sys.stdout)
     except (_StopMonitor, KeyboardInterrupt):
         pass
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         monitor.close()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ Prometheus metrics on http://HOST:PORT/metrics.
 
 It listens on 127.0.0.1 unless told otherwise (--listen-address: a scrape shows socket
 paths, the host's name and counts), serves 64 connections at once (past them, 503) and
-drops a connection silent for 5 s. It serves until its input ends (or SIGINT,
-SIGTERM). A line that is not a report is told on stderr and skipped; so are the errors
-a report carries. Exit codes: 0 at the end of the input, 1 when the port cannot be
-served, 2 for usage errors.
+drops a connection silent for 5 s. Until the first report a scrape gets no metrics (not
+zeros). It serves until its input ends (or SIGINT, SIGTERM). A line that is not a report
+is told on stderr and skipped; so are the errors a report carries. Exit codes: 0 at the
+end of the input or when stopped (its normal end, as a service's), 1 when the port cannot
+be served, 2 for usage errors.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ import argparse
 import json
 import signal
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import TextIO
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, add_version, entry
 from neuron_rtd.tools.monitor.exporter import (
     DEFAULT_LISTEN_ADDRESS,
     Exporter,
@@ -57,14 +64,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="do not tell the reports' errors on stderr"
     )
+    add_version(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port: {args.port} is not a TCP port (0-65535)")
     return args
 
 
-def feed(exporter: Exporter, lines: Iterable[str], err: TextIO, *, quiet: bool = False) -> int:
-    """Give each report line to `exporter`; returns how many were taken."""
+class AfterFirstReport(Collector):
+    """The exporter's metrics once a report has come (`reported` set); before it, none: a
+    scrape then shows no samples rather than zeros no report said."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.reported = threading.Event()
+
+    def collect(self) -> Iterator[Metric]:
+        if self.reported.is_set():
+            yield from self.registry.collect()
+
+
+def feed(
+    exporter: Exporter,
+    lines: Iterable[str],
+    err: TextIO,
+    *,
+    quiet: bool = False,
+    reported: threading.Event | None = None,
+) -> int:
+    """Give each report line to `exporter`; returns how many were taken (`reported` is
+    set at the first)."""
     taken = 0
     told: set[str] = set()
     for number, line in enumerate(lines, 1):
@@ -76,6 +105,8 @@ def feed(exporter: Exporter, lines: Iterable[str], err: TextIO, *, quiet: bool =
             print(f"{PROG}: line {number} skipped: {exc}", file=err, flush=True)
             continue
         taken += 1
+        if reported is not None:
+            reported.set()
         for message in errors:
             if not quiet and message not in told:  # each error once, while it lasts
                 print(f"{PROG}: {message}", file=err, flush=True)
@@ -83,21 +114,37 @@ def feed(exporter: Exporter, lines: Iterable[str], err: TextIO, *, quiet: bool =
     return taken
 
 
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+@entry(PROG)
 def main(argv: list[str] | None = None, stdin: TextIO | None = None) -> int:
     args = parse_args(argv)
+    source = stdin or sys.stdin
     exporter = Exporter()
+    served = CollectorRegistry()
+    gate = AfterFirstReport(exporter.registry)
+    served.register(gate)
     try:
-        server, _thread = serve(exporter.registry, args.port, args.listen_address)
+        server, _thread = serve(served, args.port, args.listen_address)
     except OSError as exc:
         print(
             f"{PROG}: cannot serve {args.listen_address}:{args.port}: {exc.strerror}",
             file=sys.stderr,
         )
-        return 1
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    try:
-        feed(exporter, stdin or sys.stdin, sys.stderr, quiet=args.quiet)
+        return EXIT_FAILED
+    try:  # the handlers set inside: a signal at once still ends here, in a clean stop
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        if source.isatty():  # run alone: say what it waits for
+            print(
+                f"{PROG}: serving {_url(args.listen_address, server.server_port)} from the "
+                f"reports read on stdin (none yet): run it as neuron-monitor | {PROG}",
+                file=sys.stderr,
+                flush=True,
+            )
+        feed(exporter, source, sys.stderr, quiet=args.quiet, reported=gate.reported)
     except (_StopExporter, KeyboardInterrupt):
         pass
     finally:
@@ -105,7 +152,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         server.shutdown()
         server.server_close()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ daemon does not answer.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -35,7 +34,9 @@ from textual.widgets import Footer, Static, Tab, Tabs
 
 from neuron_rtd import __version__
 from neuron_rtd.client import DEFAULT_ADDRESS, NrtClientError
+from neuron_rtd.client.address import AddressError, default_address, grpc_target
 from neuron_rtd.client.observe import Interval, Watch, interval
+from neuron_rtd.command_line import EXIT_OK, EXIT_USAGE, add_version, entry
 
 BAR_WIDTH = 10
 TALLY_ERRORS = (
@@ -491,7 +492,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "A daemon that does not answer shows 'no runtime answers at ADDRESS' in its tab "
         "and is asked again every interval; the view starts even when none answers. "
         "With --once, or when stdout is not a terminal, one frame is printed instead and "
-        "the exit status is 1 when a daemon does not answer (2 for usage errors).",
+        "the exit status is 1 when a daemon does not answer (2 for usage errors, 130 or 143 "
+        "when Ctrl-C or SIGTERM stops it first).",
     )
     parser.add_argument(
         "addresses",
@@ -508,7 +510,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a daemon to watch (repeatable; with the positional ones)",
     )
     parser.add_argument(
-        "-i",
         "--interval",
         type=positive_seconds,
         default=1.0,
@@ -520,15 +521,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="print one frame (measured over one interval) and exit",
     )
-    parser.add_argument("--version", action="version", version=f"neuron-top {__version__}")
+    add_version(parser)
     return parser.parse_args(argv)
 
 
+@entry("neuron-top")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    addresses = list(dict.fromkeys([*args.addresses, *args.address]))
-    if not addresses:
-        addresses = [os.environ.get("NEURON_RTD_ADDRESS") or DEFAULT_ADDRESS]
+    try:  # read as every tool reads an address (client/address.py)
+        given = [grpc_target(address) for address in [*args.addresses, *args.address]]
+        addresses = list(dict.fromkeys(given)) or [default_address()]
+    except AddressError as exc:
+        print(f"neuron-top: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     timeout_s = min(5.0, max(1.0, args.interval))
     pollers = [Poller(address, timeout_s=timeout_s) for address in addresses]
     try:
@@ -536,9 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             width = None if sys.stdout.isatty() else 160
             return print_once(pollers, args.interval, Console(width=width))
         NeuronTop(pollers, interval_s=args.interval).run()
-        return 0
-    except KeyboardInterrupt:
-        return 130
+        return EXIT_OK
     finally:
         for poller in pollers:
             poller.close()

@@ -1,6 +1,7 @@
 """What a client reads from its environment, the way the framework plugins read it.
 
-- `NEURON_RTD_ADDRESS`: the daemon's gRPC address (`unix:/path` or `host:port`).
+- `NEURON_RTD_ADDRESS`: the daemon's address (a socket path, `unix:/path` or `host:port`;
+  read by `address.py`, as every address is).
 - `NEURON_RTD_SHM_MAP`: `no` (also `0`, `false`, `off`) sends every tensor inline instead
   of through shared memory.
 - `NEURONCORE_GROUP_SIZES`: NeuronCore Groups to create at open, as comma-separated NC
@@ -12,8 +13,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-DEFAULT_ADDRESS = "unix:/run/neuron.sock"
-ADDRESS_ENV = "NEURON_RTD_ADDRESS"
 LANE_ENV = "NEURON_RTD_FAST_LANE"
 SHM_ENV = "NEURON_RTD_SHM_MAP"
 NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
@@ -21,11 +20,6 @@ NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
 CHUNK_BYTES = 1 << 20  # NEFF chunks of a load stream: at most 1 MiB each
 DEFAULT_NINFER = 4  # in-flight inferences per model (the daemon's default too)
 _OFF = frozenset({"no", "0", "false", "off"})
-
-
-def default_address(environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return env.get(ADDRESS_ENV) or DEFAULT_ADDRESS
 
 
 def shm_from_env(environ: Mapping[str, str] | None = None) -> bool:

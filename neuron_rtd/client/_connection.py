@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -40,6 +40,8 @@ from neuron_rtd.proto import (
 
 log = logging.getLogger("neuron_rtd.client")
 
+T = TypeVar("T")
+
 PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
 
 
@@ -60,6 +62,7 @@ class Connection:
         session: bool = True,
     ) -> None:
         self.address = address
+        self.answered = False  # a daemon answered a call: losing it, one is likely back soon
         self.use_session = session  # False: everything is made with session id 0
         self.timeout_s = timeout_s
         self.async_workers = async_workers
@@ -87,11 +90,18 @@ class Connection:
         call: Callable[..., Any] = getattr(stub or self.stub, method)
         metadata = self.metadata
         with transport_errors(method, self.address, self.timeout_s):
-            if not retry:
-                return call(request, timeout=self.timeout_s, metadata=metadata)
-            return retry_unavailable(
-                lambda: call(request, timeout=self.timeout_s, metadata=metadata), self.channel
+            answer = (
+                self.retry(lambda: call(request, timeout=self.timeout_s, metadata=metadata))
+                if retry
+                else call(request, timeout=self.timeout_s, metadata=metadata)
             )
+        self.answered = True
+        return answer
+
+    def retry(self, call: Callable[[], T]) -> T:
+        """`call()`, with the clients' one retry when the daemon is UNAVAILABLE but likely
+        back soon (`errors.wait_reconnected`)."""
+        return retry_unavailable(call, self.channel, self.address, answered=self.answered)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -161,12 +171,50 @@ class Connection:
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
-        stream loads nothing)."""
+        stream loads nothing). Interrupted (`_load_once`), it leaves no model behind."""
         with transport_errors("load", self.address, self.timeout_s):
-            return retry_unavailable(
-                lambda: self.stub.load(stream(), timeout=self.timeout_s, metadata=self.metadata),
-                self.channel,
+            answer = self.retry(lambda: self._load_once(stream()))
+        self.answered = True
+        return answer
+
+    def _load_once(self, requests: Iterator[pb.load_request]) -> pb.load_response:
+        """One `load` call, waited for where Ctrl-C reaches it. Stopped while it waits (a
+        KeyboardInterrupt, any exception but the call's own failure), the call is
+        cancelled: the daemon then unloads a model it makes for it (its caller left
+        before the answer), and a stream cut short loads nothing. When the answer had come
+        already, the model it made is unloaded here (`unload_made`)."""
+        call = self.stub.load.future(requests, timeout=self.timeout_s, metadata=self.metadata)
+        try:
+            return call.result()
+        except grpc.RpcError:
+            raise
+        except BaseException as stop:
+            if not call.cancel() and call.exception() is None:  # it had ended: answered
+                answer = call.result()
+                if answer.status.code == Nerr.OK:
+                    self.unload_made(answer.h_nn.id, stop)
+            raise
+
+    def unload_made(self, model_id: int, stop: BaseException) -> None:
+        """Unload a model a load made for a caller stopped by `stop` (Ctrl-C, an error)
+        after the daemon's answer: no one will hold it. When that fails, a note on the
+        exception that goes on (`stop`, or a second Ctrl-C meanwhile) says the model stays
+        and how to unload it."""
+
+        def note(why: str) -> str:
+            return (
+                f"model {model_id} may stay loaded on the daemon at {self.address} ({why}): "
+                f"unload it (neuron-cli -a {self.address} unload {model_id})"
             )
+
+        try:
+            self.model_call("unload", pb.unload_request, model_id)
+        except NrtClientError as exc:
+            if exc.code != Nerr.INVALID_HANDLE:  # else it is gone already
+                stop.add_note(note(f"unloading it failed: {exc}"))
+        except BaseException as again:
+            again.add_note(note("unloading it was interrupted"))
+            raise
 
     def model_call(self, method: str, request_cls: Any, model_id: int) -> None:
         """`start`, `stop` or `unload` of one model, its status checked."""
@@ -210,7 +258,10 @@ class Connection:
             return False
         peer = self._ticket()
         with transport_errors("session_monitor", self.address, self.timeout_s):
-            self.session = Session(self.channel, timeout_s=self.timeout_s, ticket=peer)
+            self.session = Session(
+                self.channel, timeout_s=self.timeout_s, ticket=peer, retry=self.retry
+            )
+        self.answered = True
         return True
 
     def _ticket(self) -> int | None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
 from neuron_rtd import __version__
-from neuron_rtd.client.errors import code_of, retry_unavailable
+from neuron_rtd.client.errors import code_of
 from neuron_rtd.proto import TICKET_METADATA, pb, pb_grpc
 
 log = logging.getLogger("neuron_rtd.client")
@@ -42,8 +42,10 @@ class Session:
         framework_version: str = __version__,
         timeout_s: float | None = None,
         ticket: int | None = None,
+        retry: Callable[[Callable[[], int]], int],
     ) -> None:
-        """`ticket`: a peer ticket (client/_peer.py) naming this user to the daemon."""
+        """`ticket`: a peer ticket (client/_peer.py) naming this user to the daemon.
+        `retry(call)`: makes the opening call with the connection's one retry."""
         self._closing = threading.Event()
         self._done = threading.Event()
         self._call: Any = None
@@ -55,9 +57,7 @@ class Session:
         )
         stub = pb_grpc.nmgr_session_managerStub(channel)
         metadata = () if ticket is None else ((TICKET_METADATA, str(ticket)),)
-        self.id = retry_unavailable(
-            lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S, metadata), channel
-        )
+        self.id = retry(lambda: self._open(stub, request, timeout_s or OPEN_TIMEOUT_S, metadata))
 
     def _open(self, stub: Any, request: Any, timeout_s: float, metadata: Any) -> int:
         closing = self._closing = threading.Event()

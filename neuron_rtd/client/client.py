@@ -1,7 +1,9 @@
 """A Python client of the daemon that drives it the way the framework plugins do.
 
-- Address from `NEURON_RTD_ADDRESS` (default `unix:/run/neuron.sock`; `host:port` is TCP),
-  message size limits off, every unary call (and `load`) retried once on UNAVAILABLE.
+- Address from `NEURON_RTD_ADDRESS` (default `unix:/run/neuron.sock`; a socket path, or
+  `host:port` for TCP: `address.py`), message size limits off, every unary call (and
+  `load`) retried once on UNAVAILABLE when the daemon is likely back soon (restarting);
+  one not there is said at once, with why (`reach.py`).
 - A session stream (`session_monitor`) for the client's life, opened at the first call
   that makes something on the daemon; its id goes with `create_eg`, `load` and `shm_map`,
   so whatever the client made is released when it closes or dies. With `session=False`
@@ -29,15 +31,14 @@ import grpc
 
 from neuron_rtd.client._config import (
     CHUNK_BYTES,
-    DEFAULT_ADDRESS,
     DEFAULT_NINFER,
     check_ncg_sizes,
-    default_address,
     ncg_sizes_from_env,
     shm_from_env,
 )
 from neuron_rtd.client._connection import Connection
 from neuron_rtd.client._ncg import NcgGate
+from neuron_rtd.client.address import DEFAULT_ADDRESS, default_address, grpc_target
 from neuron_rtd.client.errors import SUCCESS, NrtClientError, check
 from neuron_rtd.client.model import Model, Signature
 from neuron_rtd.errors import Nerr
@@ -77,7 +78,9 @@ class Client:
         async_workers: int = ASYNC_WORKERS,
         session: bool = True,
     ) -> None:
-        """`address`: default from `NEURON_RTD_ADDRESS`. `timeout_s`: deadline of each
+        """`address`: a socket path, `unix:/path` or `host:port` (`address.py`; an
+        AddressError, a ValueError, when it names none), default from
+        `NEURON_RTD_ADDRESS`. `timeout_s`: deadline of each
         call (None: none). `shm`: IFMAPs/OFMAPs through shared memory (default: unless
         `NEURON_RTD_SHM_MAP=no`). `ncg_sizes`: NCGs to make at open (default from
         `NEURONCORE_GROUP_SIZES`). `ninfer`: the queue depth of models loaded without
@@ -85,7 +88,7 @@ class Client:
         `session`: False opens no session; NCGs, models and shm maps are made with session
         id 0, and `close` leaves the NCGs and models on the daemon (freeing only the
         client's shared memory)."""
-        self.address = address or default_address()
+        self.address = grpc_target(address) if address else default_address()
         self.ninfer = ninfer
         sizes = ncg_sizes_from_env() if ncg_sizes is None else check_ncg_sizes(ncg_sizes)
         self.ncg_sizes = sizes
@@ -276,7 +279,12 @@ class Client:
         inference may take (default: the daemon's). `by_path`: the daemon reads the file
         itself (`neff_file`); else the NEFF is streamed in 1 MiB chunks. `profile`:
         load it with `enable_node_profiling` (its inferences record each op, for the
-        ext `profile` RPC and `neuron-cli profile`)."""
+        ext `profile` RPC and `neuron-cli profile`).
+
+        Stopped part way (Ctrl-C, any exception), a load leaves no model behind: before
+        the daemon's answer the call is cancelled, and the daemon unloads a model whose
+        caller left; after it, the model is unloaded here. One that could not be is named,
+        with the command that unloads it, in a note on the exception (`__notes__`)."""
         if timeout is not None and timeout_s is not None:
             raise TypeError("give timeout or timeout_s, not both")
         seconds = timeout if timeout is not None else timeout_s
@@ -312,9 +320,11 @@ class Client:
                     pass
             elif start:
                 self.start(model_id)
-        except BaseException:
-            with contextlib.suppress(NrtClientError):
-                self.unload(model_id)
+        except BaseException as stop:  # Ctrl-C too: the model would be no one's
+            try:
+                self.connection.unload_made(model_id, stop)
+            finally:
+                self._forget(model_id)
             raise
         return model
 
@@ -394,11 +404,15 @@ class Client:
         try:
             self.connection.model_call("unload", pb.unload_request, model_id)
         finally:
-            with self._lock:
-                model = self._models.pop(model_id, None)
-                self._attached.discard(model_id)
-            if model is not None:
-                model.release_buffers(unmap=True)
+            self._forget(model_id)
+
+    def _forget(self, model_id: int) -> None:
+        """A model unloaded (or on its way out): its shared memory freed."""
+        with self._lock:
+            model = self._models.pop(model_id, None)
+            self._attached.discard(model_id)
+        if model is not None:
+            model.release_buffers(unmap=True)
 
     def unload_all(self) -> None:
         """Unload every model and destroy every NCG on the daemon (also other clients')."""

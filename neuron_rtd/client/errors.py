@@ -1,7 +1,7 @@
 """The client's exceptions: a daemon answer other than success, with its nerr code
 (`NrtClientError`); a daemon not reached or not answering in time (`NrtConnectionError`,
-one too, naming the address and what to do); and the one retry of a call the daemon was
-UNAVAILABLE for.
+one too, naming the address, what is wrong there and what to do); and the one retry of a
+call the daemon was UNAVAILABLE for, made only when a daemon is likely back soon.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from neuron_rtd.client.reach import restart_likely, unreachable
 from neuron_rtd.errors import Nerr
 
 # INFER_COMPLETED_WITH_NUM_ERR finished with NaN/Inf: the clients treat it as success.
@@ -72,6 +73,9 @@ def transport_message(exc: grpc.RpcError, address: str, timeout_s: float | None)
     code = code_of(exc)
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
+        why_not = unreachable(address)  # a unix socket: what is (not) there, and what to do
+        if why_not is not None:
+            return f"no runtime answers at {address}: {why_not}"
         # gRPC's details end with the system's reason, e.g. "... error: Connection refused"
         _, marker, reason = (details or "").rpartition("error: ")
         why = f" ({reason.strip()})" if marker and reason.strip() else ""
@@ -113,9 +117,7 @@ def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
 T = TypeVar("T")
 
 
-RECONNECT_S = 5.0  # how long the one retry waits for the daemon to be back
-# Reconnect soon after a daemon restart (gRPC's default backoff grows to 2 minutes):
-# connecting to a local socket costs next to nothing.
+RECONNECT_S = 5.0  # how long the one retry waits for a daemon likely back (restarting)
 RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -137,21 +139,38 @@ def settle_before_close(channel: grpc.Channel) -> None:
         time.sleep(max(0.0, waited + WATCH_LINGER_S - time.monotonic()))
 
 
-def retry_unavailable(call: Callable[[], T], channel: grpc.Channel) -> T:
-    """`call()`, made once more when the daemon is UNAVAILABLE (restarting, or its
-    socket not yet there): the clients' one retry, once `channel` is connected again
-    (waiting up to RECONNECT_S for it)."""
+def retry_unavailable(
+    call: Callable[[], T],
+    channel: grpc.Channel,
+    address: str | None = None,
+    *,
+    answered: bool = True,
+) -> T:
+    """`call()`, made once more when the daemon was UNAVAILABLE and is likely back soon
+    (restarting, or its socket not yet there): the clients' one retry, once `channel` is
+    connected again (see `wait_reconnected`)."""
     try:
         return call()
     except grpc.RpcError as exc:
-        wait_reconnected(exc, channel)
+        wait_reconnected(exc, channel, address, answered=answered)
     return call()
 
 
-def wait_reconnected(exc: grpc.RpcError, channel: grpc.Channel) -> None:
-    """Return once `channel` is connected again after the failure `exc`, when it is worth
-    one retry (UNAVAILABLE); else raise `exc`."""
+def wait_reconnected(
+    exc: grpc.RpcError,
+    channel: grpc.Channel,
+    address: str | None = None,
+    *,
+    answered: bool = True,
+) -> None:
+    """Return once `channel` is connected again after the failure `exc` (waiting up to
+    RECONNECT_S), when it is worth one retry: UNAVAILABLE, and a daemon at `address`
+    likely to answer soon (`reach.restart_likely`; `answered`: one answered this client
+    before; no `address`: always likely). Else raise `exc` at once: no socket, a stale
+    one, a closed door or a refused TCP port on a first call is said in a moment."""
     if code_of(exc) != grpc.StatusCode.UNAVAILABLE:
+        raise exc
+    if address is not None and not restart_likely(address, answered=answered):
         raise exc
     ready = grpc.channel_ready_future(channel)
     try:

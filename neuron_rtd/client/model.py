@@ -33,8 +33,8 @@ from neuron_rtd.client.errors import (
     transport_errors,
     wait_reconnected,
 )
-from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import Neff, TensorSpec
+from neuron_rtd.errors import BadInput, Nerr
+from neuron_rtd.neff import Neff, TensorSpec, as_input
 from neuron_rtd.proto import pb
 
 if TYPE_CHECKING:
@@ -136,14 +136,25 @@ class Model:
 
     # --- inference ------------------------------------------------------------------
     def __call__(self, **inputs: Any) -> dict[str, np.ndarray]:
-        return self.infer(inputs)
+        """`infer` with the inputs by keyword, and `cast=True` as `infer` takes it (for a
+        model with an input named `cast` that is the input: cast through `infer` then)."""
+        cast = "cast" in inputs and "cast" not in self._specs and bool(inputs.pop("cast"))
+        return self.infer(inputs, cast=cast)
 
-    def infer(self, inputs: Inputs | Staged) -> dict[str, np.ndarray]:
-        """Run one inference: the outputs by name, shaped and typed by the NEFF."""
+    def infer(self, inputs: Inputs | Staged, *, cast: bool = False) -> dict[str, np.ndarray]:
+        """Run one inference: the outputs by name, shaped and typed by the NEFF.
+
+        Each input is an array of the NEFF's dtype, or one whose every value that dtype
+        holds: a safe cast (int32 for int64, float16 for float32) or values that survive
+        the conversion (float64 zeros for float32; Python floats are rounded to a float
+        input's precision). Anything else is refused before it is sent, NrtClientError
+        NERR_INFER_BAD_INPUT naming the input, its dtype, the model's and a value that does
+        not fit (docs/dtypes.md). `cast`: convert as numpy's unsafe cast does instead,
+        losing precision, overflowing to inf, wrapping integers."""
         if isinstance(inputs, Staged):
             slot = inputs.take(self)
-            return self._run(inputs.inputs, posted=False, slot=slot)
-        return self._run(inputs, posted=False)
+            return self._run(inputs.inputs, posted=False, slot=slot, cast=cast)
+        return self._run(inputs, posted=False, cast=cast)
 
     def stage(self) -> Staged | None:
         """Input arrays of this model's shapes and dtypes in shared memory, for the caller
@@ -162,12 +173,12 @@ class Model:
             self._give_back(staged.take(self), keep=True)
 
     def infer_async(
-        self, inputs: Inputs | Staged, *, posted: bool = True
+        self, inputs: Inputs | Staged, *, posted: bool = True, cast: bool = False
     ) -> Future[dict[str, np.ndarray]]:
         """Start one inference (`infer_post`, then `infer_wait` on the client's thread
         pool; with `posted` False one `infer`: half the calls, for a caller that keeps
-        enough in flight itself); the future gives what `infer` returns. Leave the arrays
-        unchanged until it is done.
+        enough in flight itself); the future gives what `infer` returns (inputs taken,
+        refused or `cast` as `infer` says). Leave the arrays unchanged until it is done.
 
         With `posted` False, while fewer than `ninfer` are in flight and the model has
         its NCG to itself, the `infer` is sent at once as a gRPC future, no thread waiting
@@ -177,21 +188,28 @@ class Model:
         slot, arrays = (
             (inputs.take(self), inputs.inputs) if isinstance(inputs, Staged) else (None, inputs)
         )
+        if not posted and self.gate is None and self._in_flight.acquire(blocking=False):
+            try:  # (`_send` gives the slot back itself when it sends nothing)
+                return self._send(dict(arrays), slot, cast)
+            except NrtClientError as exc:  # inputs refused, nothing sent: as in the pool
+                self._in_flight.release()
+                refused: Future[dict[str, np.ndarray]] = Future()
+                refused.set_exception(exc)
+                return refused
+            except BaseException:
+                self._in_flight.release()
+                raise
         try:
-            if not posted and self.gate is None and self._in_flight.acquire(blocking=False):
-                try:
-                    return self._send(dict(arrays), slot)
-                except BaseException:
-                    self._in_flight.release()
-                    raise
             pool = self.connection.executor()
-            return pool.submit(self._run, dict(arrays), posted=posted, slot=slot)
+            return pool.submit(self._run, dict(arrays), posted=posted, slot=slot, cast=cast)
         except BaseException:
             if slot is not None:  # never sent: the slot is free again
                 self._give_back(slot, keep=True)
             raise
 
-    def _send(self, inputs: dict[str, Any], slot: _Slot | None) -> Future[dict[str, np.ndarray]]:
+    def _send(
+        self, inputs: dict[str, Any], slot: _Slot | None, cast: bool = False
+    ) -> Future[dict[str, np.ndarray]]:
         """One `infer` as a gRPC future, holding an in-flight place (taken by the caller)
         and a slot (the one given, else one taken), both given back when it completes."""
         result: Future[dict[str, np.ndarray]] = Future()
@@ -206,7 +224,7 @@ class Model:
                 response = call.result()
             except grpc.RpcError as exc:
                 self._in_flight.release()
-                self._retry(exc, inputs, result, slot)
+                self._retry(exc, inputs, result, slot, cast)
                 return
             try:
                 check("infer", response.status)
@@ -221,7 +239,7 @@ class Model:
             result.set_result(outputs)
 
         try:
-            self.connection.unary_future("infer", self._request(inputs, slot), done)
+            self.connection.unary_future("infer", self._request(inputs, slot, cast), done)
         except BaseException:
             self._give_back(slot, keep=True)  # nothing was sent
             raise
@@ -233,6 +251,7 @@ class Model:
         inputs: dict[str, Any],
         result: Future[dict[str, np.ndarray]],
         slot: _Slot | None,
+        cast: bool = False,
     ) -> None:
         """A sent `infer` the transport failed, dealt with as `infer` deals with it (one
         retry once the daemon is back from UNAVAILABLE, else an NrtConnectionError), its
@@ -246,7 +265,7 @@ class Model:
                     wait_reconnected(exc, connection.channel)
             finally:
                 self._give_back(slot, keep=False)
-            return self._run(inputs, posted=False)
+            return self._run(inputs, posted=False, cast=cast)
 
         try:
             again = self.connection.executor().submit(again_in_pool)
@@ -277,11 +296,11 @@ class Model:
         return {io.name: io.buf for io in response.ofmap}
 
     def _run(
-        self, inputs: Inputs, *, posted: bool, slot: _Slot | None = None
+        self, inputs: Inputs, *, posted: bool, slot: _Slot | None = None, cast: bool = False
     ) -> dict[str, np.ndarray]:
         self._check_loaded()
         with self._in_flight, self._slot(slot) as slot, self._running():
-            request = self._request(inputs, slot)
+            request = self._request(inputs, slot, cast)
             if posted:
                 answer = self.connection.unary("infer_post", request)
                 check("infer_post", answer.status)
@@ -293,7 +312,7 @@ class Model:
                 check("infer", response.status)
             return self._outputs(response, slot)
 
-    def _request(self, inputs: Inputs, slot: _Slot | None) -> Any:
+    def _request(self, inputs: Inputs, slot: _Slot | None, cast: bool = False) -> Any:
         request = pb.infer_request(h_nn=pb.h_nn(id=self.id))
         views = slot.views if slot is not None else None
         if views is not None and (
@@ -301,23 +320,22 @@ class Model:
         ):
             raise ValueError("staged inputs are sent as they are: fill Staged.inputs in place")
         for name, value in inputs.items():
-            array = np.asarray(value)
             spec = self._specs.get(name)
             buffer = slot.inputs.get(name) if slot is not None else None
             if spec is None:  # not an input of this model: the daemon says so
-                request.ifmap.append(pb.infer_io(name=name, buf=array.tobytes()))
+                request.ifmap.append(pb.infer_io(name=name, buf=np.asarray(value).tobytes()))
                 continue
+            array = _of_dtype(value, spec, cast)
             nbytes = array.size * spec.dtype.itemsize
             if buffer is not None and spec.varying_axes:
                 buffer.resize(nbytes)  # the daemon reads all of a varying input's object
             if buffer is not None and nbytes == buffer.size:
                 if views is None:  # staged inputs are in the buffer already: no copy
-                    buffer.write(array, spec.dtype)
+                    buffer.write(array, spec.dtype)  # of that dtype: a plain copy
                 shm = pb.shared_mem_buf(path=buffer.path)
                 request.ifmap.append(pb.infer_io(name=name, buf_shm=shm))
             else:  # a size the NEFF does not take: inline, for the daemon's own error
-                data = np.ascontiguousarray(array, dtype=spec.dtype).tobytes()
-                request.ifmap.append(pb.infer_io(name=name, buf=data))
+                request.ifmap.append(pb.infer_io(name=name, buf=array.tobytes()))
         if slot is not None:
             for name, buffer in slot.outputs.items():
                 shm = pb.shared_mem_buf(path=buffer.path)
@@ -423,6 +441,16 @@ class Model:
     def __exit__(self, *exc: object) -> None:
         if not self._unloaded:
             self.unload()
+
+
+def _of_dtype(value: Any, spec: TensorSpec, cast: bool) -> np.ndarray:
+    """An input's value as an array of its NEFF dtype, under the one dtype policy
+    (`neuron_rtd.neff.casting`); a value refused is the client's NERR_INFER_BAD_INPUT, as
+    an input the daemon refuses is."""
+    try:
+        return as_input(value, spec.dtype, spec.name, cast=cast)
+    except BadInput as exc:
+        raise NrtClientError(exc.code, str(exc), "infer") from None
 
 
 def _made(made: list[ShmBuffer], tensor: TensorSpec, passed: bool) -> ShmBuffer:

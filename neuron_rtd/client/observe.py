@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from neuron_rtd.client.address import grpc_target
 from neuron_rtd.client.errors import NrtClientError, transport_errors
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
@@ -117,9 +118,10 @@ class Watch:
     or raise NrtClientError (no daemon answers, or it answered an error)."""
 
     def __init__(self, address: str, *, timeout_s: float = 5.0) -> None:
-        self.address = address
+        """`address`: as `Client` takes it (a socket path, `unix:/path`, `host:port`)."""
+        self.address = grpc_target(address)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self._stub = ext_pb_grpc.nmgr_extStub(self._channel)
         self._nmgr = pb_grpc.nmgr_v1Stub(self._channel)
 

@@ -1,7 +1,11 @@
 """`neuron-cc compile model.onnx -o model.neff [options]`: the compiler's command line.
 
 Exit codes: 0 compiled (the summary printed), 1 the model cannot be compiled (the message
-names the node, op and reason; no file is written), 2 bad arguments.
+names the node, op and reason; no file is written), 2 bad arguments (also a model file
+that is not there or not readable, an output that cannot be written), 130 Ctrl-C, 143
+SIGTERM.
+
+`neuron-cc --help` shows `compile`'s options too (its manual page is made from it).
 
 On a terminal, progress per phase and per bucket goes to stderr (none with -q, --json, or
 when stderr is not a terminal); `--json` prints the summary as JSON on stdout.
@@ -21,7 +25,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from neuron_rtd.arguments import parse_shape
+from neuron_rtd.arguments import parse_shape, unreadable
+from neuron_rtd.command_line import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_json_output,
+    add_version,
+    entry,
+)
 from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
@@ -51,14 +63,34 @@ def _dynamic(text: str) -> tuple[str, tuple[int, int, str]]:
     return name, _range(rest)
 
 
+class _Compiler(argparse.ArgumentParser):
+    """neuron-cc's parser: its help ends with its one command's, options and all."""
+
+    compile_parser: argparse.ArgumentParser | None = None
+
+    def format_help(self) -> str:
+        own = super().format_help()
+        if self.compile_parser is None:
+            return own
+        return f"{own}\n{self.compile_parser.format_help()}"
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Compiler(
         prog="neuron-cc", description="Compile ONNX models to NEFF.", formatter_class=PlainHelp
     )
-    commands = top.add_subparsers(dest="command", required=True)
-    cmd = commands.add_parser(
-        "compile", help="compile an ONNX model into a NEFF", formatter_class=PlainHelp
+    add_version(top)
+    commands = top.add_subparsers(
+        dest="command", required=True, parser_class=argparse.ArgumentParser
     )
+    cmd = commands.add_parser(
+        "compile",
+        help="compile an ONNX model into a NEFF",
+        description="Compile an ONNX model into a NEFF: the summary on stdout, progress on a "
+        "terminal's stderr.",
+        formatter_class=PlainHelp,
+    )
+    top.compile_parser = cmd
     cmd.add_argument("model", help="the ONNX model file")
     cmd.add_argument("-o", "--output", required=True, help="the NEFF file to write")
     cmd.add_argument(
@@ -107,9 +139,7 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--name", help="the model name in the NEFF (default: the ONNX graph name)")
     cmd.add_argument("--gzip", action="store_true", help="compress the NEFF archive")
     cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary and no progress")
-    cmd.add_argument(
-        "--json", action="store_true", help="print the summary as JSON (and no progress)"
-    )
+    add_json_output(cmd, "print the summary as JSON (and no progress)")
     return top
 
 
@@ -150,30 +180,35 @@ def _unwritable(output: str) -> str | None:
     return None
 
 
+@entry("neuron-cc")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    unusable = unreadable(args.model, "ONNX file")
+    if unusable:
+        print(f"neuron-cc: error: {args.model}: {unusable}", file=sys.stderr)
+        return EXIT_USAGE
     why = _unwritable(args.output)
     if why:
         print(f"neuron-cc: error: cannot write {args.output}: {why}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     shown = not (args.quiet or args.json) and sys.stderr.isatty()
     try:
         with _progress(shown) as progress:
             result = _compile(args, progress)
     except CompileError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     try:
         write_neff(args.output, result.neff)
     except OSError as exc:
         print(f"neuron-cc: error: cannot write {args.output}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if args.json:
         print(json.dumps({**result.summary.as_json(), "output": args.output}, indent=2))
     elif not args.quiet:
         print(result.summary)
         print(f"wrote {args.output}")
-    return 0
+    return EXIT_OK
 
 
 def _compile(args: argparse.Namespace, progress: ProgressFn | None) -> CompileResult:

@@ -1,4 +1,5 @@
-"""The daemon's configuration: a JSON file, then the command-line flags over it.
+"""The daemon's configuration: a JSON file, then `NEURON_RTD_ADDRESS` (the address only, as
+the clients read it), then the command-line flags over them.
 
 Built once in `main()`; everything below receives a `DaemonConfig`, never the raw file.
 
@@ -17,14 +18,16 @@ import json
 import os
 import pwd
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from neuron_rtd.client.address import ADDRESS_ENV, DEFAULT_ADDRESS
+from neuron_rtd.daemon.listener import AddressError, listen_address
 from neuron_rtd.runtime import nc_engine, nc_spinning
 from neuron_rtd.typed_json import ConfigError, Expected, check_object
 
-DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
 LOG_LEVELS = ("error", "warning", "info", "debug")
@@ -171,6 +174,13 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfi
 
 
 def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
+    """`config` checked, its server_address as gRPC names it (`unix:/absolute/path` for
+    any socket path); ConfigError naming `where` for the first wrong value."""
+    try:
+        address = listen_address(config.server_address)
+    except AddressError as exc:
+        raise ConfigError(f"{where}: server_address: {exc}") from None
+    config = replace(config, server_address=address.target)
     if config.default_timeout < 1:
         raise ConfigError(f"{where}: default_timeout must be at least 1 second")
     if config.default_ninfer < 1:
@@ -260,10 +270,16 @@ def load_config(
     path: str | None = None,
     instance: str | None = None,
     overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> DaemonConfig:
-    """File (if any) then `overrides` (the flags) over the defaults."""
+    """File (if any), then `NEURON_RTD_ADDRESS` of `environ` (default: this process's),
+    then `overrides` (the flags) over the defaults: the daemon listens where its clients
+    look, unless its command line says otherwise."""
     file = config_path(path, instance)
     config = config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
+    env = os.environ if environ is None else environ
+    if env.get(ADDRESS_ENV) and not (overrides or {}).get("server_address"):
+        config = validate(replace(config, server_address=env[ADDRESS_ENV]), f"${ADDRESS_ENV}")
     known = {f.name for f in fields(DaemonConfig)}
     changes = {k: v for k, v in (overrides or {}).items() if v is not None and k in known}
     return validate(replace(config, **changes, instance=instance), "flags")

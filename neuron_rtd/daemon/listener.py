@@ -17,39 +17,33 @@ import fcntl
 import grp
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import grpc
+
+from neuron_rtd.client.address import Address, lock_path, parse_address
+from neuron_rtd.client.address import AddressError as ClientAddressError
 
 
 class AddressError(Exception):
     """An address we cannot serve on, or one another daemon already serves."""
 
 
-@dataclass(frozen=True)
-class Address:
-    text: str
-    unix_path: Path | None  # None: TCP host:port
-
-    @property
-    def grpc_target(self) -> str:
-        return f"unix:{self.unix_path}" if self.unix_path else self.text
-
-
-def parse_address(text: str) -> Address:
-    if text.startswith("unix:"):
-        path = text[len("unix:") :]
-        if path.startswith("//"):
-            path = path[2:]
-        if not path.startswith("/"):
-            raise AddressError(f"unix address '{text}' needs an absolute path")
-        return Address(text=f"unix:{path}", unix_path=Path(path))
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise AddressError(f"address '{text}' is neither unix:/path nor host:port")
-    return Address(text=text, unix_path=None)
+def listen_address(text: str) -> Address:
+    """Where to listen, read as every tool reads an address (a socket path, `unix:/path`
+    or `host:port`: client/address.py), and one a daemon can serve: a socket file or a
+    TCP port, not an abstract socket or a name to resolve."""
+    try:
+        address = parse_address(text)
+    except ClientAddressError as exc:
+        raise AddressError(str(exc)) from None
+    if address.unix_path is None and not address.host_port:
+        raise AddressError(
+            f"neuron-rtd listens on a socket path (/run/neuron.sock, unix:/path) or on "
+            f"host:port, not on '{text}'"
+        )
+    return address
 
 
 def _answers(path: Path) -> bool:
@@ -79,15 +73,24 @@ class UnixListener:
 
     def __init__(self, path: Path, *, mode: int, group: str | None) -> None:
         self.path = path
-        self.lock_path = path.with_name(path.name + ".lock")
+        self.lock_path = lock_path(path)
         self.mode = mode
         self.group = group
         self._lock: IO[str] | None = None
         self._inode: int | None = None
 
     def claim(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = self._take_lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = self._take_lock()
+        except PermissionError as exc:  # a folder the daemon's user may not write
+            raise AddressError(
+                f"cannot listen on unix:{self.path}: {exc.strerror} on "
+                f"{exc.filename or self.path.parent}: let this user write that folder (for "
+                "the package after a reboot without systemd: systemd-tmpfiles --create "
+                "/usr/lib/tmpfiles.d/neuron-rtd.conf, or dpkg-reconfigure neuron-rtd), or "
+                "listen elsewhere (-g ADDRESS)"
+            ) from None
         try:
             if self.path.exists() or self.path.is_symlink():
                 if _answers(self.path):
@@ -185,8 +188,8 @@ class UnixListener:
 
 def bind_tcp(server: grpc.Server, address: Address) -> None:
     try:
-        port = server.add_insecure_port(address.text)
+        port = server.add_insecure_port(address.target)
     except RuntimeError as exc:
-        raise AddressError(f"cannot listen on {address.text}: {exc}") from exc
+        raise AddressError(f"cannot listen on {address.target}: {exc}") from exc
     if port == 0:
-        raise AddressError(f"cannot listen on {address.text}")
+        raise AddressError(f"cannot listen on {address.target}")

@@ -20,8 +20,10 @@ import grpc
 
 import driver_sim
 from neuron_rtd import __version__
+from neuron_rtd.command_line import add_version, entry
 from neuron_rtd.daemon import sd
 from neuron_rtd.daemon.config import (
+    DEFAULT_ADDRESS,
     DEFAULT_CONFIG,
     INSTANCE_CONFIG_DIR,
     LOG_LEVELS,
@@ -33,7 +35,7 @@ from neuron_rtd.daemon.listener import (
     AddressError,
     UnixListener,
     bind_tcp,
-    parse_address,
+    listen_address,
 )
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
@@ -67,9 +69,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "-g",
+        "-a",
+        "--address",
         dest="server_address",
         metavar="ADDRESS",
-        help="listen on unix:/path or host:port (default unix:/run/neuron.sock)",
+        help="listen on this socket path (/run/neuron.sock, ./neuron.sock, unix:/path) or "
+        "host:port (default: $NEURON_RTD_ADDRESS, as the clients read it, else the config's "
+        f"server_address, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
         "-c",
@@ -96,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="INSTANCE",
         help=f"instance name: reads {INSTANCE_CONFIG_DIR}/INSTANCE.json",
     )
-    parser.add_argument("-v", "--version", action="version", version=f"neuron-rtd {__version__}")
+    add_version(parser, "-v")
     return parser.parse_args(argv)
 
 
@@ -126,7 +132,7 @@ class Daemon:
     def __init__(self, config: DaemonConfig, *, logs_to_stderr: bool = False) -> None:
         self.config = config
         self.logs_to_stderr = logs_to_stderr  # then a refusal's log line is its only word
-        self.address = parse_address(config.server_address)
+        self.address = listen_address(config.server_address)
         self.listener: UnixListener | None = None
         self.peer_socket: PeerSocket | None = None
         self.devices: list[SimDevice] = []
@@ -178,7 +184,7 @@ class Daemon:
         self.devices = acquire_sim(
             machine,
             indices,
-            address=self.address.text,
+            address=self.address.target,
             version=__version__,
             engine=nc_engine(config.nc_engine),
         )
@@ -219,7 +225,7 @@ class Daemon:
         sessions, health = add_servicers(
             server,
             runtime,
-            address=self.address.text,
+            address=self.address.target,
             sim_root=str(machine.root),
             instance_type=machine.instance_type,
             tickets=tickets,
@@ -235,7 +241,7 @@ class Daemon:
         if self.peer_socket:
             self.peer_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
-        log.info("Server listening on %s", self.address.text, extra={"fn": "RunServer"})
+        log.info("Server listening on %s", self.address.target, extra={"fn": "RunServer"})
         warning = remote_clients_warning(config)
         if warning:
             log.warning("%s", warning, extra={"fn": "RunServer"})
@@ -247,7 +253,7 @@ class Daemon:
             )
         sd.notify(
             "READY=1",
-            f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.text}",
+            f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.target}",
         )
         return runtime, server, sessions, health
 
@@ -262,12 +268,12 @@ class Daemon:
             self.listener.close()
 
 
+@entry("neuron-rtd")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load_config(path=args.config, instance=args.instance, overrides=vars(args))
-        parse_address(config.server_address)
-    except (ConfigError, AddressError) as exc:
+    except ConfigError as exc:
         print(f"neuron-rtd: error: {exc}", file=sys.stderr)
         return 2
     sink = setup_logging(config.log_level, console=config.log_console)

@@ -2,10 +2,12 @@
 
 A NEFF is a 1024-byte header (see `header`) followed by a tar archive (optionally
 gzip-compressed) holding `neff.json` (the graph) and, per node and stage, a program JSON
-and a weights blob. This package imports only the stdlib, numpy and `neuron_rtd.errors`.
+and a weights blob; `casting` holds the one dtype policy for the values a caller gives a
+model's inputs. This package imports only the stdlib, numpy and `neuron_rtd.errors`.
 """
 
 from neuron_rtd.neff.builder import InstructionLike, NeffBuilder, StageSpec, write_neff
+from neuron_rtd.neff.casting import as_input, safe_cast
 from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
 from neuron_rtd.neff.header import (
     FEATURE_GZIP,
@@ -40,8 +42,10 @@ __all__ = [
     "Stage",
     "StageSpec",
     "TensorSpec",
+    "as_input",
     "build_mlp",
     "read_neff",
     "read_neff_file",
+    "safe_cast",
     "write_neff",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from neuron_rtd.neff import Neff
+from neuron_rtd.neff import Neff, as_input
 from neuron_rtd.runtime.api import ModelInfo
 from neuron_rtd.runtime.driver import DeviceApi, open_sim
 from neuron_rtd.runtime.runtime import Runtime
@@ -74,15 +74,18 @@ class LocalRuntime:
             neff, ncg_id=ncg_id, timeout_s=timeout_s, ninfer=ninfer, profile=profile
         )
 
-    def infer(self, model: ModelInfo, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def infer(
+        self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False
+    ) -> dict[str, np.ndarray]:
         """Run `model` on numpy arrays in this thread; the outputs as arrays of their true
-        shapes."""
-        result = self.runtime.infer(model.id, _raw(model, inputs))
+        shapes. Inputs of another dtype than the NEFF's are taken or refused (BadInput) as
+        the client's `Model.infer` takes them; `cast`: numpy's unsafe cast instead."""
+        result = self.runtime.infer(model.id, _raw(model, inputs, cast))
         return _arrays(model, result.outputs)
 
-    def post(self, model: ModelInfo, inputs: Mapping[str, Any]) -> int:
+    def post(self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False) -> int:
         """Queue an inference (its inputs are copied in before this returns); a cookie."""
-        return self.runtime.post(model.id, _raw(model, inputs))
+        return self.runtime.post(model.id, _raw(model, inputs, cast))
 
     def wait(self, model: ModelInfo, cookie: int) -> dict[str, np.ndarray]:
         """The outputs of a posted inference of `model`, once it has ended."""
@@ -92,13 +95,16 @@ class LocalRuntime:
         self.runtime.unload(model.id)
 
 
-def _raw(model: ModelInfo, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The inputs as contiguous arrays of the model's dtypes (unknown names kept, for the
-    model to refuse)."""
+def _raw(model: ModelInfo, inputs: Mapping[str, Any], cast: bool) -> dict[str, np.ndarray]:
+    """The inputs as contiguous arrays of the model's dtypes, under the one dtype policy
+    (`neuron_rtd.neff.casting`; unknown names kept, for the model to refuse)."""
     dtypes = {spec.name: spec.dtype for spec in model.neff.inputs}
-    return {
-        name: np.ascontiguousarray(value, dtype=dtypes.get(name)) for name, value in inputs.items()
-    }
+    raw = {}
+    for name, value in inputs.items():
+        dtype = dtypes.get(name)
+        array = np.asarray(value) if dtype is None else as_input(value, dtype, name, cast=cast)
+        raw[name] = np.ascontiguousarray(array)
+    return raw
 
 
 def _arrays(model: ModelInfo, outputs: Mapping[str, bytes]) -> dict[str, np.ndarray]:

@@ -8,17 +8,20 @@ overridden here answer gRPC UNIMPLEMENTED (the generated base class does that).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import grpc
 
-from neuron_rtd.errors import Nerr
+from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.proto import pb, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import read_load_stream
+
+log = logging.getLogger("nrtd.NMGR")
 
 
 def answer_infer(
@@ -48,6 +51,11 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def load(
         self, request_iterator: Iterator[pb.load_request], context: grpc.ServicerContext
     ) -> pb.load_response:
+        """One load; a model made for a caller that left before its answer (it cancelled
+        the call, Ctrl-C in neuron-cli, went away or ran out of time) is unloaded again:
+        no one would ever learn its id."""
+        made: list[int] = []
+
         def make() -> pb.load_response:
             req = read_load_stream(request_iterator, self.runtime.neff_buffer)
             model = self.runtime.load(
@@ -58,9 +66,25 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
                 session_id=req.session_id,
                 profile=req.profile,
             )
+            made.append(model.id)
             return pb.load_response(h_nn=pb.h_nn(id=model.id))
 
-        return finish("load", make, pb.load_response)
+        response = finish("load", make, pb.load_response)
+        if made and not context.is_active():
+            self._unload_unanswered(made[0])
+        return response
+
+    def _unload_unanswered(self, model_id: int) -> None:
+        log.warning(
+            "Model %d: the caller of its load left before the answer (cancelled, went away "
+            "or ran out of time); unloading it",
+            model_id,
+            extra={"fn": "load"},
+        )
+        try:
+            self.runtime.unload(model_id)
+        except NrtError as exc:  # unloaded meanwhile (reset, the session's end)
+            log.info("Model %d: %s", model_id, exc, extra={"fn": "load"})
 
     def unload(
         self, request: pb.unload_request, context: grpc.ServicerContext

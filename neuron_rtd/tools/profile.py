@@ -1,7 +1,12 @@
 """Per-op profile of a model on the daemon, as tables, JSON or a Chrome trace.
 
     neuron-cli profile ID                          a model loaded with enable_node_profiling
-    neuron-cli profile MODEL.neff --inputs in.npz  load it with profiling, run it, unload it
+    neuron-cli profile MODEL.neff [--inputs in.npz | --input-shape NAME=D0,D1,...]
+                                                   load it with profiling, run it, unload it
+
+A NEFF's inputs: the npz given with --inputs, else random ones at the NEFF's declared
+shapes (an input with a varying axis at its largest bucket, or at the shape --input-shape
+gives), as neuron-cli validate makes them.
 
 The tables: run order (each NC instruction and CPU node of one inference, with its op
 type, time, MACs, GMAC/s and output shape), the top 10 by time, a summary by op type and
@@ -15,12 +20,14 @@ none). GMAC/s is MACs per host second.
 `--trace FILE` writes Chrome trace-event JSON (Perfetto, chrome://tracing): one track
 per NC and per CPU node, each instruction a complete event, in host wall time.
 
-Exit codes: 0 success, 1 the daemon or the model failed (one line says why), 2 usage.
+Exit codes: 0 success, 1 the daemon or the model failed (one line says why), 2 usage
+and bad input (a file, an npz or a shape that does not fit).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections import defaultdict
@@ -32,12 +39,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-from neuron_rtd.client.client import Client, NrtClientError, default_address
+from neuron_rtd.arguments import parse_shape
+from neuron_rtd.client import NrtConnectionError
+from neuron_rtd.client.client import Client, NrtClientError
 from neuron_rtd.client.observe import Watch
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_cast, add_json_output
 from neuron_rtd.neff import Neff
+from neuron_rtd.tools.control.command import explain
 from neuron_rtd.tools.validate.command import read_neff_or_fail
 from neuron_rtd.tools.validate.errors import UsageError
-from neuron_rtd.tools.validate.inputs import int_ranges, npz_inputs, random_inputs
+from neuron_rtd.tools.validate.inputs import input_shapes, int_ranges, npz_inputs, random_inputs
 
 PROG = "neuron-cli profile"
 TOP = 10
@@ -70,18 +81,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "target", metavar="ID|MODEL.neff", help="a loaded model's id, or a NEFF file to profile"
     )
     parser.add_argument("--inputs", metavar="NPZ", help="inputs for a NEFF (default: random)")
+    add_cast(parser)
+    parser.add_argument(
+        "--input-shape",
+        type=functools.partial(parse_shape, example="input=4,3,224,224"),
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="the shape of a NEFF's random input with a varying axis (default: its largest "
+        "bucket; repeatable)",
+    )
     parser.add_argument(
         "--runs", type=int, default=10, help="inferences to run on a NEFF (default 10)"
     )
     parser.add_argument(
         "--last", type=int, default=0, help="profile only the last N inferences kept (default all)"
     )
-    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    add_json_output(parser, "print the profile as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON file")
     parser.add_argument(
         "-a",
         "--address",
-        default=default_address(),
         help="the daemon's address (default: $NEURON_RTD_ADDRESS or unix:/run/neuron.sock)",
     )
     parser.add_argument("--timeout", type=int, default=60, help="seconds per call (default 60)")
@@ -99,11 +119,11 @@ def run(args: argparse.Namespace) -> int:
             print(render(report), end="")
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except Failed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 # --- getting the profile ------------------------------------------------------------------
@@ -113,8 +133,9 @@ def _collect(args: argparse.Namespace) -> Any:
     if args.last < 0:
         raise UsageError("--last must be 0 or more")
     if args.target.isdigit():
-        if args.inputs is not None:
-            raise UsageError("--inputs applies to a NEFF file, not to a loaded model's id")
+        if args.inputs is not None or args.input_shape:
+            flag = "--inputs" if args.inputs is not None else "--input-shape"
+            raise UsageError(f"{flag} applies to a NEFF file, not to a loaded model's id")
         return _fetch(args.address, int(args.target), args.last, args.timeout)
     return _profile_neff(args)
 
@@ -124,28 +145,37 @@ def _fetch(address: str, model_id: int, last: int, timeout_s: float) -> Any:
         try:
             return watch.profile(model_id, last)
         except NrtClientError as exc:
-            raise Failed(_one_line(exc)) from None
+            raise Failed(_said(exc)) from None
+
+
+def _said(exc: NrtClientError) -> str:
+    """No daemon, as every tool says it; the daemon's refusal as neuron-cli's commands say
+    it: `model 7 is not loaded (NERR_INVALID_HANDLE): see neuron-cli list-model`."""
+    return exc.details if isinstance(exc, NrtConnectionError) else explain(exc)
 
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _inputs(neff: Neff, path: str | None) -> dict[str, np.ndarray]:
-    if path is not None:
-        return npz_inputs(path, neff.inputs)
-    shapes = {}
-    for spec in neff.inputs:
-        if any(spec.symbols):
-            raise UsageError(f"input {spec.name!r} has a dynamic dimension: give --inputs")
-        shapes[spec.name] = spec.shape
+def _inputs(neff: Neff, args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The npz's arrays, or random ones at the declared shapes (a varying axis at its
+    largest bucket, or as --input-shape says), as validate makes them."""
+    if args.inputs is not None:
+        if args.input_shape:
+            raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
+        return npz_inputs(args.inputs, neff.inputs, args.cast)
+    given = dict(args.input_shape)
+    if len(given) != len(args.input_shape):
+        raise UsageError("--input-shape names an input more than once")
+    shapes = input_shapes(neff.inputs, given)
     values = (-1.0, 1.0)
     return random_inputs(neff.inputs, shapes, values, 0, int_ranges(neff.inputs, {}, values))
 
 
 def _profile_neff(args: argparse.Namespace) -> Any:
     neff = read_neff_or_fail(args.target, " (or give a loaded model's id)")
-    inputs = _inputs(neff, args.inputs)
+    inputs = _inputs(neff, args)
     raw = {
         spec.name: np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype).tobytes()
         for spec in neff.inputs
@@ -167,7 +197,7 @@ def _profile_neff(args: argparse.Namespace) -> Any:
                         file=sys.stderr,
                     )
     except NrtClientError as exc:
-        raise Failed(f"{args.target}: {_one_line(exc)}") from None
+        raise Failed(f"{args.target}: {_said(exc)}") from None
     except grpc.RpcError as exc:
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         raise Failed(

@@ -1,6 +1,7 @@
 """What every runtime-control subcommand of `neuron-cli` shares: `-a ADDRESS` and
-`--json`, one session-less client (what a command makes outlives it), the answer printed
-as text or JSON, and every failure as one line on stderr with exit code 1.
+`-j/--json-output` (or `--json`), one session-less client (what a command makes outlives
+it), the answer printed as text or JSON, and every failure as one line on stderr with exit
+code 1 (2 for bad input: a file or an npz the command cannot take).
 
 A daemon's error names its nerr code and what to do next, e.g.
 `neuron-cli: model 10042 is not loaded (NERR_INVALID_HANDLE): see neuron-cli list-model`.
@@ -17,22 +18,43 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
+from neuron_rtd.command_line import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STOPPED_BY,
+    add_json_output,
+    signal_exit_code,
+)
 from neuron_rtd.errors import Nerr, NrtError
 
 PROG = "neuron-cli"
 # Each call's deadline: long enough for a large NEFF's load, short of hanging forever on
 # a daemon that stopped answering.
 CALL_TIMEOUT_S = 300.0
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 class Failure(Exception):
     """The command could not do what was asked: exit 1 with this message."""
 
 
+class BadInput(Failure):
+    """What the command was given cannot be used (a file that is not there or not readable,
+    an npz that does not fit the model): exit 2 with this message."""
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (`stop`) stopped the command, which undid what it could: exit 130
+    or 143 with one line saying what it left (`left`)."""
+
+    def __init__(self, stop: KeyboardInterrupt, left: str) -> None:
+        super().__init__(left)
+        self.code = signal_exit_code(stop)
+
+
 @dataclass
 class Answer:
-    """What a command prints: `text` for people, `data` for `--json`."""
+    """What a command prints: `text` for people, `data` for `--json-output`."""
 
     text: str
     data: Any = None
@@ -54,10 +76,13 @@ class Command:
             "--address",
             help="the daemon's address (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
         )
-        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+        add_json_output(parser, "print the answer as JSON")
 
     def arguments(self, parser: argparse.ArgumentParser) -> None:
         """The command's own arguments (none by default)."""
+
+    def check(self, args: argparse.Namespace) -> None:
+        """What can be checked before connecting (the files named): BadInput if wrong."""
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         raise NotImplementedError
@@ -67,6 +92,10 @@ class Command:
         return False
 
     def run(self, args: argparse.Namespace) -> int:
+        try:
+            self.check(args)
+        except BadInput as exc:
+            return fail(str(exc), EXIT_USAGE)
         address = args.address or default_address()
         try:
             client = Client(
@@ -81,12 +110,18 @@ class Command:
         try:
             with client:
                 answer = self.execute(args, client)
+        except Stopped as stop:
+            return fail(f"{STOPPED_BY[stop.code]}: {stop}", stop.code)
         except NrtConnectionError as exc:
             return fail(exc.details)
         except NrtClientError as exc:
             return fail(explain(exc, self.hints))
-        except (Failure, NrtError, OSError) as exc:
+        except BadInput as exc:
+            return fail(str(exc), EXIT_USAGE)
+        except (Failure, NrtError) as exc:
             return fail(str(exc))
+        except OSError as exc:
+            return fail(os_error_text(exc))
         if args.json:
             print(json.dumps(answer.data, indent=2))
         elif answer.text:
@@ -94,9 +129,15 @@ class Command:
         return EXIT_OK
 
 
-def fail(message: str) -> int:
+def fail(message: str, code: int = EXIT_FAILED) -> int:
     print(f"{PROG}: {message}", file=sys.stderr)
-    return EXIT_FAILED
+    return code
+
+
+def os_error_text(exc: OSError) -> str:
+    """`FILE: what went wrong` (`/x: permission denied`), not `[Errno 13] ...`."""
+    what = (exc.strerror or str(exc)).lower()
+    return f"{exc.filename}: {what}" if exc.filename else what
 
 
 # --- the daemon's errors, explained --------------------------------------------------

@@ -12,26 +12,30 @@ from typing import Any
 
 import numpy as np
 
+from neuron_rtd.arguments import unreadable
 from neuron_rtd.client import Client
+from neuron_rtd.command_line import add_cast
+from neuron_rtd.errors import BadInput as RefusedInput
 from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import TensorSpec
-from neuron_rtd.tools.control.command import Answer, Command, Failure
+from neuron_rtd.neff import TensorSpec, as_input
+from neuron_rtd.tools.control.command import Answer, BadInput, Command, Failure
 from neuron_rtd.tools.control.models import model_id
 
 SHOWN_VALUES = 6  # values of each output printed without --outputs
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
-    """The arrays of an npz file by name (no pickled objects)."""
-    if not Path(path).is_file():
-        raise Failure(f"{path}: no such file")
+    """The arrays of an npz file by name (no pickled objects); BadInput saying why not."""
+    why = unreadable(path)
+    if why:
+        raise BadInput(f"{path}: {why}")
     if not zipfile.is_zipfile(path):
-        raise Failure(f"{path}: not an npz file (numpy.savez writes one)")
+        raise BadInput(f"{path}: not an npz file (numpy.savez writes one)")
     try:
         with np.load(path, allow_pickle=False) as npz:  # a zip: always an NpzFile
             return {name: npz[name] for name in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise Failure(f"{path}: not a readable npz file ({exc})") from None
+        raise BadInput(f"{path}: not a readable npz file ({exc})") from None
 
 
 def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -56,9 +60,14 @@ def declared(spec: TensorSpec) -> str:
 
 
 def mismatches(
-    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], where: str, model: int
+    arrays: Mapping[str, np.ndarray],
+    specs: Sequence[TensorSpec],
+    where: str,
+    model: int,
+    cast: bool = False,
 ) -> list[str]:
-    """What does not fit between the npz's arrays and the model's inputs, one line each."""
+    """What does not fit between the npz's arrays and the model's inputs, one line each:
+    dtypes under the one dtype policy (`neuron_rtd.neff.casting`; `cast`: any)."""
     problems = []
     by_name = {spec.name: spec for spec in specs}
     takes = ", ".join(f"{s.name}: {declared(s)}" for s in specs) or "no inputs"
@@ -73,11 +82,10 @@ def mismatches(
         spec = by_name.get(name)
         if spec is None:
             continue
-        if array.dtype.newbyteorder("<") != spec.dtype.newbyteorder("<"):
-            problems.append(
-                f"{name!r} is {array.dtype.name} in {where}; the model takes {spec.dtype.name} "
-                f"(save it with .astype('{spec.dtype.name}'))"
-            )
+        try:
+            as_input(array, spec.dtype, name, cast=cast, option="--cast")
+        except RefusedInput as exc:
+            problems.append(f"{where}: {exc}")
         if not fits(array.shape, spec):
             problems.append(
                 f"{name!r} has shape {shape_text(array.shape)} in {where}; "
@@ -136,11 +144,14 @@ def summary_line(name: str, array: np.ndarray) -> str:
 
 
 class Infer(Command):
-    """`neuron-cli infer ID --inputs in.npz [--outputs out.npz] [--shm]`: one inference.
+    """`neuron-cli infer ID --inputs in.npz [--outputs out.npz] [--shm] [--cast]`: one
+    inference.
 
-    The npz holds one array per input of the model, by the input's name, in the dtype and
-    shape the model takes (neuron-cli list-model --json shows them); anything that does not
-    fit is named before anything is sent. The model must be READY (neuron-cli start).
+    The npz holds one array per input of the model, by the input's name, in the shape the
+    model takes and its dtype, or another whose values that dtype holds (int32 for int64,
+    float64 values float32 holds exactly; --cast converts any, as numpy's unsafe cast
+    does); neuron-cli list-model --json shows them. Anything that does not fit is named
+    before anything is sent. The model must be READY (neuron-cli start).
     --outputs writes the outputs to an npz, by name; without it each output's dtype,
     shape, min, max, mean and first values are printed. --shm sends the tensors through
     POSIX shared memory instead of inline in the gRPC messages."""
@@ -156,17 +167,25 @@ class Infer(Command):
         parser.add_argument(
             "--shm", action="store_true", help="send the tensors through shared memory"
         )
+        add_cast(parser)
 
     def shm(self, args: argparse.Namespace) -> bool:
         return bool(args.shm)
 
+    def check(self, args: argparse.Namespace) -> None:
+        why = unreadable(args.inputs)
+        if why:
+            raise BadInput(f"{args.inputs}: {why}")
+        if not zipfile.is_zipfile(args.inputs):
+            raise BadInput(f"{args.inputs}: not an npz file (numpy.savez writes one)")
+
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         arrays = read_npz(args.inputs)
         model = client.attach(args.model_id)
-        problems = mismatches(arrays, model.inputs, args.inputs, args.model_id)
+        problems = mismatches(arrays, model.inputs, args.inputs, args.model_id, args.cast)
         if problems:
-            raise Failure("; ".join(problems))
-        outputs = model.infer(arrays)
+            raise BadInput("; ".join(problems))
+        outputs = model.infer(arrays, cast=args.cast)
         transport = "through shared memory" if client.shm_enabled else "inline"
         docs = [summary(name, array) for name, array in outputs.items()]
         data: dict[str, Any] = {

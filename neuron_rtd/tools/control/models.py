@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from neuron_rtd.arguments import unreadable
 from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.neff import read_neff_file
-from neuron_rtd.tools.control.command import Answer, Command, Failure, int_at_least
+from neuron_rtd.tools.control.command import (
+    Answer,
+    BadInput,
+    Command,
+    Failure,
+    Stopped,
+    int_at_least,
+)
 
 
 def tensor_json(tensor: Any) -> dict[str, Any]:
@@ -48,24 +58,36 @@ def loaded_model(client: Client, model_id: int) -> Any:
 model_id = int_at_least(1, "a model id is positive, got {value}", "model_id")
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 model`, `2 models`, `0 NCGs`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 class ListModel(Command):
-    """`neuron-cli list-model [--json]`: the models loaded on the daemon.
+    """`neuron-cli list-model [-j]`: the models loaded on the daemon.
 
     After a count, one line per model: its id, its state and its NCG's id, then its name.
     READY: the running model of its NCG, the one that takes inferences; STANDBY: loaded and
     stopped (neuron-cli start runs it); FAILED: stopped after an error it cannot recover
-    from; UNLOADING: on its way out. --json adds what each model takes and answers (names,
+    from; UNLOADING: on its way out. -j adds what each model takes and answers (names,
     dtypes, shapes; -1 marks an axis of varying size), its NCs and memory."""
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         models = sorted(client.connection.snapshot().models, key=lambda m: m.id)
-        lines = [f"Found {len(models)} models"]
+        lines = [f"Found {counted(len(models), 'model')}"]
         lines += [f"{m.id} {m.state} {m.ncg_id} {m.name}" for m in models]
         return Answer("\n".join(lines), [model_json(m) for m in models])
 
 
 ncg_choice = int_at_least(-1, "-1, 0 or an NCG id, got {value}", "ncg_choice")
 positive = int_at_least(1, "expected 1 or more, got {value}", "positive")
+
+
+# why a NEFF the daemon would read (--enable-direct-file-load) must be readable here too
+_READ_HERE = (
+    " (neuron-cli reads the NEFF too, for its inputs and outputs, even with "
+    "--enable-direct-file-load)"
+)
 
 
 class Load(Command):
@@ -79,7 +101,8 @@ class Load(Command):
     model is unloaded: neuron-cli destroy-ncg); an NCG id, the model loads into that NCG
     stopped (STANDBY) until neuron-cli start. The NEFF is streamed to the daemon, or with
     --enable-direct-file-load only its absolute path is sent and the daemon reads the file
-    itself."""
+    itself. Ctrl-C (or SIGTERM) before the answer undoes the load, the NCG it made too: exit
+    130 (143) saying nothing stays loaded, or what may and the command that removes it."""
 
     hints = {
         Nerr.INVALID: "is it a NEFF neuron-cc compiled, whole? (neuron-cc compiles one from ONNX)"
@@ -114,10 +137,15 @@ class Load(Command):
             help="whole seconds one inference may take (default: the daemon's, 2)",
         )
 
+    def check(self, args: argparse.Namespace) -> None:
+        why = unreadable(args.neff, "NEFF file")
+        if why and why.startswith("permission denied"):
+            why += _READ_HERE
+        if why:
+            raise BadInput(f"{args.neff}: {why}")
+
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         path = Path(args.neff)
-        if not path.is_file():
-            raise Failure(f"{args.neff}: no such file")
         made_ncg = None
         target = args.ncg_id if args.ncg_id > 0 else None
         if args.ncg_id == 0:
@@ -136,12 +164,17 @@ class Load(Command):
                 by_path=args.enable_direct_file_load,
                 start=made_ncg is not None,
             )
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: undone, what stays said
+            raise Stopped(stop, undo_load(client, stop, None, made_ncg)) from None
         except BaseException:
             if made_ncg is not None:
                 with contextlib.suppress(grpc.RpcError, NrtClientError):
                     client.destroy_ncg(made_ncg)
             raise
-        info = loaded_model(client, model.id)
+        try:
+            info = loaded_model(client, model.id)
+        except KeyboardInterrupt as stop:  # before the answer is out: undone too
+            raise Stopped(stop, undo_load(client, stop, model.id, made_ncg)) from None
         if info is None:
             raise Failure(f"model {model.id} was loaded but is gone already (unloaded by another)")
         where = f"Loaded model {info.id} ({info.name}) on NCG {info.ncg_id}"
@@ -157,6 +190,49 @@ class Load(Command):
         data = {**model_json(info), "neff": str(path.resolve())}
         data["direct_file_load"] = args.enable_direct_file_load
         return Answer(f"{where}: {info.state} ({note})", data)
+
+
+def undo_load(
+    client: Client, stop: KeyboardInterrupt, model_id: int | None, made_ncg: int | None
+) -> str:
+    """What an interrupted `load` leaves once it undid what it could (the model it loaded,
+    the NCG it made and whatever loaded into it; a model loaded but not yet answered the
+    client and the daemon undo, the client's notes on `stop` naming one it could not):
+    `the load was undone: nothing stays loaded`, or what may stay and the command that
+    removes it. Another Ctrl-C stops the undoing."""
+    left = list(getattr(stop, "__notes__", ()))
+    undo: list[tuple[Callable[[], object], str]] = []
+    if model_id is not None:
+        stays = f"model {model_id} may stay loaded: neuron-cli unload {model_id}"
+        undo.append((functools.partial(client.unload, model_id), stays))
+    if made_ncg is not None:
+        stays = f"NCG {made_ncg} may stay: neuron-cli destroy-ncg {made_ncg}"
+        undo.append((functools.partial(_clear_ncg, client, made_ncg), stays))
+    for done, (call, stays) in enumerate(undo):
+        try:
+            call()
+        except (grpc.RpcError, NrtClientError) as exc:
+            gone = isinstance(exc, NrtClientError) and exc.code == Nerr.INVALID_HANDLE
+            if not gone:
+                left.append(f"{stays} ({exc})")
+        except KeyboardInterrupt as again:
+            left += list(getattr(again, "__notes__", ()))
+            left += [stays for _, stays in undo[done:]]
+            break
+    return "; ".join(left) or "the load was undone: nothing stays loaded"
+
+
+def _clear_ncg(client: Client, ncg_id: int) -> None:
+    """Destroy an NCG this command made, once the models in it are unloaded (the one its
+    load made, whose answer never came, unless the daemon unloaded it first)."""
+    for model in client.connection.snapshot().models:
+        if model.ncg_id == ncg_id:
+            try:
+                client.unload(model.id)
+            except NrtClientError as exc:
+                if exc.code != Nerr.INVALID_HANDLE:  # else the daemon unloaded it
+                    raise
+    client.destroy_ncg(ncg_id)
 
 
 class _ModelCall(Command):
@@ -222,7 +298,7 @@ class Reset(Command):
         client.unload_all()
         models = sorted(before.models, key=lambda m: m.id)
         ncgs = sorted(g.id for g in before.ncgs)
-        lines = [f"Found {len(models)} models and {len(ncgs)} NCGs."]
+        lines = [f"Found {counted(len(models), 'model')} and {counted(len(ncgs), 'NCG')}."]
         lines += [f"Unloading {m.id} ({m.state}) :: success" for m in models]
         lines += [f"Destroying NCG {g} :: success" for g in ncgs]
         data = {"unloaded_models": [m.id for m in models], "destroyed_ncgs": ncgs}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
-from neuron_rtd.client import Client
+from neuron_rtd.client import Client, NrtClientError
 from neuron_rtd.client.errors import check
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import pb
-from neuron_rtd.tools.control.command import Answer, Command, int_at_least
+from neuron_rtd.tools.control.command import Answer, Command, Failure, explain, int_at_least
 
 NCG_HEADERS = ("NCG ID", "NC COUNT", "DEVICE START INDEX", "NC START INDEX")
 
@@ -26,8 +27,15 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join([rule, head, rule, *body, rule])
 
 
+def list_egs(client: Client) -> Any:
+    """The daemon's NCGs, and its device and NC counts (the wire's list_egs)."""
+    response = client.connection.unary("list_egs", pb.empty())
+    check("list_egs", response.status)
+    return response
+
+
 class ListNcg(Command):
-    """`neuron-cli list-ncg [--json]`: the NeuronCore Groups on the daemon.
+    """`neuron-cli list-ncg [-j]`: the NeuronCore Groups on the daemon.
 
     The first line counts the runtime's devices and NeuronCores; then one row per NCG: its
     id, its NC count, the device of its first NC and that NC's index on the device. NCGs
@@ -35,8 +43,7 @@ class ListNcg(Command):
     without one are all listed; neuron-cli list-model shows which models each holds."""
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
-        response = client.connection.unary("list_egs", pb.empty())
-        check("list_egs", response.status)
+        response = list_egs(client)
         ncgs = sorted(response.eg_info, key=lambda e: e.eg.id)
         rows = [(e.eg.id, e.nc_count, e.mla_start_index, e.nc_start_index) for e in ncgs]
         text = f"Device {response.mla_count} NC count {response.nc_count}\n"
@@ -74,7 +81,16 @@ class CreateNcg(Command):
         )
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
-        new_id, count = client.create_ncg(args.nc_count)
+        try:
+            new_id, count = client.create_ncg(args.nc_count)
+        except NrtClientError as exc:
+            if exc.code != Nerr.RESOURCE_NC:
+                raise
+            total = list_egs(client).nc_count
+            if args.nc_count <= total:
+                raise  # NCs are taken: free NeuronCores first (HINTS)
+            hint = f"ask for at most {total}, all it has (0 takes the largest free run)"
+            raise Failure(explain(exc, {Nerr.RESOURCE_NC: hint})) from None
         text = f"Created NCG {new_id} with {count} NC{'s' if count != 1 else ''}"
         return Answer(text, {"ncg_id": new_id, "nc_count": count})
 

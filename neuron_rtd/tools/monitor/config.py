@@ -8,7 +8,8 @@ The original's format (a JSON object), as its neuron-rtd era had it:
                                       {"type": "hw_counters", "period": "2s"}]}],
      "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}]}
 
-A runtime is named by its gRPC `address`. A `period` may stand at the root, on a runtime
+A runtime is named by its `address` (a socket path, `unix:/path` or `host:port`, as every
+tool takes one). A `period` may stand at the root, on a runtime
 and on a metric group; the nearest one applies, else 5 seconds. A period is a number of
 seconds or a string with a unit: "500ms", "1s", "1.5m", "1h". Anything else is refused
 with the key that is wrong (a typo is not ignored).
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, grpc_target
 from neuron_rtd.typed_json import ConfigError, check_object, expect
 
 RUNTIME_GROUPS = (
@@ -34,7 +36,6 @@ RUNTIME_GROUPS = (
 )
 SYSTEM_GROUPS = ("vcpu_usage", "memory_info")
 DEFAULT_PERIOD_S = 5.0
-DEFAULT_ADDRESS = "unix:/run/neuron.sock"
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
@@ -136,7 +137,11 @@ def from_document(doc: object) -> MonitorConfig:
             parse_period(entry["period"], f"{at}.period") if "period" in entry else period
         )
         groups = _groups(entry["metrics"], f"{at}.metrics", RUNTIME_GROUPS, runtime_period)
-        runtimes.append(RuntimeConfig(address.strip(), groups))
+        try:  # read as every tool reads an address (client/address.py)
+            target = grpc_target(address.strip())
+        except AddressError as exc:
+            raise ConfigError(f"{at}.address: {exc}") from None
+        runtimes.append(RuntimeConfig(target, groups))
     system = _groups(root.get("system_metrics", []), "system_metrics", SYSTEM_GROUPS, period)
     if not system and not any(r.groups for r in runtimes):
         raise ConfigError(

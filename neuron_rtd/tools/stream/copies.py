@@ -28,8 +28,10 @@ class _Copies:
         failed: Callable[[BaseException], None],
         *,
         stage: bool = True,
+        cast: bool = False,
     ) -> None:
         self._models = list(models)
+        self._cast = cast  # numpy's unsafe cast of inputs the dtype policy refuses
         self._ninfer = ninfer
         self._failed = failed
         self._stage = stage  # else the batches are decoded into arrays of their own
@@ -74,7 +76,7 @@ class _Copies:
             self.unstage(index, inputs if isinstance(inputs, Staged) else None)
             raise _Stopped
         try:
-            future = self._models[index].infer_async(inputs, posted=False)
+            future = self._models[index].infer_async(inputs, posted=False, cast=self._cast)
         except BaseException:
             self._done(index, None)
             raise

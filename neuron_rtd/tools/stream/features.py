@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from neuron_rtd.neff import TensorSpec
+from neuron_rtd.neff.casting import fitted, safe_cast
 from neuron_rtd.proto import tf_pb
 
 Decode = Literal["raw", "list", "image"]
@@ -42,6 +43,9 @@ class FeatureSpec:
     shape: tuple[int, ...]  # of one record
     decode: Decode = "raw"
     input: str = ""  # the model input it feeds (default: the feature's name)
+    # numpy's unsafe cast where the one dtype policy refuses (neuron-batch --cast): the
+    # record's values into this dtype, and this dtype into the model input's
+    cast: bool = False
 
     @property
     def input_name(self) -> str:
@@ -57,8 +61,8 @@ def parse_feature(text: str) -> FeatureSpec:
     parts = text.split(":")
     if len(parts) not in (3, 4) or not parts[0]:
         raise ValueError(
-            f"expected NAME:DTYPE:D0,D1,...[:raw|list|image], e.g. image:uint8:224,224,3:image, "
-            f"got {text!r}"
+            f"expected NAME:DTYPE:D0,D1,...[:raw|list|image] (NAME: a feature, or FEATURE=INPUT "
+            f"for a model input of another name), e.g. image:uint8:224,224,3:image, got {text!r}"
         )
     name, dtype_text, dims = parts[:3]
     name, _, input_name = name.partition("=")
@@ -116,6 +120,14 @@ def check_specs(
             raise SpecMismatch(
                 f"--feature {spec.name}: the model's input {tensor.name!r} is a scalar, "
                 "with no batch axis to stream records along"
+            )
+        if not (spec.cast or safe_cast(spec.dtype, tensor.dtype)):
+            raise SpecMismatch(
+                f"--feature {spec.name}: {spec.dtype.name} for the model's input "
+                f"{tensor.name!r}, {tensor.dtype.name}, which cannot hold every "
+                f"{spec.dtype.name} value: declare the feature {tensor.dtype.name} (the "
+                "records' values are checked as they are decoded) or pass --cast for numpy's "
+                "unsafe cast"
             )
         if not _fits(spec.shape, tensor):
             record = ",".join(
@@ -201,7 +213,7 @@ def decode_into(example: tf_pb.Example, spec: FeatureSpec, key: str, out: np.nda
             raise DecodeError(f"{where} is a {kind}, not a float or int64 list")
         if values.size != out.size:
             raise DecodeError(f"{where} has {values.size} values, not {out.size} for {spec.shape}")
-        np.copyto(out, values.reshape(spec.shape), casting="unsafe")
+        np.copyto(out, _in_dtype(values, spec, where).reshape(spec.shape), casting="unsafe")
         return
     if kind != "bytes_list" or len(feature.bytes_list.value) != 1:
         raise DecodeError(f"{where} is not one bytes value ({kind})")
@@ -230,7 +242,21 @@ def _image_into(data: bytes, spec: FeatureSpec, where: str, out: np.ndarray) -> 
         pixels = pixels.transpose(2, 0, 1)  # channels first
     if pixels.shape != spec.shape:
         raise DecodeError(f"{where}: the image is {pixels.shape}, not {spec.shape}")
-    np.copyto(out, pixels, casting="unsafe")
+    np.copyto(out, _in_dtype(pixels, spec, where), casting="unsafe")
+
+
+def _in_dtype(values: np.ndarray, spec: FeatureSpec, where: str) -> np.ndarray:
+    """A record's values (float32 or int64 lists, uint8 pixels) as the feature's dtype,
+    under the one dtype policy (`neuron_rtd.neff.casting`), unless `spec.cast`."""
+    if spec.cast or safe_cast(values.dtype, spec.dtype):
+        return values  # converted by the one copy that places them
+    converted, lost = fitted(values, spec.dtype)
+    if lost is not None:
+        raise DecodeError(
+            f"{where} has {values.dtype.name} values the feature's {spec.dtype.name} cannot "
+            f"hold ({lost}): pass --cast for numpy's unsafe cast"
+        )
+    return converted
 
 
 def decode_record(data: bytes, key: str, specs: Sequence[FeatureSpec]) -> Mapping[str, np.ndarray]:

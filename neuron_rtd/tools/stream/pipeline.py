@@ -128,7 +128,11 @@ class Pipeline:
             self.totals.restart()  # rates count the streaming, not the models' load
             self._busy = DaemonBusy(client, [model.id for model in models])
             copies = _Copies(
-                models, o.ninfer, self._fail, stage=_decodes_in_place(o.features, neff, batch)
+                models,
+                o.ninfer,
+                self._fail,
+                stage=_decodes_in_place(o.features, neff, batch),
+                cast=any(spec.cast for spec in o.features),
             )
             ticker = threading.Thread(target=self._tick, daemon=True)
             ticker.start()

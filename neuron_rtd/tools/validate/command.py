@@ -27,14 +27,14 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from neuron_rtd import onnxrt
-from neuron_rtd.arguments import parse_shape
+from neuron_rtd.arguments import parse_shape, unreadable
 from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
+from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_cast, add_json_output
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
@@ -86,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.npz",
         help="the inputs, one array per input name (default: random ones)",
     )
+    add_cast(parser)
     parser.add_argument(
         "-a",
         "--address",
@@ -128,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long one call to the daemon, and the inference itself, may take (default 60)",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_output(parser, "print the report as JSON")
 
 
 # --- running -------------------------------------------------------------------------
@@ -147,8 +148,9 @@ def auto_casts(neff: Neff) -> list[tuple[str, str]]:
 
 def read_neff_or_fail(path: str, hint: str = "") -> Neff:
     """The NEFF at `path`, or a UsageError saying why not (`hint`: what else to give)."""
-    if not Path(path).is_file():
-        raise UsageError(f"{path}: no such NEFF file{hint}")
+    why = unreadable(path, "NEFF file")
+    if why:
+        raise UsageError(f"{path}: {why}{hint}")
     try:
         return read_neff_file(path)
     except (NrtError, OSError, ValueError) as exc:
@@ -172,8 +174,9 @@ def _random_source(
 
 
 def onnx_session(path: str) -> Any:
-    if not Path(path).is_file():
-        raise UsageError(f"{path}: no such ONNX file")
+    why = unreadable(path, "ONNX file")
+    if why:
+        raise UsageError(f"{path}: {why}")
     try:
         return onnxrt.session(path, threads=ORT_THREADS, log_severity=onnxrt.LOG_ERRORS)
     except Exception as exc:  # onnxruntime's own exception types
@@ -274,10 +277,10 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except NrtConnectionError as exc:  # no daemon answers: a failure, as in every tool
         print(f"{PROG}: error: {exc.details}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -306,7 +309,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.inputs is not None:
         if args.input_shape:
             raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
-        inputs = npz_inputs(args.inputs, neff.inputs)
+        inputs = npz_inputs(args.inputs, neff.inputs, args.cast)
         source = f"from {args.inputs}"
     else:
         given = dict(args.input_shape)
@@ -361,4 +364,4 @@ def _run(args: argparse.Namespace) -> int:
             )
         lines = list(iter_input_lines(inputs, source))
         print(render_text(reports, thresholds, lines, result.error))
-    return 0 if passed else 1
+    return EXIT_OK if passed else EXIT_FAILED

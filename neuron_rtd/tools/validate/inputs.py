@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import zipfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
-from neuron_rtd.neff import TensorSpec
+from neuron_rtd.arguments import unreadable
+from neuron_rtd.errors import BadInput
+from neuron_rtd.neff import TensorSpec, as_input
 from neuron_rtd.tools.validate.errors import UsageError
 
 
@@ -148,10 +149,12 @@ def random_inputs(
     return arrays
 
 
-def npz_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-    """The inputs in an npz file, each checked against its spec and cast to its dtype."""
-    if not Path(path).is_file():
-        raise UsageError(f"--inputs {path}: no such file")
+def npz_inputs(path: str, specs: Sequence[TensorSpec], cast: bool = False) -> dict[str, np.ndarray]:
+    """The inputs in an npz file, each checked against its spec and converted to its dtype
+    under the one dtype policy (`neuron_rtd.neff.casting`; `cast`: numpy's unsafe cast)."""
+    why = unreadable(path)
+    if why:
+        raise UsageError(f"--inputs {path}: {why}")
     try:
         if not zipfile.is_zipfile(path):
             raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)")
@@ -185,5 +188,9 @@ def npz_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
             raise UsageError(
                 f"--inputs {path}: key {spec.name!r} has dtype {array.dtype}, not a number"
             )
-        out[spec.name] = np.ascontiguousarray(array, dtype=spec.dtype)
+        try:
+            array = as_input(array, spec.dtype, spec.name, cast=cast, option="--cast")
+        except BadInput as exc:
+            raise UsageError(f"--inputs {path}: {exc}") from None
+        out[spec.name] = np.ascontiguousarray(array)
     return out

@@ -1,0 +1,118 @@
+"""The one dtype policy: how a caller's values become a model input of the NEFF's dtype.
+
+Used by every path that sends inputs (the client's `Model`, `LocalRuntime`, neuron-cli
+infer, validate and profile, neuron-batch), so each takes the same values and refuses the
+same others, in the same words:
+
+- the input's own dtype passes as it is (one dtype comparison, nothing else);
+- a safe cast passes, converted: one whose every value is a value of the input's dtype
+  (int32 to int64, float16 to float32, uint8 to float32, bool to any number);
+- any other dtype passes only when each of its values survives the conversion (converted
+  and back, equal; NaN stays NaN): float64 zeros or values float32 holds exactly pass, 0.1
+  or 1e300 do not; int64 ids that fit in int32 pass, 2**40 does not;
+- Python numbers and lists of them (not numpy arrays or scalars) have no dtype of their
+  own: for a float input they are rounded to its precision, as numpy rounds them, as long
+  as none overflows to infinity (`[0.1, 2]` passes for float32, `[1e300]` does not); for
+  any other input their values must survive as above (`[300]` is no uint8);
+- everything else is refused (`BadInput`, NERR_INFER_BAD_INPUT) naming the input, its
+  dtype, the model's, a value that does not fit and the way out: convert the values
+  yourself, or ask for numpy's unsafe cast (`cast=True`, `--cast`), which keeps what it
+  can: precision is lost, out-of-range floats become inf, integers wrap.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from neuron_rtd.errors import BadInput
+
+_NUMBERS = "biuf"  # the dtype kinds a NEFF's tensors have
+_PYTHON = (bool, int, float, list, tuple)  # values np.asarray gives a dtype of its choice
+
+
+def as_input(
+    value: object, dtype: np.dtype, name: str, *, cast: bool = False, option: str = "cast=True"
+) -> np.ndarray:
+    """`value` (an array, or anything np.asarray takes) as an array of `dtype`, the NEFF's
+    dtype of input `name`, under the policy above (the array itself when it has that
+    dtype). `cast`: numpy's unsafe cast instead of the policy, without numpy's warnings
+    (asked for, what it loses is no surprise). BadInput when a value does not fit;
+    `option` names how the caller asks for the cast, in the message."""
+    array = np.asarray(value)
+    if array.dtype == dtype:
+        return array
+    if cast:
+        try:
+            with np.errstate(all="ignore"):  # asked for: no warning of what it loses
+                return array.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise BadInput(
+                f"input {name!r}: {array.dtype} cannot be cast to {dtype}: {exc}"
+            ) from None
+    if array.dtype.kind not in _NUMBERS:
+        raise BadInput(f"input {name!r} is {array.dtype}: the model takes {dtype.name} numbers")
+    python = isinstance(value, _PYTHON) and not isinstance(value, np.generic)  # np.float64
+    converted, lost = fitted(array, dtype, python=python)
+    if lost is None:
+        return converted
+    what = "holds Python numbers" if python else f"is {array.dtype.name}"
+    raise BadInput(
+        f"input {name!r} {what}, the model takes {dtype.name}, which cannot hold its values "
+        f"({lost}): convert them (.astype('{dtype.name}')) or pass {option} for numpy's "
+        "unsafe cast (precision lost, out-of-range values become inf or wrap)"
+    )
+
+
+def fitted(
+    array: np.ndarray, dtype: np.dtype, *, python: bool = False
+) -> tuple[np.ndarray, str | None]:
+    """`array` (of numbers) converted to `dtype`, and None when the policy takes it, else
+    what happens to the first value that does not fit (`1e+300 is out of its range`).
+    `python`: the values came from Python numbers (no dtype of their own)."""
+    source = array.dtype
+    if safe_cast(source, dtype):
+        return array.astype(dtype), None
+    with np.errstate(all="ignore"):
+        converted = array.astype(dtype)
+        if python and dtype.kind == "f" and source.kind in "iuf":
+            lost = np.isfinite(array) & ~np.isfinite(converted)
+        else:
+            back = converted.astype(source)
+            kept = back == array
+            if source.kind == "f" and dtype.kind == "f":
+                kept |= np.isnan(array) & np.isnan(back)
+            lost = ~kept
+    if not lost.any():
+        return converted, None
+    where = int(np.flatnonzero(lost)[0])
+    return converted, _what_happens(array.flat[where].item(), converted.flat[where].item(), dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def safe_cast(source: np.dtype, target: np.dtype) -> bool:
+    """Whether every value of `source` is a value of `target`: numpy's safe casts, less
+    those of integers wider than the float's mantissa (int64 to float64)."""
+    if source == target:
+        return True
+    if not np.can_cast(source, target, "safe"):
+        return False
+    if source.kind in "iu" and target.kind == "f":
+        bits = source.itemsize * 8 - (source.kind == "i")
+        return bits <= np.finfo(target).nmant + 1
+    return True
+
+
+def _what_happens(value: float, converted: float, dtype: np.dtype) -> str:
+    """`1e+300 is out of its range`, `300 is out of its range, -128 to 127`, `0.1 would
+    become 0.10000000149011612` (`value` and `converted` are numbers: ints, floats, bools)."""
+    finite = math.isfinite(value)
+    if finite and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            return f"{value!r} is out of its range, {info.min} to {info.max}"
+    if finite and dtype.kind == "f" and not math.isfinite(converted):
+        return f"{value!r} is out of its range"
+    return f"{value!r} would become {converted!r}"
