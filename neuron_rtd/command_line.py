@@ -61,6 +61,20 @@ def add_json_output(parser: argparse.ArgumentParser, help: str) -> None:
     )
 
 
+ADDRESS_HELP = (
+    "the daemon's address: a socket path or host:port (default: $NEURON_RTD_ADDRESS, else "
+    "unix:/run/neuron.sock)"
+)
+
+
+def add_address(
+    parser: argparse.ArgumentParser, help: str = ADDRESS_HELP, dest: str = "address"
+) -> None:
+    """`-a/--address`, the daemon a tool talks to (read by neuron_rtd/client/address.py),
+    as `args.<dest>`."""
+    parser.add_argument("-a", "--address", dest=dest, metavar="ADDRESS", help=help)
+
+
 CAST_HELP = (
     "convert values of another dtype as numpy's unsafe cast does (precision lost, "
     "out-of-range values become inf or wrap); without it only values the model's dtype "

@@ -27,6 +27,7 @@ from neuron_rtd.command_line import (
     EXIT_OK,
     EXIT_SIGTERM,
     EXIT_USAGE,
+    add_address,
     add_cast,
     add_json_output,
     add_version,
@@ -192,11 +193,7 @@ def parser() -> argparse.ArgumentParser:
         "and the checkpoint are removed first",
     )
     add_json_output(p, "progress as JSON lines on stdout")
-    p.add_argument(
-        "-a",
-        "--address",
-        help="the daemon (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
-    )
+    add_address(p)
     add_version(p)
     return p
 

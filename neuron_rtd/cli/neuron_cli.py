@@ -27,7 +27,14 @@ import sys
 from typing import Protocol
 
 from neuron_rtd.client.address import AddressError, default_address, grpc_target
-from neuron_rtd.command_line import EXIT_FAILED, EXIT_USAGE, add_version, entry
+from neuron_rtd.command_line import (
+    ADDRESS_HELP,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    add_address,
+    add_version,
+    entry,
+)
 from neuron_rtd.tools import control, profile
 from neuron_rtd.tools.validate import command as validate
 
@@ -78,14 +85,7 @@ def parser() -> argparse.ArgumentParser:
         description="Tools around the Neuron runtime daemon.",
         epilog="neuron-cli COMMAND --help tells more of each.",
     )
-    top.add_argument(
-        "-a",
-        "--address",
-        dest="top_address",
-        metavar="ADDRESS",
-        help="the daemon's address, for any command (default: $NEURON_RTD_ADDRESS, else "
-        "unix:/run/neuron.sock)",
-    )
+    add_address(top, f"{ADDRESS_HELP}, for any command", dest="top_address")
     add_version(top)
     commands = top.add_subparsers(dest="command", required=True, title="commands")
     for name, summary, command in COMMANDS:

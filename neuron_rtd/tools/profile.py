@@ -43,7 +43,14 @@ from neuron_rtd.arguments import parse_shape
 from neuron_rtd.client import NrtConnectionError
 from neuron_rtd.client.client import Client, NrtClientError
 from neuron_rtd.client.observe import Watch
-from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_cast, add_json_output
+from neuron_rtd.command_line import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_address,
+    add_cast,
+    add_json_output,
+)
 from neuron_rtd.neff import Neff
 from neuron_rtd.tools.control.command import explain
 from neuron_rtd.tools.validate.command import read_neff_or_fail
@@ -99,11 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json_output(parser, "print the profile as JSON")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace-event JSON file")
-    parser.add_argument(
-        "-a",
-        "--address",
-        help="the daemon's address (default: $NEURON_RTD_ADDRESS or unix:/run/neuron.sock)",
-    )
+    add_address(parser)
     parser.add_argument("--timeout", type=int, default=60, help="seconds per call (default 60)")
 
 

@@ -23,6 +23,7 @@ from neuron_rtd.command_line import (
     EXIT_OK,
     EXIT_USAGE,
     STOPPED_BY,
+    add_address,
     add_json_output,
     signal_exit_code,
 )
@@ -71,11 +72,7 @@ class Command:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         self.arguments(parser)
-        parser.add_argument(
-            "-a",
-            "--address",
-            help="the daemon's address (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
-        )
+        add_address(parser)
         add_json_output(parser, "print the answer as JSON")
 
     def arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -34,7 +34,14 @@ import numpy as np
 from neuron_rtd import onnxrt
 from neuron_rtd.arguments import parse_shape, unreadable
 from neuron_rtd.client import Client, NrtClientError, NrtConnectionError, default_address
-from neuron_rtd.command_line import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_cast, add_json_output
+from neuron_rtd.command_line import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_address,
+    add_cast,
+    add_json_output,
+)
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
@@ -87,11 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the inputs, one array per input name (default: random ones)",
     )
     add_cast(parser)
-    parser.add_argument(
-        "-a",
-        "--address",
-        help="the daemon's address (default: $NEURON_RTD_ADDRESS, else unix:/run/neuron.sock)",
-    )
+    add_address(parser)
     parser.add_argument(
         "--range",
         type=parse_range,
