@@ -130,6 +130,22 @@ def test_sigterm_drains_releases_devices_and_removes_socket(work: Path) -> None:
     proc.close()
 
 
+def test_ctrl_c_then_sigterm_stop_it_once_both_logged(work: Path) -> None:
+    """A terminal's Ctrl-C reaches the daemon and then its parent's SIGTERM, as when the demo
+    is interrupted. The handler only notes each signal (taking a lock in a handler once hung
+    the daemon for good when a signal came while the main thread held that lock)."""
+    proc = DaemonProcess(sim_root=work / "sim").start()
+    assert proc.proc is not None
+    for _ in range(20):
+        proc.proc.send_signal(signal.SIGINT)
+    assert proc.stop() == 0
+    log = proc.log()
+    assert "[NRTD:SignalHandler] Received SIGINT" in log
+    assert log.rstrip().endswith("[NRTD:RunServer] Stopped"), log
+    assert log.count("Stopping: draining requests") == 1
+    proc.close()
+
+
 def test_dead_daemon_leaves_no_claim(work: Path) -> None:
     sim = work / "sim"
     first = DaemonProcess(sim_root=sim, args=["-t", BDFS[0]])

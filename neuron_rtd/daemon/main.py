@@ -7,12 +7,14 @@ and on SIGTERM drains, unloads, releases the devices and removes its socket.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import os
+import select
 import signal
+import socket
 import sys
-import threading
 from concurrent import futures
 from types import FrameType
 
@@ -136,11 +138,37 @@ class Daemon:
         self.listener: UnixListener | None = None
         self.peer_socket: PeerSocket | None = None
         self.devices: list[SimDevice] = []
-        self._stop = threading.Event()
+        self._signals: list[int] = []  # noted by request_stop, logged by the main loop
+        self._signals_logged = 0
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
-        log.info("Received %s", signal.Signals(signum).name, extra={"fn": "SignalHandler"})
-        self._stop.set()
+        """SIGTERM's and SIGINT's handler: it only notes the signal. A handler runs in the
+        main thread between two bytecodes, perhaps while that thread holds a lock (an
+        Event's, a log handler's): taking one here could deadlock the daemon for good.
+        The wakeup fd (see `_serve`) ends the main loop's wait at once."""
+        self._signals.append(signum)
+
+    def _log_signals(self) -> None:
+        for signum in self._signals[self._signals_logged :]:
+            log.info("Received %s", signal.Signals(signum).name, extra={"fn": "SignalHandler"})
+            self._signals_logged += 1
+
+    def _serve(self, health: Health) -> None:
+        """The main loop, until a signal: the health kept up to date twice a second."""
+        wake, woken = socket.socketpair()
+        for end in (wake, woken):
+            end.setblocking(False)
+        previous = signal.set_wakeup_fd(woken.fileno(), warn_on_full_buffer=False)
+        try:
+            while not self._signals:
+                select.select([wake], [], [], 0.5)
+                with contextlib.suppress(BlockingIOError):
+                    wake.recv(4096)
+                health.update()
+        finally:
+            signal.set_wakeup_fd(previous)
+            wake.close()
+            woken.close()
 
     def run(self) -> int:
         try:
@@ -156,8 +184,8 @@ class Daemon:
         if interval:
             watchdog = sd.Watchdog(interval, healthy=lambda: runtime.responsive(interval))
             watchdog.start()
-        while not self._stop.wait(0.5):
-            health.update()
+        self._serve(health)
+        self._log_signals()
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
         health.drain()
@@ -168,6 +196,7 @@ class Daemon:
             watchdog.stop()
         runtime.close()
         self._release()
+        self._log_signals()  # a second one, while it drained
         log.info("Stopped", extra={"fn": "RunServer"})
         return 0
 
