@@ -7,10 +7,16 @@ nothing else imports them directly, so a change of layout touches this file only
 - ``ext_pb`` / ``ext_pb_grpc``: package ``nrt.ext`` (proto/nrt/ext.proto), our additions.
 - ``tf_pb``: package ``nrt.tf`` (proto/nrt/tf_example.proto), the Example records of
   TFRecord data sets, byte for byte as TensorFlow's.
+- ``kserve_pb`` / ``kserve_pb_grpc``: package ``inference`` (proto/grpc_service.proto), the
+  KServe v2 / Triton gRPC protocol, and ``model_config_pb`` (proto/model_config.proto), its
+  model configuration (config.pbtxt), both as published.
 """
 
 from __future__ import annotations
 
+from neuron_rtd._generated import grpc_service_pb2 as kserve_pb
+from neuron_rtd._generated import grpc_service_pb2_grpc as kserve_pb_grpc
+from neuron_rtd._generated import model_config_pb2 as model_config_pb
 from neuron_rtd._generated.nrt import ext_pb2 as ext_pb
 from neuron_rtd._generated.nrt import ext_pb2_grpc as ext_pb_grpc
 from neuron_rtd._generated.nrt import nmgr_pb2 as pb
@@ -19,6 +25,7 @@ from neuron_rtd._generated.nrt import tf_example_pb2 as tf_pb
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "KSERVE_SERVICE",
     "NMGR_EXT",
     "NMGR_SESSION_MANAGER",
     "NMGR_STREAM",
@@ -27,6 +34,9 @@ __all__ = [
     "TICKET_METADATA",
     "ext_pb",
     "ext_pb_grpc",
+    "kserve_pb",
+    "kserve_pb_grpc",
+    "model_config_pb",
     "pb",
     "pb_grpc",
     "tf_pb",
@@ -44,6 +54,7 @@ NMGR_V1 = "nrt.nmgr_v1"
 NMGR_SESSION_MANAGER = "nrt.nmgr_session_manager"
 NMGR_STREAM = "nrt.nmgr_stream"
 NMGR_EXT = "nrt.ext.nmgr_ext"
+KSERVE_SERVICE = "inference.GRPCInferenceService"
 
 # gRPC metadata our clients send (docs/wire-api.md): the session a call presents, and on
 # session_monitor the peer ticket that names the caller's user.

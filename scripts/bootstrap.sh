@@ -41,5 +41,8 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+# Triton's own client library for the KServe v2 tests: its metadata pins protobuf<7, which
+# it runs well with (measured); its other dependencies are in the test extra
+.venv/bin/python -m pip install -q --no-deps 'tritonclient==2.73.0'
 touch .venv/.installed
 echo "bootstrap: .venv ready"

@@ -1,0 +1,9 @@
+"""The serving core behind the KServe v2 / Triton protocol: a model repository in
+Triton's layout (`DIR/NAME/VERSION/model.neff`, an optional `DIR/NAME/config.pbtxt`),
+each model's config completed from its NEFF, its versions loaded as ordinary models of
+the runtime (`instance_group { count: N }` copies on NCGs of their own), dynamic
+batching across clients, per-version statistics, and system shared-memory regions.
+
+The front ends (`neuron_rtd/server/kserve.py` for gRPC, `neuron_rtd/server/kserve_http.py`
+for HTTP) speak to it through `ServingApi` (`neuron_rtd/serving/api.py`) only.
+"""
