@@ -108,6 +108,22 @@ def test_partitioning_keeps_transitions_few() -> None:
     assert [node.kind for node in neff.nodes] == ["neuron", "cpu"]
 
 
+def test_dynamic_batch_refuses_a_model_that_fixes_its_batch_inside() -> None:
+    """A Reshape to a constant (1, 12): every bucket would answer one row, so the batch
+    cannot be dynamic, and the compiler says so instead of writing that NEFF."""
+    model = make_model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [helper.make_tensor_value_info("x", F32, [1, 3, 4])],
+        [helper.make_tensor_value_info("y", F32, [1, 12])],
+        {"shape": np.array([1, 12], dtype=np.int64)},
+    )
+    with pytest.raises(CompileError) as caught:
+        compile_model(model, dynamic_batch=bucket_ranges(1, 4))
+    assert "model output(s) 'y' (1, 12) keep a fixed shape whatever the batch size" in str(
+        caught.value
+    )
+
+
 def test_buckets_pad_and_cut_the_batch(local: LocalRuntime) -> None:
     model = mlp_with_cpu_op()
     result = compile_model(model, dynamic_batch=bucket_ranges(1, 8, "log2"))

@@ -156,6 +156,8 @@ def compile_model(
         raise CompileError(f"{len(combos)} buckets is too many (at most {MAX_BUCKETS})")
     if symbols:
         _check_outputs_vary_once(model, axes, symbols)
+    if dynamic_batch is not None:
+        _check_outputs_follow_the_batch(model, axes)
     model_name = name or model.graph.name or "model"
     builder = NeffBuilder(model_name)
     summary = Summary(model_name)
@@ -185,6 +187,27 @@ def compile_model(
     summary.stored_weight_bytes = written.stored_weight_bytes
     progress("done", steps, steps)
     return CompileResult(neff=neff, summary=summary)
+
+
+def _check_outputs_follow_the_batch(
+    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]]
+) -> None:
+    """Refuse `--dynamic-batch` on a model whose batch size is fixed inside it: an output
+    of a fixed shape (a Reshape to a constant shape, say) could not be cut back per
+    batch, and every bucket would answer the one size."""
+    fixed = {
+        output: dims
+        for output, dims in _symbolic_outputs(model, axes).items()
+        if not any(isinstance(d, str) for d in dims)
+    }
+    if fixed:
+        which = ", ".join(f"{name!r} {tuple(dims)}" for name, dims in fixed.items())
+        raise CompileError(
+            f"--dynamic-batch: model output(s) {which} keep a fixed shape whatever the batch "
+            "size, so the model fixes its batch inside (a Reshape to a constant shape, a "
+            "batch of 1 exported as a constant): export it with a symbolic batch dimension "
+            "(torch.onnx.export's dynamic_axes), or compile it without --dynamic-batch"
+        )
 
 
 def _check_outputs_vary_once(
