@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,12 @@ import pytest
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 TOUR_HEADING = "## A five-minute tour"
+SERVING_HEADING = "## Serving with Triton's clients"
 
 
-def tour_blocks(readme: str) -> list[tuple[str, str]]:
-    """(language, code) of each fenced block under the tour's heading, in order."""
-    section = readme.split(f"\n{TOUR_HEADING}\n", 1)[1].split("\n## ", 1)[0]
+def tour_blocks(readme: str, heading: str = TOUR_HEADING) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block under `heading`, in order."""
+    section = readme.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^```(\w*)\n(.*?)^```$", section, re.M | re.S)
 
 
@@ -48,7 +50,50 @@ def test_the_tour_is_shell_and_python_and_says_how_to_begin() -> None:
 def test_the_tour_runs_as_written(work: Path) -> None:
     """In a fresh folder, the venv's commands first on PATH (`. .venv/bin/activate`), no
     NEURON_* variable of the caller's: every line as written, the daemon stopped at the end."""
-    script = tour_script(tour_blocks(README.read_text()))
+    said = run_as_written(tour_script(tour_blocks(README.read_text())), work)
+    address = f"unix:{work}/neuron.sock"
+    assert f"| {address} |" in said  # neuron-ls: the devices, owned by the tour's daemon
+    assert "total: 50 ops on the NC, 0 on the CPU" in said
+    assert "Loaded model 10001 (main_graph) on NCG 1: READY" in said
+    assert "probs: float32 (1, 100)" in said and "Unloaded model 10001" in said
+    python = re.search(r"^(\d+)\n(\[[\d, ]+\])$", said, re.M)  # one call, then 8 futures
+    assert python is not None, said
+    assert json.loads(python[2]) == [int(python[1])] * 8
+    assert f"neuron-top 0.1.0  |  neuron-rtd 0.1.0  |  inf1.6xlarge  |  {address}" in said
+    (report,) = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    (runtime,) = report["neuron_runtime_data"]
+    assert (runtime["address"], runtime["error"]) == (address, "")
+    assert said.rstrip().endswith("[NRTD:RunServer] Stopped")  # kill %1: drained, let go
+    assert sorted(p.name for p in work.iterdir()) == [
+        "daemon.log",
+        "in.npz",
+        "resnet.neff",
+        "resnet.onnx",
+        "sim",
+    ]
+
+
+@pytest.mark.daemon
+def test_the_serving_section_runs_as_written(work: Path) -> None:
+    """ "Serving with Triton's clients" likewise (its HTTP port made a free one): the
+    repository's model served to tritonclient over gRPC and HTTP, seen by neuron-cli."""
+    blocks = tour_blocks(README.read_text(), SERVING_HEADING)
+    assert [language for language, _ in blocks] == ["sh", "python", "sh"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tour_script(blocks).replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    said = run_as_written(script, work)
+    lines = said.splitlines()
+    assert "8" in lines  # max_batch_size, completed from the NEFF's buckets
+    assert re.search(r"^\[\d+ \d+ \d+\]$", said, re.M), said  # 3 images' classes
+    assert "True 3" in lines  # ready over HTTP, and the 3 rows counted
+    assert re.search(r"^Found 1 model\n10001 READY \d+ main_graph$", said, re.M), said
+
+
+def run_as_written(script: str, work: Path) -> str:
+    """What `script` says, run by bash in `work` with the venv's commands first on PATH
+    and no NEURON_* variable of the caller's; fails the test unless it ends well."""
     venv_bin = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON")}
     env |= {"PATH": f"{venv_bin}:{env['PATH']}", "VIRTUAL_ENV": str(venv_bin.parent)}
@@ -73,26 +118,7 @@ def test_the_tour_runs_as_written(work: Path) -> None:
             os.killpg(tour.pid, signal.SIGKILL)  # a daemon the tour left
     assert tour.returncode == 0, said
     assert "Traceback" not in said and not re.search(r"^[\w-]+: error", said, re.M), said
-    address = f"unix:{work}/neuron.sock"
-    assert f"| {address} |" in said  # neuron-ls: the devices, owned by the tour's daemon
-    assert "total: 50 ops on the NC, 0 on the CPU" in said
-    assert "Loaded model 10001 (main_graph) on NCG 1: READY" in said
-    assert "probs: float32 (1, 100)" in said and "Unloaded model 10001" in said
-    python = re.search(r"^(\d+)\n(\[[\d, ]+\])$", said, re.M)  # one call, then 8 futures
-    assert python is not None, said
-    assert json.loads(python[2]) == [int(python[1])] * 8
-    assert f"neuron-top 0.1.0  |  neuron-rtd 0.1.0  |  inf1.6xlarge  |  {address}" in said
-    (report,) = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
-    (runtime,) = report["neuron_runtime_data"]
-    assert (runtime["address"], runtime["error"]) == (address, "")
-    assert said.rstrip().endswith("[NRTD:RunServer] Stopped")  # kill %1: drained, let go
-    assert sorted(p.name for p in work.iterdir()) == [
-        "daemon.log",
-        "in.npz",
-        "resnet.neff",
-        "resnet.onnx",
-        "sim",
-    ]
+    return said
 
 
 def github_anchor(heading: str) -> str:

@@ -7,7 +7,8 @@ The file decides what the daemon serves and to whom, so it must be as trusted as
 daemon: owned by root or by the daemon's own user, and writable by no one else (a group
 that is its owner's private group, Debian's user groups, counts as the owner). A TCP
 address outside loopback serves the API unencrypted to the network: it takes
-`allow_remote_clients`, and the daemon warns of it as it starts.
+`allow_remote_clients`, and the daemon warns of it as it starts; so does an
+`http_address` (the KServe v2 HTTP/REST front end) outside loopback.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from neuron_rtd.typed_json import ConfigError, Expected, check_object
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
 LOG_LEVELS = ("error", "warning", "info", "debug")
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")  # as Triton's --model-control-mode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +64,11 @@ class DaemonConfig:
     session_max_inflight: int = 1024
     session_max_open: int = 4096
     session_max_per_peer: int = 1024
+    model_repository: str | None = None  # Triton's layout: DIR/NAME/VERSION/model.neff
+    model_control_mode: str = "none"  # none, explicit or poll
+    load_models: tuple[str, ...] = ()  # loaded at start in explicit mode ("*": all)
+    repository_poll_secs: int = 15  # poll mode: how often the repository is read again
+    http_address: str | None = None  # the KServe v2 HTTP/REST front end's HOST:PORT; off
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -91,6 +98,11 @@ _TYPES: dict[str, Expected] = {
     "session_max_inflight": int,
     "session_max_open": int,
     "session_max_per_peer": int,
+    "model_repository": (str, type(None)),
+    "model_control_mode": str,
+    "load_models": list,
+    "repository_poll_secs": int,
+    "http_address": (str, type(None)),
     "sim": dict,
 }
 _SIM_TYPES: dict[str, Expected] = {
@@ -159,7 +171,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfig:
     values = {k: v for k, v in data.items() if not k.startswith("_") and k != "sim"}
-    for key in ("devices", "neff_file_dirs"):
+    for key in ("devices", "neff_file_dirs", "load_models"):
         if key in values:
             values[key] = tuple(values[key])
     if "socket_mode" in values:
@@ -221,7 +233,60 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
             '"allow_remote_clients": true in the config to mean it, or listen on '
             "127.0.0.1:PORT or a unix:/path"
         )
+    return validate_serving(config, where)
+
+
+def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
+    """The model repository's and the KServe v2 front ends' settings checked (see
+    `validate`); the repository's path made absolute."""
+    if config.model_control_mode not in MODEL_CONTROL_MODES:
+        raise ConfigError(
+            f"{where}: model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
+            f"got {config.model_control_mode!r}"
+        )
+    if config.model_repository is not None:
+        if not config.model_repository:
+            raise ConfigError(f"{where}: model_repository must be a folder's path")
+        config = replace(config, model_repository=os.path.abspath(config.model_repository))
+    elif config.model_control_mode != "none":
+        raise ConfigError(
+            f"{where}: model_control_mode {config.model_control_mode} needs a "
+            "model_repository (--model-repository DIR)"
+        )
+    if not all(isinstance(n, str) and n for n in config.load_models):
+        raise ConfigError(f"{where}: load_models must be a list of model names")
+    config = replace(config, load_models=tuple(config.load_models))
+    if config.load_models and config.model_control_mode != "explicit":
+        raise ConfigError(
+            f"{where}: load_models (--load-model) names the models to load at start in "
+            f"model_control_mode explicit, not {config.model_control_mode}: in none and "
+            "poll every model of the repository is loaded"
+        )
+    if config.repository_poll_secs < 1:
+        raise ConfigError(f"{where}: repository_poll_secs must be at least 1 second")
+    if config.http_address is not None:
+        host = http_host(config.http_address, where)
+        if not loopback(host) and not config.allow_remote_clients:
+            raise ConfigError(
+                f"{where}: http_address {config.http_address} is not a loopback address: "
+                "anyone who reaches it could use the models, over unencrypted HTTP; set "
+                '"allow_remote_clients": true in the config to mean it, or listen on '
+                "127.0.0.1:PORT"
+            )
     return config
+
+
+def http_host(address: str, where: str = "config") -> str:
+    """The host of the HTTP front end's `HOST:PORT` (brackets stripped); ConfigError
+    when `address` is not one (port 0: any free port)."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not (sep and host and port.isdigit() and int(port) <= 65535):
+        raise ConfigError(
+            f"{where}: http_address must be HOST:PORT (127.0.0.1:8000, [::1]:8000), got {address!r}"
+        )
+    return host
 
 
 def tcp_host(address: str) -> str | None:
@@ -253,6 +318,19 @@ def remote_clients_warning(config: DaemonConfig) -> str | None:
         f"serving the gRPC API on {config.server_address} to the network "
         "(allow_remote_clients), in plaintext: anyone who reaches this address can load "
         "models and read and write tensors, unauthenticated and unencrypted"
+    )
+
+
+def remote_http_warning(config: DaemonConfig) -> str | None:
+    """What the daemon logs as a warning at start when its HTTP front end serves beyond
+    this machine (`validate` lets such an http_address through only with
+    allow_remote_clients); None otherwise."""
+    if config.http_address is None or loopback(http_host(config.http_address)):
+        return None
+    return (
+        f"serving the KServe v2 HTTP API on {config.http_address} to the network "
+        "(allow_remote_clients), in plaintext: anyone who reaches this address can run, "
+        "load and unload models and read and write tensors, unauthenticated and unencrypted"
     )
 
 

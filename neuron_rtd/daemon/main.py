@@ -16,7 +16,9 @@ import signal
 import socket
 import sys
 from concurrent import futures
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -29,9 +31,11 @@ from neuron_rtd.daemon.config import (
     DEFAULT_CONFIG,
     INSTANCE_CONFIG_DIR,
     LOG_LEVELS,
+    MODEL_CONTROL_MODES,
     DaemonConfig,
     load_config,
     remote_clients_warning,
+    remote_http_warning,
 )
 from neuron_rtd.daemon.listener import (
     AddressError,
@@ -44,8 +48,13 @@ from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
-from neuron_rtd.server import Health, PeerSocket, SessionServicer, Tickets, add_servicers
+from neuron_rtd.server import Health, PeerSocket, ServicerSet, Tickets, add_servicers
+from neuron_rtd.serving.api import ServingError
+from neuron_rtd.serving.service import Serving
 from neuron_rtd.typed_json import ConfigError
+
+if TYPE_CHECKING:
+    from neuron_rtd.server.kserve_http import HttpServer
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -104,6 +113,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="INSTANCE",
         help=f"instance name: reads {INSTANCE_CONFIG_DIR}/INSTANCE.json",
     )
+    serving = parser.add_argument_group(
+        "KServe v2 / Triton protocol",
+        "Served on the same address as the nrt API (tritonclient.grpc works on it as it "
+        "is), and over HTTP/REST with --http-address.",
+    )
+    serving.add_argument(
+        "--model-repository",
+        dest="model_repository",
+        metavar="DIR",
+        help="serve the models of this folder, in Triton's layout: DIR/NAME/VERSION/model.neff "
+        "and an optional DIR/NAME/config.pbtxt (default: the config's model_repository, "
+        "else none)",
+    )
+    serving.add_argument(
+        "--model-control-mode",
+        dest="model_control_mode",
+        choices=MODEL_CONTROL_MODES,
+        help="none: load every model of the repository at start; explicit: only those "
+        "--load-model names, then what clients load and unload; poll: follow the "
+        f"repository's changes (default {DaemonConfig.model_control_mode})",
+    )
+    serving.add_argument(
+        "--load-model",
+        dest="load_models",
+        action="append",
+        metavar="NAME",
+        help="in explicit mode, load this model of the repository at start (repeatable; "
+        "* for all of them)",
+    )
+    serving.add_argument(
+        "--repository-poll-secs",
+        dest="repository_poll_secs",
+        type=int,
+        metavar="N",
+        help="in poll mode, read the repository again every N seconds (default "
+        f"{DaemonConfig.repository_poll_secs})",
+    )
+    serving.add_argument(
+        "--http-address",
+        dest="http_address",
+        metavar="HOST:PORT",
+        help="also serve the protocol over HTTP/REST here, e.g. 127.0.0.1:8000 (default: "
+        "off; a host beyond loopback needs allow_remote_clients in the config)",
+    )
     add_version(parser, "-v")
     return parser.parse_args(argv)
 
@@ -138,6 +191,8 @@ class Daemon:
         self.listener: UnixListener | None = None
         self.peer_socket: PeerSocket | None = None
         self.devices: list[SimDevice] = []
+        self.serving: Serving | None = None  # the KServe v2 front ends' core
+        self.http: HttpServer | None = None  # the v2 HTTP/REST front end, if asked for
         self._signals: list[int] = []  # noted by request_stop, logged by the main loop
         self._signals_logged = 0
 
@@ -172,11 +227,12 @@ class Daemon:
 
     def run(self) -> int:
         try:
-            runtime, server, sessions, health = self._start()
+            runtime, server, servicers = self._start()
         except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
             log.error("%s", exc, extra={"fn": "RunServer"})
             if not self.logs_to_stderr:
                 print(f"neuron-rtd: error: {exc}", file=sys.stderr)
+            self._stop_serving()
             self._release()
             return 1
         watchdog = None
@@ -184,23 +240,29 @@ class Daemon:
         if interval:
             watchdog = sd.Watchdog(interval, healthy=lambda: runtime.responsive(interval))
             watchdog.start()
-        self._serve(health)
+        self._serve(servicers.health)
         self._log_signals()
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
-        health.drain()
+        servicers.health.drain()
         stopped = server.stop(DRAIN_GRACE_S)  # new calls refused; in-flight ones finish
-        sessions.close()  # clients' session streams would last the whole grace
+        if self.http:
+            self.http.stop()
+            self.http = None
+        servicers.sessions.close()  # clients' session streams would last the whole grace
+        if servicers.kserve:
+            servicers.kserve.drain()  # so would idle v2 streams
         stopped.wait()
         if watchdog:
             watchdog.stop()
+        self._stop_serving()  # its models are the runtime's: before the runtime goes
         runtime.close()
         self._release()
         self._log_signals()  # a second one, while it drained
         log.info("Stopped", extra={"fn": "RunServer"})
         return 0
 
-    def _start(self) -> tuple[Runtime, grpc.Server, SessionServicer, Health]:
+    def _start(self) -> tuple[Runtime, grpc.Server, ServicerSet]:
         config = self.config
         sd.notify("STATUS=Starting")
         if self.address.unix_path:
@@ -235,6 +297,8 @@ class Daemon:
         )
         sd.notify("STATUS=Initializing devices")
         runtime.init_devices()
+        # before the gRPC server and the peer socket: a refusal leaves neither behind
+        self.serving = self._start_serving(runtime)
         server = grpc.server(
             futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
             options=[
@@ -251,7 +315,7 @@ class Daemon:
                 )
             except OSError as exc:
                 raise AddressError(f"cannot listen on {path}: {exc.strerror}") from None
-        sessions, health = add_servicers(
+        servicers = add_servicers(
             server,
             runtime,
             address=self.address.target,
@@ -259,6 +323,7 @@ class Daemon:
             instance_type=machine.instance_type,
             tickets=tickets,
             peer_socket=str(self.peer_socket.path) if self.peer_socket else "",
+            serving=self.serving,
         )
         if self.listener:
             self.listener.bind(server)
@@ -271,9 +336,9 @@ class Daemon:
             self.peer_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.target, extra={"fn": "RunServer"})
-        warning = remote_clients_warning(config)
-        if warning:
-            log.warning("%s", warning, extra={"fn": "RunServer"})
+        for warning in (remote_clients_warning(config), remote_http_warning(config)):
+            if warning:
+                log.warning("%s", warning, extra={"fn": "RunServer"})
         if os.geteuid() == 0:
             log.warning(
                 "Running as root: shm_map by name and neff_file open what clients name with "
@@ -284,7 +349,57 @@ class Daemon:
             "READY=1",
             f"STATUS=Serving {len(self.devices)} device(s) ({bdfs}) on {self.address.target}",
         )
-        return runtime, server, sessions, health
+        return runtime, server, servicers
+
+    def _start_serving(self, runtime: Runtime) -> Serving:
+        """The serving core of the KServe v2 front ends, its models loaded, and its HTTP
+        front end when asked for. Always made, so that the v2 gRPC service answers health
+        and metadata even with no model repository."""
+        config = self.config
+        repository = Path(config.model_repository) if config.model_repository else None
+        if repository is not None and not repository.is_dir():
+            raise StartupError(
+                f"model repository {repository}: "
+                + ("not a folder" if repository.exists() else "no such folder")
+            )
+        serving = Serving(
+            runtime,
+            repository=repository,
+            control_mode=config.model_control_mode,
+            load_models=config.load_models,
+            poll_s=float(config.repository_poll_secs),
+        )
+        self.serving = serving  # closed by run() should what follows fail
+        if repository is not None:
+            sd.notify("STATUS=Loading the model repository")
+        try:
+            serving.start()  # a model that fails to load is logged, not fatal
+        except ServingError as exc:
+            raise StartupError(f"model repository: {exc.message}") from None
+        if config.http_address:
+            self.http = self._http(serving, config.http_address)
+        return serving
+
+    def _http(self, serving: Serving, address: str) -> HttpServer:
+        """The v2 HTTP/REST front end, listening on `address`."""
+        from neuron_rtd.server.kserve_http import HttpServer
+
+        http = HttpServer(serving, address)
+        try:
+            http.start()
+        except OSError as exc:
+            raise StartupError(f"cannot serve HTTP on {address}: {exc.strerror or exc}") from None
+        host = address.rpartition(":")[0]
+        log.info("KServe v2 HTTP listening on %s:%d", host, http.port, extra={"fn": "RunServer"})
+        return http
+
+    def _stop_serving(self) -> None:
+        if self.http:
+            self.http.stop()
+            self.http = None
+        if self.serving:
+            self.serving.close()
+            self.serving = None
 
     def _release(self) -> None:
         for device in self.devices:

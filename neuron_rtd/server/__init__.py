@@ -12,21 +12,40 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
-from neuron_rtd.proto import ext_pb_grpc, pb_grpc
+from neuron_rtd.proto import ext_pb_grpc, kserve_pb_grpc, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
+from neuron_rtd.server.kserve import KServeServicer
 from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
 from neuron_rtd.server.peer_socket import PeerSocket, Tickets
 from neuron_rtd.server.sessions import SessionServicer
+from neuron_rtd.serving.api import ServingApi
 
-__all__ = ["Health", "PeerSocket", "SessionServicer", "Tickets", "add_servicers"]
+__all__ = [
+    "Health",
+    "KServeServicer",
+    "PeerSocket",
+    "ServicerSet",
+    "SessionServicer",
+    "Tickets",
+    "add_servicers",
+]
 
 STREAM_THREADS = 64  # loads and infer streams running at once, each kind
+
+
+class ServicerSet(NamedTuple):
+    """The services the daemon acts on itself: it closes the session streams and ends
+    the idle v2 streams at its stop, and keeps the health up to date."""
+
+    sessions: SessionServicer
+    health: Health
+    kserve: KServeServicer | None
 
 
 def _on_pool(method: Callable[..., Any], pool: ThreadPoolExecutor) -> Callable[..., Any]:
@@ -48,9 +67,10 @@ def add_servicers(
     instance_type: str,
     tickets: Tickets,
     peer_socket: str = "",
-) -> tuple[SessionServicer, Health]:
-    """Add every service to `server`; the session service, which the daemon closes at
-    its stop, and the health service, which it keeps up to date."""
+    serving: ServingApi | None = None,
+) -> ServicerSet:
+    """Add every service to `server` (the KServe v2 one when given its `serving` core);
+    those the daemon acts on itself."""
     nmgr = NmgrServicer(runtime)
     nmgr.load = _on_pool(nmgr.load, ThreadPoolExecutor(STREAM_THREADS, "nmgr-load"))  # type: ignore[method-assign]
     streams = StreamServicer(nmgr)
@@ -71,4 +91,17 @@ def add_servicers(
         ),
         server,
     )
-    return sessions, Health(server, runtime)
+    kserve = None
+    if serving is not None:
+        kserve = KServeServicer(
+            serving,
+            stream_pool=ThreadPoolExecutor(STREAM_THREADS, "kserve-stream-infer"),
+            # one reader per open stream (each runs on the pool below), with room for a
+            # reader still finishing as its stream's handler ends
+            read_pool=ThreadPoolExecutor(2 * STREAM_THREADS, "kserve-stream-read"),
+        )
+        kserve.ModelStreamInfer = _on_pool(  # type: ignore[method-assign]
+            kserve.ModelStreamInfer, ThreadPoolExecutor(STREAM_THREADS, "kserve-stream")
+        )
+        kserve_pb_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
+    return ServicerSet(sessions, Health(server, runtime), kserve)

@@ -7,3 +7,34 @@ batching across clients, per-version statistics, and system shared-memory region
 The front ends (`neuron_rtd/server/kserve.py` for gRPC, `neuron_rtd/server/kserve_http.py`
 for HTTP) speak to it through `ServingApi` (`neuron_rtd/serving/api.py`) only.
 """
+
+from neuron_rtd.serving.api import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RepositoryModel,
+    ServerMetadata,
+    ServingApi,
+    ServingError,
+    SharedMemoryApi,
+    ShmRegion,
+    Status,
+    TensorMeta,
+)
+from neuron_rtd.serving.service import EXTENSIONS, Serving
+
+__all__ = [
+    "EXTENSIONS",
+    "InferRequest",
+    "InferResponse",
+    "ModelMetadata",
+    "RepositoryModel",
+    "ServerMetadata",
+    "Serving",
+    "ServingApi",
+    "ServingError",
+    "SharedMemoryApi",
+    "ShmRegion",
+    "Status",
+    "TensorMeta",
+]

@@ -113,7 +113,9 @@ class ShmRegion:
 class SharedMemoryApi(Protocol):
     """System shared-memory regions, registered by name (`SystemSharedMemoryRegister`):
     a POSIX shm object `key` (as `shm_open` names it), from `offset`, `byte_size` bytes,
-    opened with the daemon's rights, as `shm_map` by name is."""
+    opened with the daemon's rights, as `shm_map` by name is. Tensors are copied in and
+    out through the object's fd, never mapped: a client that truncates its object gets an
+    error, not a daemon killed by SIGBUS."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
 
@@ -123,9 +125,16 @@ class SharedMemoryApi(Protocol):
     def status(self, name: str = "") -> list[ShmRegion]:
         """One region (NOT_FOUND when unknown), or every one when `name` is ""."""
 
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
-        """`byte_size` writable bytes of region `name` from `offset` within it
-        (INVALID_ARGUMENT when they do not lie inside it, NOT_FOUND when unknown)."""
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        """Raises unless region `name` is registered (NOT_FOUND) and `byte_size` bytes
+        from `offset` within it lie inside it (INVALID_ARGUMENT)."""
+
+    def read(self, name: str, offset: int, byte_size: int) -> bytearray:
+        """`byte_size` bytes of region `name` from `offset` within it, copied out (checked
+        as by `check`; INVALID_ARGUMENT when the object shrank below the region)."""
+
+    def write(self, name: str, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """`data` copied into region `name` from `offset` within it (checked alike)."""
 
 
 class ServingApi(Protocol):
@@ -133,7 +142,8 @@ class ServingApi(Protocol):
     method may be called from many threads at once; `infer` blocks until its answer
     (with dynamic batching, until the batch it joined has run)."""
 
-    shm: SharedMemoryApi
+    @property
+    def shm(self) -> SharedMemoryApi: ...
 
     def live(self) -> bool: ...
 

@@ -1,0 +1,550 @@
+"""The JSON documents of the KServe v2 HTTP/REST protocol (and Triton's extensions to it),
+decoded into the serving core's values and encoded from its answers; no HTTP here (that
+is `neuron_rtd/server/kserve_http.py`).
+
+An inference request is a JSON header, then (the binary tensor data extension, when the
+header's length is given apart) the raw bytes of the inputs that declare a
+`binary_data_size`, one after another in the order of the inputs. An input's data is
+otherwise its JSON `data` (flat or nested, in row-major order) or a range of a registered
+system shared-memory region. Outputs go back as JSON `data`, or as raw bytes after the
+header (`binary_data`, per output or `binary_data_output` for all), or into shared memory.
+
+The two documents the core hands over as protobuf messages (`ModelConfig`,
+`ModelStatisticsResponse`) are rendered with the messages' field names, every field
+present, and 64-bit integers as plain JSON numbers, as Triton's HTTP endpoint does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import ml_dtypes
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from neuron_rtd.proto import kserve_pb
+from neuron_rtd.serving.api import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RepositoryModel,
+    ServerMetadata,
+    ServingError,
+    SharedMemoryApi,
+    ShmRegion,
+    Status,
+    TensorMeta,
+)
+from neuron_rtd.serving.datatypes import datatype_of, dtype_of
+
+BINARY_DATA_SIZE = "binary_data_size"
+BINARY_DATA = "binary_data"
+BINARY_DATA_OUTPUT = "binary_data_output"
+SHM_REGION = "shared_memory_region"
+SHM_OFFSET = "shared_memory_offset"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+_SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def invalid(message: str) -> ServingError:
+    return ServingError(Status.INVALID_ARGUMENT, message)
+
+
+# --- plain JSON ------------------------------------------------------------------------
+def dumps(document: object) -> bytes:
+    """`document` as compact UTF-8 JSON."""
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def loads_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
+    """`body` as a JSON object, or INVALID_ARGUMENT saying why it is not one. An empty
+    body is an empty object (the protocol's requests whose fields are all optional)."""
+    data = bytes(body)
+    if not data.strip():
+        return {}
+    try:
+        document = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise invalid(f"{what} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        raise invalid(
+            f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise invalid(f"{what} is not valid JSON: nested too deeply") from None
+    if not isinstance(document, dict):
+        raise invalid(f"{what} must be a JSON object, got {type(document).__name__}")
+    return document
+
+
+def _field(document: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """`document[key]` when present (None when not), INVALID_ARGUMENT when of another kind."""
+    value = document.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise invalid(f"{what}: '{key}' must be {_kind_name(kind)}, got {_shown(value)}")
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+_KIND_NAMES = {
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(_KIND_NAMES.get(k, k.__name__) for k in _kinds(kind))
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(parameters: Mapping[str, Any], key: str, what: str) -> int | None:
+    """A byte count or offset parameter: a non-negative integer, None when absent."""
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{what}: parameter '{key}' must be a number of bytes, got {_shown(value)}")
+    return value
+
+
+# --- documents of the core's answers ---------------------------------------------------
+def server_metadata_json(meta: ServerMetadata) -> dict[str, object]:
+    return {"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)}
+
+
+def _tensor_meta_json(tensor: TensorMeta) -> dict[str, object]:
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+
+
+def model_metadata_json(meta: ModelMetadata) -> dict[str, object]:
+    return {
+        "name": meta.name,
+        "versions": list(meta.versions),
+        "platform": meta.platform,
+        "inputs": [_tensor_meta_json(t) for t in meta.inputs],
+        "outputs": [_tensor_meta_json(t) for t in meta.outputs],
+    }
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """A protobuf message as Triton's HTTP endpoint renders it: field names as in the
+    .proto, every field present, 64-bit integers as JSON numbers (protobuf's JSON mapping
+    makes them strings)."""
+    document = json_format.MessageToDict(
+        message, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+    )
+    _int64_as_numbers(cast(Descriptor, message.DESCRIPTOR), document)
+    return document
+
+
+def statistics_json(response: kserve_pb.ModelStatisticsResponse) -> dict[str, Any]:
+    """Statistics as Triton's HTTP endpoint renders them: every duration present, those
+    never measured as {"count": 0, "ns": 0}."""
+    filled = kserve_pb.ModelStatisticsResponse()
+    filled.CopyFrom(response)
+    for model in filled.model_stats:
+        for stats in (model.inference_stats, *model.batch_stats):
+            for field in stats.DESCRIPTOR.fields:
+                if field.message_type is not None:
+                    getattr(stats, field.name).SetInParent()
+    return message_json(filled)
+
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_as_numbers(descriptor: Descriptor, document: dict[str, Any]) -> None:
+    """The 64-bit integer fields of `document` (`descriptor`'s message as MessageToDict
+    renders it), at any depth, turned from strings into numbers, in place."""
+    for name, value in document.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry and isinstance(value, dict):
+            _map_values_as_numbers(entry.fields_by_name["value"], value)
+        elif entry is not None:
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict):
+                    _int64_as_numbers(entry, item)
+        elif field.type in _INT64_TYPES:
+            document[name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def _map_values_as_numbers(field: FieldDescriptor, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if field.message_type is not None and isinstance(value, dict):
+            _int64_as_numbers(field.message_type, value)
+        elif field.type in _INT64_TYPES:
+            values[key] = int(value)
+
+
+def repository_index_json(models: Sequence[RepositoryModel]) -> list[dict[str, str]]:
+    """The index as Triton lists it: each model's name, and its version, state and
+    reason when it has them."""
+    rows = []
+    for model in models:
+        row = {"name": model.name}
+        for key in ("version", "state", "reason"):
+            value = getattr(model, key)
+            if value:
+                row[key] = value
+        rows.append(row)
+    return rows
+
+
+def shm_status_json(regions: Sequence[ShmRegion]) -> list[dict[str, object]]:
+    return [
+        {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+        for r in regions
+    ]
+
+
+# --- requests of the model repository and shared memory ---------------------------------
+def load_parameters(body: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
+    """A load request's `parameters`: the `config` override (JSON text) and the
+    `file:<path>` contents (base64)."""
+    parameters = _field(body, "parameters", dict, "the load request") or {}
+    config = ""
+    files: dict[str, bytes] = {}
+    for name, value in parameters.items():
+        if name == "config":
+            if not isinstance(value, str):
+                raise invalid("load parameter 'config' must be a string (a JSON model config)")
+            config = value
+        elif name.startswith("file:"):
+            if not isinstance(value, str):
+                raise invalid(f"load parameter {name!r} must be the file's content in base64")
+            try:
+                files[name.removeprefix("file:")] = base64.b64decode(value, validate=True)
+            except binascii.Error as exc:
+                raise invalid(f"load parameter {name!r} is not valid base64: {exc}") from None
+        else:
+            raise invalid(
+                f"unknown load parameter {name!r}: this server takes 'config' and 'file:<path>'"
+            )
+    return config, files
+
+
+def shm_register_fields(body: Mapping[str, Any]) -> tuple[str, int, int]:
+    """A register request's `key`, `offset` (0 when absent) and `byte_size`."""
+    what = "the register request"
+    key = _field(body, "key", str, what)
+    if not key:
+        raise invalid(f"{what} needs 'key': the shm object's name as shm_open takes it")
+    offset = _count(body, "offset", what) or 0
+    byte_size = _count(body, "byte_size", what)
+    if byte_size is None:
+        raise invalid(f"{what} needs 'byte_size': the region's size in bytes")
+    return key, offset, byte_size
+
+
+# --- inference ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShmPlace:
+    """Where a tensor lies in a registered system shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def shm_place(what: str, parameters: Mapping[str, Any]) -> ShmPlace | None:
+    """The shared-memory place a tensor's parameters name; None when they name none."""
+    if parameters.get(SHM_REGION) is None:
+        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
+            if key in parameters:
+                raise invalid(f"{what} has parameter '{key}' but no '{SHM_REGION}'")
+        return None
+    region = parameters[SHM_REGION]
+    if not isinstance(region, str) or not region:
+        raise invalid(f"{what}: parameter '{SHM_REGION}' must be a region's name (a string)")
+    byte_size = _count(parameters, SHM_BYTE_SIZE, what)
+    if byte_size is None:
+        raise invalid(f"{what}: parameter '{SHM_BYTE_SIZE}' is missing: the tensor's size")
+    return ShmPlace(region, _count(parameters, SHM_OFFSET, what) or 0, byte_size)
+
+
+@dataclass(frozen=True)
+class OutputAsked:
+    """How an output goes back: as raw bytes after the header, as JSON, or into shared
+    memory (`place`: the range it is written to; `echo`: its parameters)."""
+
+    binary: bool
+    place: ShmPlace | None = None
+    echo: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class DecodedInfer:
+    request: InferRequest
+    outputs: Mapping[str, OutputAsked]  # the outputs named in the request
+    binary_default: bool  # binary_data_output: how the others go back
+
+
+def decode_infer(
+    model: str,
+    version: str,
+    header: Mapping[str, Any],
+    binary: memoryview,
+    shm: SharedMemoryApi,
+) -> DecodedInfer:
+    """An inference request: its JSON `header` (parsed) and `binary`, the bytes after it."""
+    parameters = _field(header, "parameters", dict, "the request") or {}
+    binary_default = parameters.get(BINARY_DATA_OUTPUT, False)
+    if not isinstance(binary_default, bool):
+        raise invalid(f"request parameter '{BINARY_DATA_OUTPUT}' must be true or false")
+    request_id = _field(header, "id", str, "the request") or ""
+    inputs = _decode_inputs(_field(header, "inputs", list, "the request") or [], binary, shm)
+    outputs = _decode_outputs(_field(header, "outputs", list, "the request") or [], shm)
+    passed = {k: v for k, v in parameters.items() if k != BINARY_DATA_OUTPUT}
+    return DecodedInfer(
+        InferRequest(
+            model=model,
+            version=version,
+            inputs=inputs,
+            outputs=list(outputs) or None,
+            id=request_id,
+            parameters=passed,
+        ),
+        outputs,
+        binary_default,
+    )
+
+
+def _decode_inputs(
+    tensors: Sequence[Any], binary: memoryview, shm: SharedMemoryApi
+) -> dict[str, np.ndarray]:
+    if not tensors:
+        raise invalid("the request has no 'inputs'")
+    inputs: dict[str, np.ndarray] = {}
+    at = 0  # where the next input's bytes start in the binary section
+    for index, tensor in enumerate(tensors):
+        if not isinstance(tensor, dict):
+            raise invalid(f"inputs[{index}] must be an object, got {_shown(tensor)}")
+        name = _field(tensor, "name", str, f"inputs[{index}]")
+        if not name:
+            raise invalid(f"inputs[{index}] has no 'name'")
+        what = f"input {name!r}"
+        if name in inputs:
+            raise invalid(f"{what} is given twice")
+        datatype = _field(tensor, "datatype", str, what)
+        if not datatype:
+            raise invalid(f"{what} has no 'datatype'")
+        dtype = _dtype(what, datatype)
+        shape = _shape(what, tensor.get("shape"))
+        parameters = _field(tensor, "parameters", dict, what) or {}
+        size = _count(parameters, BINARY_DATA_SIZE, what)
+        place = shm_place(what, parameters)
+        sources = (
+            ("data", "data" in tensor),
+            (BINARY_DATA_SIZE, size is not None),
+            (SHM_REGION, place is not None),
+        )
+        given = [source for source, there in sources if there]
+        if len(given) > 1:
+            raise invalid(f"{what} has both {given[0]!r} and {given[1]!r}: give one of them")
+        if place is not None:
+            data = shm.read(place.region, place.offset, place.byte_size)
+            inputs[name] = from_bytes(what, data, dtype, shape)
+        elif size is not None:
+            if at + size > len(binary):
+                raise invalid(
+                    f"{what}: {BINARY_DATA_SIZE} {size} goes past the end of the binary data "
+                    f"({len(binary) - at} of {len(binary)} bytes left for it): the body is "
+                    "shorter than its inputs declare"
+                )
+            inputs[name] = from_bytes(what, binary[at : at + size], dtype, shape)
+            at += size
+        elif "data" in tensor:
+            inputs[name] = from_json(what, tensor["data"], datatype, dtype, shape)
+        else:
+            raise invalid(
+                f"{what} has no data: give 'data', parameter '{BINARY_DATA_SIZE}' (binary "
+                f"data after the JSON header) or '{SHM_REGION}'"
+            )
+    if at != len(binary):
+        raise invalid(
+            f"the body has {len(binary) - at} bytes of binary data beyond what the inputs "
+            f"declare in '{BINARY_DATA_SIZE}' ({at} of {len(binary)}): check "
+            "Inference-Header-Content-Length and each input's binary_data_size"
+        )
+    return inputs
+
+
+def _decode_outputs(tensors: Sequence[Any], shm: SharedMemoryApi) -> dict[str, OutputAsked]:
+    outputs: dict[str, OutputAsked] = {}
+    for index, tensor in enumerate(tensors):
+        if not isinstance(tensor, dict):
+            raise invalid(f"outputs[{index}] must be an object, got {_shown(tensor)}")
+        name = _field(tensor, "name", str, f"outputs[{index}]")
+        if not name:
+            raise invalid(f"outputs[{index}] has no 'name'")
+        what = f"output {name!r}"
+        if name in outputs:
+            raise invalid(f"{what} is asked for twice")
+        parameters = _field(tensor, "parameters", dict, what) or {}
+        if parameters.get("classification"):
+            raise ServingError(
+                Status.UNSUPPORTED,
+                f"{what}: the classification extension is not supported; ask for the output itself",
+            )
+        binary = parameters.get(BINARY_DATA, False)
+        if not isinstance(binary, bool):
+            raise invalid(f"{what}: parameter '{BINARY_DATA}' must be true or false")
+        place = shm_place(what, parameters)
+        if place is None:
+            outputs[name] = OutputAsked(binary)
+            continue
+        if binary:
+            raise invalid(f"{what} asks for both '{BINARY_DATA}' and '{SHM_REGION}'")
+        shm.check(place.region, place.offset, place.byte_size)  # before the inference runs
+        echo = {k: parameters[k] for k in _SHM_PARAMETERS if k in parameters}
+        outputs[name] = OutputAsked(False, place, echo)
+    return outputs
+
+
+def _dtype(what: str, datatype: str) -> np.dtype:
+    try:
+        return dtype_of(datatype)
+    except ServingError as exc:
+        raise ServingError(exc.status, f"{what}: {exc.message}") from None
+
+
+def _shape(what: str, dims: object) -> tuple[int, ...]:
+    if not isinstance(dims, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in dims
+    ):
+        raise invalid(f"{what}: 'shape' must be a list of integers, got {_shown(dims)}")
+    if any(d < 0 for d in dims):
+        raise invalid(f"{what} has a negative dimension in its shape {dims}")
+    return tuple(dims)
+
+
+def from_bytes(
+    what: str, buffer: bytes | bytearray | memoryview, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
+    """`buffer` as an array of `dtype` and `shape` (no copy), or INVALID_ARGUMENT naming
+    the tensor with the byte counts expected and given."""
+    data = memoryview(buffer)
+    expected = math.prod(shape) * dtype.itemsize
+    if data.nbytes != expected:
+        raise invalid(
+            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
+            f"bytes, got {data.nbytes}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+# The kinds of JSON values (as numpy reads them) each kind of tensor takes: integers for
+# integer tensors, true/false for BOOL, numbers for floating point ones ("O": integers
+# beyond int64, which only uint64 may hold; the conversion checks their range).
+_JSON_KINDS = {"b": ("b", "true or false"), "i": ("iuO", "integers"), "u": ("iuO", "integers")}
+_NUMBERS = ("iuf", "numbers")
+
+
+def from_json(
+    what: str, data: object, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
+    """JSON `data` (flat or nested lists, row-major) as an array of `dtype` and `shape`."""
+    if not isinstance(data, list):
+        raise invalid(f"{what}: 'data' must be a list of values, got {_shown(data)}")
+    expected = math.prod(shape)
+    kinds, named = _JSON_KINDS.get(dtype.kind, _NUMBERS)
+    try:
+        loose = np.asarray(data)
+        if loose.size and loose.dtype.kind not in kinds:
+            raise TypeError(f"{datatype} takes {named}")
+        # bfloat16 takes no JSON value directly: through float32, as its nearest values
+        staged = np.asarray(data, dtype=np.float32 if dtype == _BFLOAT16 else dtype)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise invalid(
+            f"{what}: 'data' must be a list of {datatype} values (flat, or nested evenly): {exc}"
+        ) from None
+    if staged.size != expected:
+        raise invalid(f"{what}: shape {list(shape)} takes {expected} values, got {staged.size}")
+    return staged.astype(dtype, copy=False).reshape(shape)
+
+
+def encode_infer(
+    decoded: DecodedInfer, response: InferResponse, shm: SharedMemoryApi
+) -> tuple[dict[str, object], list[bytes | memoryview]]:
+    """The response header (a JSON object) and the raw output bytes that follow it; an
+    output asked for in shared memory is written there first."""
+    outputs: list[dict[str, object]] = []
+    chunks: list[bytes | memoryview] = []
+    for name, array in response.outputs.items():
+        asked = decoded.outputs.get(name) or OutputAsked(decoded.binary_default)
+        tensor: dict[str, object] = {
+            "name": name,
+            "datatype": datatype_of(array.dtype),
+            "shape": list(array.shape),
+        }
+        if asked.place is not None:
+            write_to_shm(name, array, asked.place, shm)
+            tensor["parameters"] = dict(asked.echo or {})
+        elif asked.binary:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+            tensor["parameters"] = {BINARY_DATA_SIZE: raw.nbytes}
+            chunks.append(raw)
+        else:
+            tensor["data"] = json_values(array)
+        outputs.append(tensor)
+    header: dict[str, object] = {
+        "model_name": response.model or decoded.request.model,
+        "model_version": response.version,
+    }
+    request_id = response.id or decoded.request.id
+    if request_id:
+        header["id"] = request_id
+    header["outputs"] = outputs
+    return header, chunks
+
+
+def json_values(array: np.ndarray) -> list[Any]:
+    """`array`'s values, flat, as JSON numbers (bfloat16 through float32)."""
+    if array.dtype == _BFLOAT16:
+        array = array.astype(np.float32)
+    values: list[Any] = array.reshape(-1).tolist()
+    return values
+
+
+def write_to_shm(name: str, array: np.ndarray, place: ShmPlace, shm: SharedMemoryApi) -> None:
+    """`array`'s bytes at the start of the output's place in its region."""
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if data.nbytes > place.byte_size:
+        raise invalid(
+            f"output {name!r} takes {data.nbytes} bytes, more than the {place.byte_size} of "
+            f"its place in shared memory region {place.region!r} ({SHM_BYTE_SIZE})"
+        )
+    shm.write(place.region, place.offset, data.data)

@@ -1,0 +1,414 @@
+"""One served model version: its copies on the runtime (`instance_group` counts summed,
+each an ordinary runtime model on an NCG of its own), the checks a request passes before
+it runs, and its executions (directly on the least busy copy, or through the dynamic
+batcher), each timed into the version's statistics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neuron_rtd.errors import (
+    BadInput,
+    FailedState,
+    InferCancelled,
+    InferTimeout,
+    InvalidError,
+    InvalidHandle,
+    ModelNotRunning,
+    Nerr,
+    NrtError,
+    QueueFull,
+    ResourceError,
+    ResourceNcError,
+)
+from neuron_rtd.neff import Neff, TensorSpec, read_neff
+from neuron_rtd.proto import model_config_pb
+from neuron_rtd.runtime import Runtime
+from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
+from neuron_rtd.serving.batcher import Batcher
+from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
+from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
+from neuron_rtd.serving.stats import VersionStats
+
+ModelConfig = model_config_pb.ModelConfig
+
+# Runtime errors that say the model cannot take the request now, not that it was wrong.
+_UNAVAILABLE: tuple[type[NrtError], ...] = (
+    InferTimeout,
+    QueueFull,
+    FailedState,
+    InferCancelled,
+    ModelNotRunning,
+    InvalidHandle,
+    ResourceError,
+    ResourceNcError,
+)
+_UNAVAILABLE_CODES = {
+    Nerr.TIMEOUT,
+    Nerr.QUEUE_FULL,
+    Nerr.FAILED_STATE,
+    Nerr.INFER_CANCELLED,
+    Nerr.HW_ERROR,
+    Nerr.RESOURCE,
+    Nerr.RESOURCE_NC,
+    Nerr.INVALID_HANDLE,
+}
+
+
+def serving_error(exc: NrtError, what: str) -> ServingError:
+    """A runtime error as the protocol says it, its nerr name and message kept: a bad
+    request INVALID_ARGUMENT, a model that cannot take it now UNAVAILABLE, others
+    INTERNAL."""
+    if isinstance(exc, BadInput | InvalidError) and not isinstance(exc, InvalidHandle):
+        status = Status.INVALID_ARGUMENT
+    elif isinstance(exc, _UNAVAILABLE) or exc.code in _UNAVAILABLE_CODES:
+        status = Status.UNAVAILABLE
+    else:
+        status = Status.INTERNAL
+    return ServingError(status, f"{what}: NERR_{exc.code.name}: {exc.message}")
+
+
+@dataclass(frozen=True)
+class _Input:
+    """What a request's input must be: its v2 datatype and shape (-1: any size; the
+    batch axis included, first, when the model batches) and the NEFF's bound per axis."""
+
+    name: str
+    datatype: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    bound: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.datatype} {_shape(self.shape)}"
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class ServedVersion:
+    """A version loaded: `copies` runtime model ids. Built by `load_version`."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        name: str,
+        version: int,
+        config: ModelConfig,
+        neff: Neff,
+        model_ids: Sequence[int],
+    ) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.version = version
+        self.version_text = str(version)
+        self.config = config
+        self.neff = neff
+        self.model_ids = tuple(model_ids)
+        self.stats = VersionStats(name, self.version_text)
+        self.max_batch_size = config.max_batch_size
+        self.min_batch_size = BatchBuckets.of(neff).low if self.max_batch_size > 0 else 0
+        self.what = f"model '{name}' version {version}"
+        self._inputs = tuple(self._input(entry) for entry in config.input)
+        self._input_names = {i.name for i in self._inputs}
+        self._dtypes = {i.name: i.dtype for i in self._inputs}
+        self._output_names = tuple(entry.name for entry in config.output)
+        self._output_specs = {t.name: t for t in neff.outputs}
+        self._symbol_axes = tuple(
+            (spec.name, axis, symbol)
+            for spec in neff.inputs
+            for axis, symbol in enumerate(spec.symbols)
+            if symbol is not None
+        )
+        # requests running on each copy, at most its ninfer (the runtime refuses more):
+        # the others wait here, as in Triton's queue, their wait counted as queue time
+        self._busy = [0] * len(self.model_ids)
+        self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
+        self._free = threading.Condition()
+        self.batcher: Batcher | None = None
+        if config.HasField("dynamic_batching"):
+            batching = config.dynamic_batching
+            self.batcher = Batcher(
+                self.execute,
+                copies=len(self.model_ids),
+                max_batch_size=config.max_batch_size,
+                preferred_batch_sizes=tuple(batching.preferred_batch_size),
+                max_queue_delay_us=batching.max_queue_delay_microseconds,
+                name=f"{name}:{version}",
+            )
+
+    def _input(self, entry: model_config_pb.ModelInput) -> _Input:
+        spec = next(t for t in self.neff.inputs if t.name == entry.name)
+        datatype = datatype_of_config(entry.data_type)
+        dims = tuple(int(d) for d in entry.dims)
+        shape = (-1, *dims) if self.max_batch_size > 0 else dims
+        return _Input(entry.name, datatype, dtype_of(datatype), shape, spec.shape)
+
+    # --- what the protocol tells of it --------------------------------------------------
+    def tensors(self) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
+        batch = (-1,) if self.max_batch_size > 0 else ()
+        inputs = tuple(
+            TensorMeta(e.name, datatype_of_config(e.data_type), (*batch, *e.dims))
+            for e in self.config.input
+        )
+        outputs = tuple(
+            TensorMeta(e.name, datatype_of_config(e.data_type), (*batch, *e.dims))
+            for e in self.config.output
+        )
+        return inputs, outputs
+
+    # --- a request ------------------------------------------------------------------------
+    def infer(self, request: InferRequest, began_ns: int) -> InferResponse:
+        """Check `request`, run it, and answer with the outputs it asked for; every
+        outcome counted in the statistics (`began_ns`: when it came, perf_counter)."""
+        try:
+            batch = self._check(request)
+            wanted = self._wanted(request.outputs)
+            if self.batcher is not None:
+                done = self.batcher.submit(request.inputs)
+                outputs, queue_ns = done.outputs, done.queue_ns
+            else:
+                outputs, queue_ns = self._run_direct(request.inputs, began_ns)
+        except ServingError:
+            self.stats.request_failed(time.perf_counter_ns() - began_ns)
+            raise
+        except NrtError as exc:  # not through execute: cannot be, but never a traceback
+            self.stats.request_failed(time.perf_counter_ns() - began_ns)
+            raise serving_error(exc, self.what) from None
+        answer = {name: outputs[name] for name in wanted}
+        self.stats.request_done(time.perf_counter_ns() - began_ns, batch, queue_ns)
+        return InferResponse(self.name, self.version_text, request.id, answer)
+
+    def _run_direct(
+        self, inputs: Mapping[str, np.ndarray], began_ns: int
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """On the least busy copy, once one has a free slot."""
+        busy = self._busy
+        with self._free:
+            while min(busy) >= self._slots:
+                self._free.wait()
+            copy = busy.index(min(busy))
+            busy[copy] += 1
+        queue_ns = time.perf_counter_ns() - began_ns
+        try:
+            return self.execute(copy, dict(inputs)), queue_ns
+        finally:
+            with self._free:
+                busy[copy] -= 1
+                self._free.notify()
+
+    def _check(self, request: InferRequest) -> int:
+        """The request's batch size (1 for a model that does not batch), once its inputs
+        are those of the model, of its datatypes and shapes."""
+        given = request.inputs
+        if len(given) != len(self._inputs) or any(n not in self._input_names for n in given):
+            self._refuse_names(given)
+        batch = 1
+        first = ""
+        for spec in self._inputs:
+            array = given[spec.name]
+            if array.dtype != spec.dtype:
+                got = datatype_of(array.dtype)
+                if got != spec.datatype:
+                    raise ServingError(
+                        Status.INVALID_ARGUMENT,
+                        f"input '{spec.name}' has datatype {got}; model '{self.name}' takes "
+                        f"{spec.datatype}",
+                    )
+            rows = self._check_shape(spec, array.shape)
+            if not first:
+                batch, first = rows, spec.name
+            elif rows != batch:
+                raise ServingError(
+                    Status.INVALID_ARGUMENT,
+                    f"input '{spec.name}' has batch size {rows}, input '{first}' {batch}: the "
+                    "inputs of a request share their batch size (axis 0)",
+                )
+        return batch
+
+    def _check_shape(self, spec: _Input, shape: tuple[int, ...]) -> int:
+        expected = spec.shape
+        batched = self.max_batch_size > 0
+        fits = len(shape) == len(expected) and all(
+            got == want or (want == -1 and got >= (1 if axis == 0 and batched else 0))
+            for axis, (got, want) in enumerate(zip(shape, expected, strict=True))
+        )
+        if not fits:
+            limit = f" (max_batch_size {self.max_batch_size})" if batched else ""
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"input '{spec.name}' has shape {_shape(shape)}; model '{self.name}' takes "
+                f"{_shape(expected)}{limit}",
+            )
+        if batched and shape[0] > self.max_batch_size:
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"input '{spec.name}' has batch size {shape[0]}, more than the "
+                f"max_batch_size {self.max_batch_size} of model '{self.name}': split the request",
+            )
+        if batched and shape[0] < self.min_batch_size:
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"input '{spec.name}' has batch size {shape[0]}; model '{self.name}' takes "
+                f"{self.min_batch_size}..{self.max_batch_size} (its NEFF's batch buckets)",
+            )
+        start = 1 if batched else 0
+        for axis in range(start, len(shape)):
+            if expected[axis] == -1 and shape[axis] > spec.bound[axis]:
+                raise ServingError(
+                    Status.INVALID_ARGUMENT,
+                    f"input '{spec.name}' has {shape[axis]} on axis {axis}; model "
+                    f"'{self.name}' takes at most {spec.bound[axis]} there",
+                )
+        return shape[0] if batched else 1
+
+    def _refuse_names(self, given: Mapping[str, np.ndarray]) -> None:
+        for name in given:
+            if name not in self._input_names:
+                raise ServingError(
+                    Status.INVALID_ARGUMENT,
+                    f"model '{self.name}' has no input named '{name}'; its inputs: "
+                    + ", ".join(f"'{i.name}' ({i.describe()})" for i in self._inputs),
+                )
+        missing = [i for i in self._inputs if i.name not in given]
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"model '{self.name}' needs input(s) the request lacks: "
+            + ", ".join(f"'{i.name}' ({i.describe()})" for i in missing),
+        )
+
+    def _wanted(self, outputs: Sequence[str] | None) -> Sequence[str]:
+        if outputs is None:
+            return self._output_names
+        for name in outputs:
+            if name not in self._output_specs:
+                raise ServingError(
+                    Status.INVALID_ARGUMENT,
+                    f"model '{self.name}' has no output named '{name}'; its outputs: "
+                    + ", ".join(f"'{n}'" for n in self._output_names),
+                )
+        asked = set(outputs)
+        return [name for name in self._output_names if name in asked]
+
+    # --- one execution ---------------------------------------------------------------------
+    def execute(self, copy: int, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One runtime inference of `inputs` on copy `copy` (the batcher's `execute`),
+        timed into the statistics; every output as an array of its true shape."""
+        t0 = time.perf_counter_ns()
+        raw = {}
+        for name, array in inputs.items():
+            dtype = self._dtypes[name]
+            if array.dtype != dtype or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array, dtype=dtype)
+            raw[name] = array
+        t1 = time.perf_counter_ns()
+        try:
+            result = self.runtime.infer(self.model_ids[copy], raw)
+        except NrtError as exc:
+            raise serving_error(exc, self.what) from None
+        t2 = time.perf_counter_ns()
+        sizes = {symbol: raw[name].shape[axis] for name, axis, symbol in self._symbol_axes}
+        outputs = {
+            name: _output(self._output_specs[name], data, sizes)
+            for name, data in result.outputs.items()
+            if name in self._output_specs
+        }
+        t3 = time.perf_counter_ns()
+        rows = next(iter(raw.values())).shape[0] if self.max_batch_size > 0 and raw else 1
+        self.stats.execution(rows, t1 - t0, t2 - t1, t3 - t2)
+        return outputs
+
+    # --- its end -------------------------------------------------------------------------
+    def close(self) -> list[str]:
+        """Stop batching (queued requests fail UNAVAILABLE) and unload every copy; what
+        went wrong, if anything (each copy is unloaded whatever the others do)."""
+        if self.batcher is not None:
+            self.batcher.close()
+        return unload_copies(self.runtime, self.model_ids)
+
+
+def _output(spec: TensorSpec, data: bytes, sizes: Mapping[str, int]) -> np.ndarray:
+    """An output's bytes as an array: its bucket axes sized as the inputs' were, and at
+    most one axis more (a data-dependent one) worked out from the byte count."""
+    if not spec.symbols and not spec.dynamic:
+        return np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
+    shape = [
+        sizes[symbol] if symbol is not None and symbol in sizes else size
+        for symbol, size in zip(spec.symbols or (None,) * len(spec.shape), spec.shape, strict=True)
+    ]
+    unknown = [
+        axis
+        for axis in spec.varying_axes
+        if not (spec.symbols and spec.symbols[axis] is not None and spec.symbols[axis] in sizes)
+    ]
+    if len(unknown) > 1:
+        return spec.array_from(data)
+    flat = np.frombuffer(data, dtype=spec.dtype)
+    if unknown:
+        rest = int(np.prod([d for a, d in enumerate(shape) if a != unknown[0]]))
+        shape[unknown[0]] = flat.size // rest if rest else 0
+    return flat.reshape(shape)
+
+
+def unload_copies(runtime: Runtime, model_ids: Sequence[int]) -> list[str]:
+    problems = []
+    for model_id in model_ids:
+        try:
+            runtime.unload(model_id)
+        except NrtError as exc:
+            problems.append(f"model {model_id}: NERR_{exc.code.name}: {exc.message}")
+    return problems
+
+
+def load_version(
+    runtime: Runtime, name: str, version: int, directory: Path, user: ModelConfig, source: str
+) -> ServedVersion:
+    """Version `version` of model `name` from `directory`: its NEFF read, its config
+    completed, and its copies loaded (all, or none: a copy that fails unloads the others).
+    ServingError with the reason otherwise."""
+    what = f"model '{name}' version {version}"
+    path = directory / model_filename(user)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ServingError(
+            Status.UNAVAILABLE, f"{what}: no model file {path} (default_model_filename)"
+        ) from None
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).lower()
+        raise ServingError(Status.UNAVAILABLE, f"{what}: cannot read {path}: {why}") from None
+    try:
+        neff = read_neff(data)
+    except NrtError as exc:
+        raise ServingError(
+            Status.INVALID_ARGUMENT, f"{what}: {path} is not a NEFF this daemon runs: {exc}"
+        ) from None
+    config = complete(user, neff, name, source, version)
+    count = instance_count(config)
+    model_ids: list[int] = []
+    try:
+        for _ in range(count):
+            model_ids.append(runtime.load(neff).id)
+    except NrtError as exc:
+        unload_copies(runtime, model_ids)
+        if isinstance(exc, ResourceNcError):
+            reason = (
+                f"{what}: not enough free NeuronCores for its {count} copies of "
+                f"{max(neff.nc_count, 1)} NC(s) each (instance_group count; "
+                f"{len(model_ids)} loaded before the shortage): {exc.message}"
+            )
+            raise ServingError(Status.UNAVAILABLE, reason) from None
+        raise serving_error(exc, f"{what}: loading copy {len(model_ids) + 1} of {count}") from None
+    try:
+        return ServedVersion(runtime, name, version, config, neff, model_ids)
+    except BaseException:
+        unload_copies(runtime, model_ids)
+        raise
