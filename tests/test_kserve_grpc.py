@@ -715,7 +715,7 @@ def test_malformed_requests_say_what_is_wrong(
     invalid(request(raw=0), "input 'x' has no data")
     offset_only = request(raw=0)
     offset_only.inputs[0].parameters["shared_memory_offset"].int64_param = 0
-    invalid(offset_only, "input 'x'", "no shared_memory_region")
+    invalid(offset_only, "input 'x'", "no 'shared_memory_region'")
     numbered = request(raw=0)
     numbered.inputs[0].parameters["shared_memory_region"].int64_param = 3
     invalid(numbered, "input 'x'", "shared_memory_region")

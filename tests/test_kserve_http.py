@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from test_kserve_grpc import TWO, two_outputs_model
 from tritonclient.utils import InferenceServerException
 
 from neuron_rtd.compiler.compile import bucket_ranges, compile_model
@@ -37,7 +37,6 @@ from neuron_rtd.server.kserve_json import load_parameters, message_json, statist
 from neuron_rtd.serving import InferRequest, InferResponse, Serving, ServingApi, Status
 
 MLP = "mlp"  # build_mlp((8, 8, 4)): x [1, 8] FP32 -> probs [1, 4]; no batch axis
-TWO = "two"  # x [N, 16] -> y = relu(x @ w), z = sigmoid(x @ w); batch 1..8, dynamic batching
 EXTRA = "extra"  # in the repository, not loaded at start
 BIG = "big"  # y = relu(x), x [1, 300000] FP32: 1.2 MB each way, past waitress's own buffers
 HALF = "half"  # y = relu(x), x [2, 4] FP16
@@ -61,19 +60,6 @@ class Served:
     def two_reference(self, x: np.ndarray) -> dict[str, np.ndarray]:
         h = x @ self.two_w
         return {"y": np.maximum(h, 0), "z": 1 / (1 + np.exp(-h))}
-
-
-def two_outputs_model(w: np.ndarray) -> ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
-    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["h"]),
-        helper.make_node("Relu", ["h"], ["y"]),
-        helper.make_node("Sigmoid", ["h"], ["z"]),
-    ]
-    graph = helper.make_graph(nodes, TWO, [x], [y, z], [numpy_helper.from_array(w, "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from neuron_rtd.proto import NMGR_EXT, NMGR_SESSION_MANAGER, NMGR_STREAM, NMGR_V1
+from neuron_rtd.proto import KSERVE_SERVICE, NMGR_EXT, NMGR_SESSION_MANAGER, NMGR_STREAM, NMGR_V1
 from neuron_rtd.runtime import Runtime
 
-SERVICES = (NMGR_V1, NMGR_STREAM, NMGR_SESSION_MANAGER, NMGR_EXT)
+SERVICES = (NMGR_V1, NMGR_STREAM, NMGR_SESSION_MANAGER, NMGR_EXT, KSERVE_SERVICE)
 HEALTH_SERVICE = health.SERVICE_NAME
 REFLECTION_SERVICE = reflection.SERVICE_NAME
 

@@ -27,13 +27,23 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 import numpy as np
 
 from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
+from neuron_rtd.server.kserve_tensors import (
+    SHM_PARAMETERS,
+    SHM_REGION,
+    ShmPlace,
+    from_bytes,
+    internal_message,
+    invalid,
+    shm_place,
+    tensor_dtype,
+    write_to_shm,
+)
 from neuron_rtd.serving.api import (
     InferRequest,
     InferResponse,
@@ -41,7 +51,7 @@ from neuron_rtd.serving.api import (
     ServingError,
     Status,
 )
-from neuron_rtd.serving.datatypes import datatype_of, dtype_of
+from neuron_rtd.serving.datatypes import datatype_of
 
 log = logging.getLogger("nrtd.KSERVE")
 
@@ -74,10 +84,6 @@ TYPED_FIELDS: dict[str, str] = {
     "FP64": "fp64_contents",
 }
 
-SHM_REGION = "shared_memory_region"
-SHM_OFFSET = "shared_memory_offset"
-SHM_BYTE_SIZE = "shared_memory_byte_size"
-_SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
 
 CUDA_SHM_UNSUPPORTED = (
     "CUDA shared memory is not supported: this server has no GPUs (its devices are "
@@ -85,10 +91,6 @@ CUDA_SHM_UNSUPPORTED = (
 )
 
 R = TypeVar("R")
-
-
-def invalid(message: str) -> ServingError:
-    return ServingError(Status.INVALID_ARGUMENT, message)
 
 
 def parameter_value(parameter: Any) -> object:
@@ -101,66 +103,11 @@ def parameters_of(parameters: Mapping[str, Any]) -> dict[str, object]:
     return {name: parameter_value(value) for name, value in parameters.items()}
 
 
-@dataclass(frozen=True)
-class ShmPlace:
-    """Where a tensor lies in a registered system shared-memory region."""
-
-    region: str
-    offset: int
-    byte_size: int
-
-
-def shm_place(what: str, parameters: Mapping[str, Any]) -> ShmPlace | None:
-    """The shared-memory place named by a tensor's parameters; None when it names none."""
-    if SHM_REGION not in parameters:
-        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
-            if key in parameters:
-                raise invalid(f"{what} has {key} but no {SHM_REGION}")
-        return None
-    region = parameter_value(parameters[SHM_REGION])
-    if not isinstance(region, str) or not region:
-        raise invalid(f"{what}: {SHM_REGION} must be a region's name (a string parameter)")
-    numbers = []
-    for key in (SHM_OFFSET, SHM_BYTE_SIZE):
-        value = parameter_value(parameters[key]) if key in parameters else None
-        if key == SHM_OFFSET and value is None:
-            value = 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise invalid(
-                f"{what}: {key} must be a number of bytes (an int64 parameter)"
-                + (", and is missing" if value is None else f", got {value!r}")
-            )
-        numbers.append(value)
-    return ShmPlace(region, numbers[0], numbers[1])
-
-
 def tensor_shape(what: str, dims: Any) -> tuple[int, ...]:
     shape = tuple(int(d) for d in dims)
     if any(d < 0 for d in shape):
         raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
     return shape
-
-
-def tensor_dtype(what: str, datatype: str) -> np.dtype:
-    try:
-        return dtype_of(datatype)
-    except ServingError as exc:
-        raise ServingError(exc.status, f"{what}: {exc.message}") from None
-
-
-def from_bytes(
-    what: str, data: bytes | bytearray, dtype: np.dtype, shape: tuple[int, ...]
-) -> np.ndarray:
-    """`data` as an array of `dtype` and `shape` (no copy), or INVALID_ARGUMENT naming the
-    tensor with the byte counts expected and given."""
-    expected = math.prod(shape) * dtype.itemsize
-    given = len(data)
-    if given != expected:
-        raise invalid(
-            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
-            f"bytes, got {given}"
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def from_contents(
@@ -184,13 +131,6 @@ def from_contents(
 
 def raw_output(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array).tobytes()
-
-
-def internal_message(method: str, exc: BaseException) -> str:
-    """What a client is told of an unexpected error: one line, no traceback."""
-    text = str(exc).strip().splitlines()
-    detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-    return f"{method}: internal error ({detail}); the daemon's log has the details"
 
 
 class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
@@ -388,7 +328,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                     f"{what}: the classification extension is not supported; ask for the "
                     "output itself",
                 )
-            place = shm_place(what, output.parameters)
+            place = shm_place(what, parameters_of(output.parameters))
             if place is not None:
                 self.serving.shm.check(place.region, place.offset, place.byte_size)
                 places[output.name] = place
@@ -424,7 +364,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 raise invalid(f"{what} is given twice")
             dtype = tensor_dtype(what, tensor.datatype)
             shape = tensor_shape(what, tensor.shape)
-            place = shm_place(what, tensor.parameters)
+            place = shm_place(what, parameters_of(tensor.parameters))
             if place is not None:
                 if tensor.HasField("contents"):
                     raise invalid(f"{what} has both contents and {SHM_REGION}")
@@ -460,8 +400,8 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 name=name, datatype=datatype_of(array.dtype), shape=array.shape
             )
             if name in places:
-                self._write_to_shm(name, array, places[name])
-                for key in _SHM_PARAMETERS:  # echoed, as Triton does
+                write_to_shm(name, array, places[name], self.serving.shm)
+                for key in SHM_PARAMETERS:  # echoed, as Triton does
                     if key in asked[name].parameters:
                         tensor.parameters[key].CopyFrom(asked[name].parameters[key])
                 raw.append(b"")  # one raw entry per output keeps the indices aligned
@@ -469,17 +409,6 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 raw.append(raw_output(array))
         response.raw_output_contents.extend(raw)
         return response
-
-    def _write_to_shm(self, name: str, array: np.ndarray, place: ShmPlace) -> None:
-        """Output `name` written at its place in shared memory, which must hold it."""
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        if data.nbytes > place.byte_size:
-            raise invalid(
-                f"output {name!r} takes {data.nbytes} bytes, more than the "
-                f"{place.byte_size} of its place in shared memory region {place.region!r} "
-                f"({SHM_BYTE_SIZE})"
-            )
-        self.serving.shm.write(place.region, place.offset, data.data)
 
     # --- the model repository -----------------------------------------------------------
     def RepositoryIndex(

@@ -41,7 +41,6 @@ from neuron_rtd.server.kserve_json import (
     decode_infer,
     dumps,
     encode_infer,
-    invalid,
     load_parameters,
     loads_object,
     message_json,
@@ -52,6 +51,7 @@ from neuron_rtd.server.kserve_json import (
     shm_status_json,
     statistics_json,
 )
+from neuron_rtd.server.kserve_tensors import internal_message, invalid
 from neuron_rtd.serving.api import ServingApi, ServingError, Status
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -123,13 +123,6 @@ def error_reply(status: int, message: str) -> Reply:
 def status_reply(ok: bool) -> Reply:
     """Health and readiness, as Triton answers them: 200 or 400, no body."""
     return Reply(200 if ok else 400)
-
-
-def internal_message(what: str, exc: BaseException) -> str:
-    """What a client is told of an unexpected error: one line, no traceback."""
-    text = str(exc).strip().splitlines()
-    detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-    return f"{what}: internal error ({detail}); the daemon's log has the details"
 
 
 # --- one request ------------------------------------------------------------------------

@@ -31,6 +31,17 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from neuron_rtd.proto import kserve_pb
+from neuron_rtd.server.kserve_tensors import (
+    SHM_PARAMETERS,
+    SHM_REGION,
+    ShmPlace,
+    byte_count,
+    from_bytes,
+    invalid,
+    shm_place,
+    tensor_dtype,
+    write_to_shm,
+)
 from neuron_rtd.serving.api import (
     InferRequest,
     InferResponse,
@@ -43,24 +54,15 @@ from neuron_rtd.serving.api import (
     Status,
     TensorMeta,
 )
-from neuron_rtd.serving.datatypes import datatype_of, dtype_of
+from neuron_rtd.serving.datatypes import datatype_of
 
 BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
-SHM_REGION = "shared_memory_region"
-SHM_OFFSET = "shared_memory_offset"
-SHM_BYTE_SIZE = "shared_memory_byte_size"
-_SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def invalid(message: str) -> ServingError:
-    return ServingError(Status.INVALID_ARGUMENT, message)
-
-
-# --- plain JSON ------------------------------------------------------------------------
 def dumps(document: object) -> bytes:
     """`document` as compact UTF-8 JSON."""
     return json.dumps(document, separators=(",", ":")).encode()
@@ -117,16 +119,6 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 def _shown(value: object) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _count(parameters: Mapping[str, Any], key: str, what: str) -> int | None:
-    """A byte count or offset parameter: a non-negative integer, None when absent."""
-    value = parameters.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid(f"{what}: parameter '{key}' must be a number of bytes, got {_shown(value)}")
-    return value
 
 
 # --- documents of the core's answers ---------------------------------------------------
@@ -262,39 +254,14 @@ def shm_register_fields(body: Mapping[str, Any]) -> tuple[str, int, int]:
     key = _field(body, "key", str, what)
     if not key:
         raise invalid(f"{what} needs 'key': the shm object's name as shm_open takes it")
-    offset = _count(body, "offset", what) or 0
-    byte_size = _count(body, "byte_size", what)
+    offset = byte_count(body, "offset", what) or 0
+    byte_size = byte_count(body, "byte_size", what)
     if byte_size is None:
         raise invalid(f"{what} needs 'byte_size': the region's size in bytes")
     return key, offset, byte_size
 
 
 # --- inference ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ShmPlace:
-    """Where a tensor lies in a registered system shared-memory region."""
-
-    region: str
-    offset: int
-    byte_size: int
-
-
-def shm_place(what: str, parameters: Mapping[str, Any]) -> ShmPlace | None:
-    """The shared-memory place a tensor's parameters name; None when they name none."""
-    if parameters.get(SHM_REGION) is None:
-        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
-            if key in parameters:
-                raise invalid(f"{what} has parameter '{key}' but no '{SHM_REGION}'")
-        return None
-    region = parameters[SHM_REGION]
-    if not isinstance(region, str) or not region:
-        raise invalid(f"{what}: parameter '{SHM_REGION}' must be a region's name (a string)")
-    byte_size = _count(parameters, SHM_BYTE_SIZE, what)
-    if byte_size is None:
-        raise invalid(f"{what}: parameter '{SHM_BYTE_SIZE}' is missing: the tensor's size")
-    return ShmPlace(region, _count(parameters, SHM_OFFSET, what) or 0, byte_size)
-
-
 @dataclass(frozen=True)
 class OutputAsked:
     """How an output goes back: as raw bytes after the header, as JSON, or into shared
@@ -361,10 +328,10 @@ def _decode_inputs(
         datatype = _field(tensor, "datatype", str, what)
         if not datatype:
             raise invalid(f"{what} has no 'datatype'")
-        dtype = _dtype(what, datatype)
+        dtype = tensor_dtype(what, datatype)
         shape = _shape(what, tensor.get("shape"))
         parameters = _field(tensor, "parameters", dict, what) or {}
-        size = _count(parameters, BINARY_DATA_SIZE, what)
+        size = byte_count(parameters, BINARY_DATA_SIZE, what)
         place = shm_place(what, parameters)
         sources = (
             ("data", "data" in tensor),
@@ -429,16 +396,9 @@ def _decode_outputs(tensors: Sequence[Any], shm: SharedMemoryApi) -> dict[str, O
         if binary:
             raise invalid(f"{what} asks for both '{BINARY_DATA}' and '{SHM_REGION}'")
         shm.check(place.region, place.offset, place.byte_size)  # before the inference runs
-        echo = {k: parameters[k] for k in _SHM_PARAMETERS if k in parameters}
+        echo = {k: parameters[k] for k in SHM_PARAMETERS if k in parameters}
         outputs[name] = OutputAsked(False, place, echo)
     return outputs
-
-
-def _dtype(what: str, datatype: str) -> np.dtype:
-    try:
-        return dtype_of(datatype)
-    except ServingError as exc:
-        raise ServingError(exc.status, f"{what}: {exc.message}") from None
 
 
 def _shape(what: str, dims: object) -> tuple[int, ...]:
@@ -449,21 +409,6 @@ def _shape(what: str, dims: object) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise invalid(f"{what} has a negative dimension in its shape {dims}")
     return tuple(dims)
-
-
-def from_bytes(
-    what: str, buffer: bytes | bytearray | memoryview, dtype: np.dtype, shape: tuple[int, ...]
-) -> np.ndarray:
-    """`buffer` as an array of `dtype` and `shape` (no copy), or INVALID_ARGUMENT naming
-    the tensor with the byte counts expected and given."""
-    data = memoryview(buffer)
-    expected = math.prod(shape) * dtype.itemsize
-    if data.nbytes != expected:
-        raise invalid(
-            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
-            f"bytes, got {data.nbytes}"
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 # The kinds of JSON values (as numpy reads them) each kind of tensor takes: integers for
@@ -537,14 +482,3 @@ def json_values(array: np.ndarray) -> list[Any]:
         array = array.astype(np.float32)
     values: list[Any] = array.reshape(-1).tolist()
     return values
-
-
-def write_to_shm(name: str, array: np.ndarray, place: ShmPlace, shm: SharedMemoryApi) -> None:
-    """`array`'s bytes at the start of the output's place in its region."""
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    if data.nbytes > place.byte_size:
-        raise invalid(
-            f"output {name!r} takes {data.nbytes} bytes, more than the {place.byte_size} of "
-            f"its place in shared memory region {place.region!r} ({SHM_BYTE_SIZE})"
-        )
-    shm.write(place.region, place.offset, data.data)

@@ -132,7 +132,8 @@ class PeerSocket:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive():  # never started when the daemon's start failed first
+            self._thread.join(5)
         for conn in list(self._seen):
             self._drop(conn)
         with self._lock:
