@@ -104,8 +104,8 @@ def parameters_of(parameters: Mapping[str, Any]) -> dict[str, object]:
 
 
 def tensor_shape(what: str, dims: Any) -> tuple[int, ...]:
-    shape = tuple(int(d) for d in dims)
-    if any(d < 0 for d in shape):
+    shape = tuple(dims)
+    if shape and min(shape) < 0:
         raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
     return shape
 
@@ -328,7 +328,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                     f"{what}: the classification extension is not supported; ask for the "
                     "output itself",
                 )
-            place = shm_place(what, parameters_of(output.parameters))
+            place = shm_place(what, parameters_of(output.parameters)) if output.parameters else None
             if place is not None:
                 self.serving.shm.check(place.region, place.offset, place.byte_size)
                 places[output.name] = place
@@ -339,47 +339,50 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 inputs=inputs,
                 outputs=names or None,
                 id=request.id,
-                parameters=parameters_of(request.parameters),
+                parameters=parameters_of(request.parameters) if request.parameters else {},
             )
         )
         return self._response(request, result, places)
 
     def _inputs(self, request: kserve_pb.ModelInferRequest) -> dict[str, np.ndarray]:
-        raw_wanted = [
-            t.name
-            for t in request.inputs
-            if SHM_REGION not in t.parameters and not t.HasField("contents")
-        ]
-        if request.raw_input_contents and len(request.raw_input_contents) != len(raw_wanted):
-            raise invalid(
-                f"{len(request.raw_input_contents)} raw_input_contents for {len(raw_wanted)} "
-                f"inputs sent raw ({', '.join(map(repr, raw_wanted)) or 'none'}): one each, "
-                "in the order of the inputs"
-            )
-        raw = iter(request.raw_input_contents)
+        raw = request.raw_input_contents
+        taken = 0  # raw contents used so far: one per input sent raw, in input order
         inputs: dict[str, np.ndarray] = {}
         for tensor in request.inputs:
-            what = f"input {tensor.name!r}"
-            if tensor.name in inputs:
+            name = tensor.name
+            what = f"input {name!r}"
+            if name in inputs:
                 raise invalid(f"{what} is given twice")
             dtype = tensor_dtype(what, tensor.datatype)
             shape = tensor_shape(what, tensor.shape)
-            place = shm_place(what, parameters_of(tensor.parameters))
+            place = shm_place(what, parameters_of(tensor.parameters)) if tensor.parameters else None
             if place is not None:
                 if tensor.HasField("contents"):
                     raise invalid(f"{what} has both contents and {SHM_REGION}")
                 data = self.serving.shm.read(place.region, place.offset, place.byte_size)
-                inputs[tensor.name] = from_bytes(what, data, dtype, shape)
+                inputs[name] = from_bytes(what, data, dtype, shape)
             elif tensor.HasField("contents"):
-                inputs[tensor.name] = from_contents(
-                    what, tensor.contents, tensor.datatype, dtype, shape
-                )
-            elif request.raw_input_contents:
-                inputs[tensor.name] = from_bytes(what, next(raw), dtype, shape)
-            else:
+                inputs[name] = from_contents(what, tensor.contents, tensor.datatype, dtype, shape)
+            elif taken < len(raw):
+                inputs[name] = from_bytes(what, raw[taken], dtype, shape)
+                taken += 1
+            elif not raw:
                 raise invalid(
                     f"{what} has no data: give raw_input_contents, contents or {SHM_REGION}"
                 )
+            else:
+                taken += 1  # one too few: said below
+        if taken != len(raw):
+            sent_raw = [
+                t.name
+                for t in request.inputs
+                if SHM_REGION not in t.parameters and not t.HasField("contents")
+            ]
+            raise invalid(
+                f"{len(raw)} raw_input_contents for {len(sent_raw)} inputs sent raw "
+                f"({', '.join(map(repr, sent_raw)) or 'none'}): one each, in the order of "
+                "the inputs"
+            )
         return inputs
 
     def _response(
@@ -394,12 +397,11 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             id=result.id or request.id,
         )
         raw: list[bytes] = []
-        asked = {o.name: o for o in request.outputs}
+        asked = {o.name: o for o in request.outputs} if places else {}
+        add = response.outputs.add
         for name, array in result.outputs.items():
-            tensor = response.outputs.add(
-                name=name, datatype=datatype_of(array.dtype), shape=array.shape
-            )
-            if name in places:
+            tensor = add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
+            if places and name in places:
                 write_to_shm(name, array, places[name], self.serving.shm)
                 for key in SHM_PARAMETERS:  # echoed, as Triton does
                     if key in asked[name].parameters:

@@ -132,7 +132,7 @@ class ServedVersion:
         # the others wait here, as in Triton's queue, their wait counted as queue time
         self._busy = [0] * len(self.model_ids)
         self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
-        self._free = threading.Condition()
+        self._free = threading.Condition(threading.Lock())
         self.batcher: Batcher | None = None
         if config.HasField("dynamic_batching"):
             batching = config.dynamic_batching
@@ -236,6 +236,8 @@ class ServedVersion:
 
     def _check_shape(self, spec: _Input, shape: tuple[int, ...]) -> int:
         expected = spec.shape
+        if shape == expected:  # a fixed shape, as the model takes it
+            return 1
         batched = self.max_batch_size > 0
         fits = len(shape) == len(expected) and all(
             got == want or (want == -1 and got >= (1 if axis == 0 and batched else 0))
