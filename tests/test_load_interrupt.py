@@ -101,6 +101,8 @@ def neuron_cli_load(daemon: DaemonProcess, *args: str | Path) -> subprocess.Pope
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell's background job (`make test &`) ignores SIGINT, and its children would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -127,7 +129,7 @@ def test_a_signal_while_the_daemon_loads_leaves_nothing(
 
 
 def test_ctrl_c_while_the_neff_streams_loads_nothing(
-    daemon: DaemonProcess, held: Log, mlp: SampleModel
+    daemon: DaemonProcess, held: Log, mlp: SampleModel, ctrl_c_raises: None
 ) -> None:
     data = mlp.neff
     streaming, resume = threading.Event(), threading.Event()
@@ -152,6 +154,15 @@ def test_ctrl_c_while_the_neff_streams_loads_nothing(
     line = held.wait_for("the load stream broke off before its end", "NEFF chunks add up to")
     assert "[NMGR:load]" in line
     assert HOLDING not in held.text() and loaded(daemon) == ([], [])
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here during the test, even in a shell's background
+    job (`make test &`), which ignores it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def ctrl_c_after(event: threading.Event) -> None:
