@@ -7,6 +7,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,16 +382,26 @@ def test_shm_refusals(shm_object: str, tmp_path: Path) -> None:
     assert shm.status() == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root opens any object")
 def test_shm_the_daemon_may_not_open(shm_object: str) -> None:
-    os.chmod(f"/dev/shm/{shm_object}", 0)
-    shm = SystemSharedMemory()
-    with pytest.raises(ServingError) as caught:
-        shm.register("r", shm_object, 0, 1)
-    assert caught.value.status is Status.INVALID_ARGUMENT
-    assert caught.value.message.startswith(
-        f"cannot open shm object '{shm_object}' read-write: permission denied"
+    """As another uid (setpriv), as a daemon of its own user: root's object of mode 0600
+    is refused as the kernel refuses it, saying what to do."""
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to act as another user")
+    os.chmod(f"/dev/shm/{shm_object}", 0o600)
+    code = (
+        "from neuron_rtd.serving import ServingError\n"
+        "from neuron_rtd.serving.shm import SystemSharedMemory\n"
+        "try:\n"
+        f"    SystemSharedMemory().register('r', {shm_object!r}, 0, 1)\n"
+        "except ServingError as exc:\n"
+        "    print(exc.status.name, exc.message)\n"
     )
+    done = subprocess.run([*nobody, sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"INVALID_ARGUMENT cannot open shm object '{shm_object}' read-write: permission denied"
+    ), done.stdout
 
 
 def test_shm_permission_denied_says_no_more(
