@@ -279,14 +279,15 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
 def http_host(address: str, where: str = "config") -> str:
     """The host of the HTTP front end's `HOST:PORT` (brackets stripped); ConfigError
     when `address` is not one (port 0: any free port)."""
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not (sep and host and port.isdigit() and int(port) <= 65535):
+    # imported here: the HTTP front end (and waitress) load only when one is asked for
+    from neuron_rtd.server.kserve_http import split_http_address
+
+    split = split_http_address(address)
+    if split is None:
         raise ConfigError(
             f"{where}: http_address must be HOST:PORT (127.0.0.1:8000, [::1]:8000), got {address!r}"
         )
-    return host
+    return split[0]
 
 
 def tcp_host(address: str) -> str | None:

@@ -601,18 +601,27 @@ class HttpServer:
         dispatcher.shutdown(cancel_pending=True, timeout=1)
 
 
-def bind(address: str) -> tuple[socket.socket, tuple[Any, ...]]:
-    """A TCP socket bound to `address` ("HOST:PORT", "[v6]:PORT") and waitress's sockinfo
-    for it; OSError with a message saying what to do."""
+def split_http_address(address: str) -> tuple[str, int] | None:
+    """The host (brackets stripped) and port of "HOST:PORT" or "[v6]:PORT"; None when
+    `address` is not one. The daemon's config checks `http_address` with it too."""
     host, sep, port_text = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not (sep and host and port_text.isdigit() and int(port_text) <= 65535):
+        return None
+    return host, int(port_text)
+
+
+def bind(address: str) -> tuple[socket.socket, tuple[Any, ...]]:
+    """A TCP socket bound to `address` ("HOST:PORT", "[v6]:PORT") and waitress's sockinfo
+    for it; OSError with a message saying what to do."""
+    split = split_http_address(address)
+    if split is None:
         raise OSError(
             errno.EINVAL,
             f"{address!r} is not HOST:PORT (127.0.0.1:8000, [::1]:8000; port 0: any free port)",
         )
-    port = int(port_text)
+    host, port = split
     try:
         found = socket.getaddrinfo(
             host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, socket.IPPROTO_TCP, socket.AI_PASSIVE
