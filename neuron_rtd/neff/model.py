@@ -51,15 +51,25 @@ class TensorSpec:
     def unbounded(self) -> bool:
         return any(self.shape[axis] == 0 for axis in self.dynamic)
 
-    def array_from(self, data: bytes | memoryview) -> np.ndarray:
-        """The tensor held in `data`: its one varying axis (if any) sized by the byte count."""
-        shape: list[int] = list(self.shape)
-        varying = self.varying_axes
-        if len(varying) == 1:
-            shape[varying[0]] = -1
+    def array_from(
+        self, data: bytes | memoryview, sizes: Mapping[str, int] | None = None
+    ) -> np.ndarray:
+        """The tensor held in `data`: an axis that follows a symbol of `sizes` sized so,
+        and its one other varying axis (if any) sized by the byte count."""
         flat = np.frombuffer(data, dtype=self.dtype)
-        if -1 in shape and math.prod(d for d in shape if d != -1) == 0:
-            return flat.reshape([0 if d == -1 else d for d in shape])
+        if not self.symbols and not self.dynamic:
+            return flat.reshape(self.shape)
+        shape = list(self.shape)
+        unknown = []
+        for axis in self.varying_axes:
+            symbol = self.symbols[axis] if self.symbols else None
+            if sizes and symbol is not None and symbol in sizes:
+                shape[axis] = sizes[symbol]
+            else:
+                unknown.append(axis)
+        if len(unknown) == 1:
+            rest = math.prod(d for axis, d in enumerate(shape) if axis != unknown[0])
+            shape[unknown[0]] = flat.size // rest if rest else 0
         return flat.reshape(shape)
 
     def describe(self) -> str:

@@ -28,7 +28,7 @@ from neuron_rtd.errors import (
     ResourceError,
     ResourceNcError,
 )
-from neuron_rtd.neff import Neff, TensorSpec, read_neff
+from neuron_rtd.neff import Neff, read_neff
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
@@ -319,7 +319,7 @@ class ServedVersion:
         t2 = time.perf_counter_ns()
         sizes = {symbol: raw[name].shape[axis] for name, axis, symbol in self._symbol_axes}
         outputs = {
-            name: _output(self._output_specs[name], data, sizes)
+            name: self._output_specs[name].array_from(data, sizes)
             for name, data in result.outputs.items()
             if name in self._output_specs
         }
@@ -335,29 +335,6 @@ class ServedVersion:
         if self.batcher is not None:
             self.batcher.close()
         return unload_copies(self.runtime, self.model_ids)
-
-
-def _output(spec: TensorSpec, data: bytes, sizes: Mapping[str, int]) -> np.ndarray:
-    """An output's bytes as an array: its bucket axes sized as the inputs' were, and at
-    most one axis more (a data-dependent one) worked out from the byte count."""
-    if not spec.symbols and not spec.dynamic:
-        return np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
-    shape = [
-        sizes[symbol] if symbol is not None and symbol in sizes else size
-        for symbol, size in zip(spec.symbols or (None,) * len(spec.shape), spec.shape, strict=True)
-    ]
-    unknown = [
-        axis
-        for axis in spec.varying_axes
-        if not (spec.symbols and spec.symbols[axis] is not None and spec.symbols[axis] in sizes)
-    ]
-    if len(unknown) > 1:
-        return spec.array_from(data)
-    flat = np.frombuffer(data, dtype=spec.dtype)
-    if unknown:
-        rest = int(np.prod([d for a, d in enumerate(shape) if a != unknown[0]]))
-        shape[unknown[0]] = flat.size // rest if rest else 0
-    return flat.reshape(shape)
 
 
 def unload_copies(runtime: Runtime, model_ids: Sequence[int]) -> list[str]:
