@@ -39,6 +39,7 @@ from neuron_rtd.server.kserve_tensors import (
     from_bytes,
     invalid,
     shm_place,
+    shown,
     tensor_dtype,
     write_to_shm,
 )
@@ -95,7 +96,7 @@ def _field(document: Mapping[str, Any], key: str, kind: type | tuple[type, ...],
     if value is None:
         return None
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
-        raise invalid(f"{what}: '{key}' must be {_kind_name(kind)}, got {_shown(value)}")
+        raise invalid(f"{what}: '{key}' must be {_kind_name(kind)}, got {shown(value)}")
     return value
 
 
@@ -114,11 +115,6 @@ _KIND_NAMES = {
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(_KIND_NAMES.get(k, k.__name__) for k in _kinds(kind))
-
-
-def _shown(value: object) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- documents of the core's answers ---------------------------------------------------
@@ -318,7 +314,7 @@ def _decode_inputs(
     at = 0  # where the next input's bytes start in the binary section
     for index, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
-            raise invalid(f"inputs[{index}] must be an object, got {_shown(tensor)}")
+            raise invalid(f"inputs[{index}] must be an object, got {shown(tensor)}")
         name = _field(tensor, "name", str, f"inputs[{index}]")
         if not name:
             raise invalid(f"inputs[{index}] has no 'name'")
@@ -373,7 +369,7 @@ def _decode_outputs(tensors: Sequence[Any], shm: SharedMemoryApi) -> dict[str, O
     outputs: dict[str, OutputAsked] = {}
     for index, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
-            raise invalid(f"outputs[{index}] must be an object, got {_shown(tensor)}")
+            raise invalid(f"outputs[{index}] must be an object, got {shown(tensor)}")
         name = _field(tensor, "name", str, f"outputs[{index}]")
         if not name:
             raise invalid(f"outputs[{index}] has no 'name'")
@@ -405,7 +401,7 @@ def _shape(what: str, dims: object) -> tuple[int, ...]:
     if not isinstance(dims, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in dims
     ):
-        raise invalid(f"{what}: 'shape' must be a list of integers, got {_shown(dims)}")
+        raise invalid(f"{what}: 'shape' must be a list of integers, got {shown(dims)}")
     if any(d < 0 for d in dims):
         raise invalid(f"{what} has a negative dimension in its shape {dims}")
     return tuple(dims)
@@ -423,7 +419,7 @@ def from_json(
 ) -> np.ndarray:
     """JSON `data` (flat or nested lists, row-major) as an array of `dtype` and `shape`."""
     if not isinstance(data, list):
-        raise invalid(f"{what}: 'data' must be a list of values, got {_shown(data)}")
+        raise invalid(f"{what}: 'data' must be a list of values, got {shown(data)}")
     expected = math.prod(shape)
     kinds, named = _JSON_KINDS.get(dtype.kind, _NUMBERS)
     try:

@@ -5,6 +5,7 @@ refusal every malformed request gets (INVALID_ARGUMENT)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,9 +56,18 @@ def byte_count(parameters: Mapping[str, object], key: str, what: str) -> int | N
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise invalid(f"{what}: parameter '{key}' must be a number of bytes, got {shown}")
+        raise invalid(f"{what}: parameter '{key}' must be a number of bytes, got {shown(value)}")
     return value
+
+
+def shown(value: object) -> str:
+    """A value a request gave, as a message quotes it: as JSON when it is JSON (an HTTP
+    request's), else as Python writes it (a gRPC parameter's bytes), at most 40 characters."""
+    try:
+        text = json.dumps(value)
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def tensor_dtype(what: str, datatype: str) -> np.dtype:
