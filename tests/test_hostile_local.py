@@ -143,6 +143,40 @@ def test_a_root_only_object_is_neither_mapped_nor_read(
     assert (Path("/dev/shm") / secret_object[1:]).read_bytes() == b"SECRET!!" * 16
 
 
+def test_a_root_only_object_is_not_registered_over_kserve(
+    service: Service, secret_object: str
+) -> None:
+    """The same through the KServe v2 service on the socket: SystemSharedMemoryRegister of
+    root's 0600 object is refused as that of an object that does not exist."""
+    got = probe(
+        service,
+        """
+        from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
+        v2 = kserve_pb_grpc.GRPCInferenceServiceStub(channel)
+        answers = {}
+        for label, key in (("secret", sys.argv[2]), ("absent", "/nrt_nothing_here")):
+            request = kserve_pb.SystemSharedMemoryRegisterRequest(
+                name=label, key=key, offset=0, byte_size=8
+            )
+            try:
+                v2.SystemSharedMemoryRegister(request, timeout=20)
+                answers[label] = ["OK", ""]
+            except grpc.RpcError as error:
+                answers[label] = [error.code().name, error.details()]
+        status = v2.SystemSharedMemoryStatus(kserve_pb.SystemSharedMemoryStatusRequest())
+        answers["regions"] = sorted(status.regions)
+        print(json.dumps(answers))
+        """,
+        secret_object,
+    )
+    assert got["secret"][0] == got["absent"][0] == "INVALID_ARGUMENT"
+    assert got["secret"][1].replace(secret_object, "NAME") == got["absent"][1].replace(
+        "/nrt_nothing_here", "NAME"
+    )
+    assert "may not open it" in got["secret"][1] and got["regions"] == []
+    assert (Path("/dev/shm") / secret_object[1:]).read_bytes() == b"SECRET!!" * 16
+
+
 def test_a_clients_tensors_cannot_be_taken_over(
     service: Service, victim: Client, mlp: SampleModel
 ) -> None:

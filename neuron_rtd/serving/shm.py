@@ -165,16 +165,17 @@ class SystemSharedMemory:
         return self.root / bare
 
 
+_HIDDEN = (errno.ENOENT, errno.EACCES, errno.EPERM)  # told apart for nobody
+
+
 def _open(path: Path, key: str) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            why = "no such shm object"
-        elif exc.errno in (errno.EACCES, errno.EPERM):
+        if exc.errno in _HIDDEN:  # worded alike: the answer does not tell which, as shm_map's
             why = (
-                "permission denied: the daemon opens it with its own rights, so its user "
-                "(or group neuron) needs read and write access to it"
+                "no such shm object, or the daemon may not open it (it opens objects with "
+                "its own rights: its user, or group neuron, needs read and write access)"
             )
         elif exc.errno == errno.ELOOP:
             why = "it is a symbolic link"
