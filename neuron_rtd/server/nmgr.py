@@ -46,6 +46,9 @@ def answer_infer(
 class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        # The runtime's version does not change: its answer is made once (the cheapest
+        # call stays at the transport's cost; a message only read is shared by calls).
+        self._version = pb.get_version_response(runtime_version=wire.version(runtime.version))
 
     # --- model lifecycle -------------------------------------------------------------
     def load(
@@ -351,7 +354,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def get_version(
         self, request: pb.get_version_request, context: grpc.ServicerContext
     ) -> pb.get_version_response:
-        return pb.get_version_response(runtime_version=wire.version(self.runtime.version))
+        return self._version
 
 
 class _StatusOnly:
