@@ -3,7 +3,9 @@
 What it holds:
 - the project and its dependencies in a virtual environment, /opt/neuron-rtd, built in a
   staging directory and then made to name /opt/neuron-rtd (shebangs, pyvenv.cfg);
-- every console command of pyproject.toml linked into /usr/bin;
+- every console command of pyproject.toml linked into /usr/bin, and the original SDK's
+  tools (neuron-ls, neuron-cli, neuron-top, neuron-monitor) into /opt/aws/neuron/bin too,
+  where it put them and where Ray looks for neuron-ls to count NeuronCores;
 - the systemd units in /lib/systemd/system: the daemon runs as its own user `neuron-rtd`,
   in the group `neuron`, with no capabilities;
 - that user and group (/usr/lib/sysusers.d/neuron-rtd.conf), and the daemon's folder in
@@ -49,6 +51,8 @@ UNIT_DIR = "lib/systemd/system"
 SYSUSERS = "usr/lib/sysusers.d/neuron-rtd.conf"
 TMPFILES = "usr/lib/tmpfiles.d/neuron-rtd.conf"
 UMASK = 0o022
+SDK_BIN = "opt/aws/neuron/bin"  # where the original SDK put its tools (Ray runs neuron-ls there)
+SDK_TOOLS = ("neuron-ls", "neuron-cli", "neuron-top", "neuron-monitor")
 DEPENDS = "python3 (>= 3.11), libc6 (>= 2.28), libsystemd0, passwd"
 MAINTAINER = "neuron-rtd developers <dev@neuron-rtd.example.org>"
 
@@ -169,6 +173,12 @@ def lay_out(stage: Path, version: str) -> list[str]:
         link.symlink_to(f"{PREFIX}/bin/{command}")
         page = man_page(venv_python, command, str(scripts[command]), version)
         (man_dir / f"{command}.1.gz").write_bytes(gzip.compress(page.encode(), 9, mtime=0))
+    sdk_bin = stage / SDK_BIN
+    sdk_bin.mkdir(parents=True, exist_ok=True)
+    for command in SDK_TOOLS:
+        link = sdk_bin / command
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"{PREFIX}/bin/{command}")
     units = stage / UNIT_DIR
     for unit in sorted((ROOT / "systemd").glob("*.service")):
         install_file(unit, units / unit.name)

@@ -44,5 +44,18 @@ python=${PYTHON:-python3}
 # Triton's own client library for the KServe v2 tests: its metadata pins protobuf<7, which
 # it runs well with (measured); its other dependencies are in the test extra
 .venv/bin/python -m pip install -q --no-deps 'tritonclient==2.73.0'
+# The original SDK's tools also in /opt/aws/neuron/bin, where it put them: Ray counts a
+# node's NeuronCores with /opt/aws/neuron/bin/neuron-ls. Linked when this user may write
+# there; a tool already there (the SDK's, the Debian package's) is left alone.
+sdk_bin=/opt/aws/neuron/bin
+if mkdir -p "$sdk_bin" 2>/dev/null && [ -w "$sdk_bin" ]; then
+    for tool in neuron-ls neuron-cli neuron-top neuron-monitor; do
+        if [ ! -e "$sdk_bin/$tool" ]; then  # missing, or a link to a venv since removed
+            ln -sfn "$PWD/.venv/bin/$tool" "$sdk_bin/$tool"
+        fi
+    done
+else
+    echo "bootstrap: $sdk_bin not writable: Ray will not find NeuronCores (docs/scale-out.md)"
+fi
 touch .venv/.installed
 echo "bootstrap: .venv ready"

@@ -385,6 +385,9 @@ def check_tree(root: Path) -> None:
         assert (venv / "bin" / command).read_text().startswith(f"#!{PREFIX}/bin/python")
         page = gzip.decompress((root / "usr/share/man/man1" / f"{command}.1.gz").read_bytes())
         assert page.startswith(f".TH {command.upper()} 1".encode()) and b"usage: " in page
+    for command in ("neuron-ls", "neuron-cli", "neuron-top", "neuron-monitor"):  # as the SDK
+        link = tmp_path / "opt" / "aws" / "neuron" / "bin" / command
+        assert os.readlink(link) == f"{PREFIX}/bin/{command}"
     markers = (b"neuron-rtd-deb-", str(root).encode())  # the deb's staging dir, DESTDIR
     staged = [
         p

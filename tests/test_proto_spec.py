@@ -430,6 +430,19 @@ EXT_MESSAGES: dict[str, list[Field]] = {
         (3, "ticket", "uint64", S, None),
         (4, "infer_response", "bytes", S, None),
     ],
+    "create_ncg_request": [
+        (1, "nc_count", "uint32", S, None),
+        (2, "session_id", "uint64", S, None),
+        (3, "visible_ncs", "uint32", R, None),
+        (4, "implicit", "bool", S, None),
+    ],
+    "create_ncg_response": [
+        (1, "status_code", "int32", S, None),
+        (2, "details", "string", S, None),
+        (3, "ncg_id", "uint32", S, None),
+        (4, "nc_count", "uint32", S, None),
+        (5, "first_nc", "uint32", S, None),
+    ],
     "snapshot_request": [],
     "ext_nc": [
         (1, "vnc", "uint32", S, None),
@@ -549,6 +562,12 @@ EXT_SERVICES: dict[str, dict[str, Method]] = {
         "describe": ("nrt.ext.describe_request", "nrt.ext.describe_response", False, False),
         "snapshot": ("nrt.ext.snapshot_request", "nrt.ext.snapshot_response", False, False),
         "profile": ("nrt.ext.profile_request", "nrt.ext.profile_response", False, False),
+        "create_ncg": (
+            "nrt.ext.create_ncg_request",
+            "nrt.ext.create_ncg_response",
+            False,
+            False,
+        ),
     },
 }
 

@@ -12,6 +12,9 @@
   `shm=False`); buffers are reused per model and freed at unload and close.
 - `NEURONCORE_GROUP_SIZES` (or `ncg_sizes`): NCGs made at open, models placed on them in
   turn and started; without it a model gets an implicit NCG.
+- `NEURON_RT_VISIBLE_CORES` (as Ray sets it): every NCG the client makes, those of
+  `create_ncg` and `NEURONCORE_GROUP_SIZES` and the one a model without an NCG gets, lies
+  within those NeuronCores (made with the ext service's `create_ncg`, which names them).
 - Errors are `NrtClientError`s carrying the nerr code and the daemon's details.
 """
 
@@ -39,12 +42,13 @@ from neuron_rtd.client._config import (
 from neuron_rtd.client._connection import Connection
 from neuron_rtd.client._ncg import NcgGate
 from neuron_rtd.client.address import DEFAULT_ADDRESS, default_address, grpc_target
-from neuron_rtd.client.errors import SUCCESS, NrtClientError, check
+from neuron_rtd.client.errors import SUCCESS, NrtClientError, NrtConnectionError, check
 from neuron_rtd.client.model import Model, Signature
-from neuron_rtd.errors import Nerr
+from neuron_rtd.errors import InvalidError, Nerr, NrtError
 from neuron_rtd.neff import Neff, TensorSpec, read_neff
 from neuron_rtd.neff.dtypes import parse_dtype
-from neuron_rtd.proto import pb
+from neuron_rtd.proto import ext_pb, pb
+from neuron_rtd.visible import visible_cores
 
 __all__ = [
     "CHUNK_BYTES",
@@ -87,11 +91,16 @@ class Client:
         one. `channel`: a channel to use instead of opening one (it stays the caller's).
         `session`: False opens no session; NCGs, models and shm maps are made with session
         id 0, and `close` leaves the NCGs and models on the daemon (freeing only the
-        client's shared memory)."""
+        client's shared memory). Every NCG lies within the NeuronCores of
+        `NEURON_RT_VISIBLE_CORES` when it is set (a ValueError when it is no list)."""
         self.address = grpc_target(address) if address else default_address()
         self.ninfer = ninfer
         sizes = ncg_sizes_from_env() if ncg_sizes is None else check_ncg_sizes(ncg_sizes)
         self.ncg_sizes = sizes
+        try:
+            self.visible = visible_cores()
+        except InvalidError as exc:  # a malformed environment, as NEURONCORE_GROUP_SIZES's
+            raise ValueError(str(exc)) from None
         self.connection = Connection(
             self.address,
             timeout_s=timeout_s,
@@ -212,12 +221,47 @@ class Client:
         self.open()
         return self._create_eg(nc_count)
 
-    def _create_eg(self, nc_count: int) -> tuple[int, int]:
+    def _create_eg(self, nc_count: int, *, implicit: bool = False) -> tuple[int, int]:
+        if self.visible is not None:
+            return self._create_visible(nc_count, implicit)
         request = pb.create_eg_request(nc_count=nc_count, session_id=self.connection.session_id())
         response = self.connection.unary("create_eg", request)
         check("create_eg", response.status)
         self._ncgs.add(response.h_eg.id)
         return response.h_eg.id, response.nc_count
+
+    def _create_visible(self, nc_count: int, implicit: bool) -> tuple[int, int]:
+        """An NCG within `NEURON_RT_VISIBLE_CORES`, through the ext service (create_eg
+        cannot name NeuronCores); `implicit`: made for one model, which the daemon starts
+        at its load, and which takes the NCG with it at its unload."""
+        assert self.visible is not None
+        request = ext_pb.create_ncg_request(
+            nc_count=nc_count,
+            session_id=self.connection.session_id(),
+            visible_ncs=sorted(self.visible.ncs),
+            implicit=implicit,
+        )
+        try:
+            response = self.connection.unary("create_ncg", request, stub=self.connection.ext)
+        except NrtConnectionError as exc:
+            if exc.grpc_code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            raise NrtClientError(
+                Nerr.INVALID,
+                self.visible.explain(
+                    f"the runtime at {self.address} cannot place NCGs on given NeuronCores "
+                    "(it serves no nrt.ext create_ncg), so it cannot honour that"
+                ),
+                "create_ncg",
+            ) from None
+        if response.status_code != Nerr.OK:
+            details = response.details
+            if response.status_code == Nerr.RESOURCE_NC:
+                details = self.visible.explain(details)
+            raise NrtClientError(response.status_code, details, "create_ncg")
+        if not implicit:  # an implicit one is the daemon's to destroy, with its model
+            self._ncgs.add(response.ncg_id)
+        return response.ncg_id, response.nc_count
 
     def destroy_ncg(self, ncg_id: int) -> None:
         response = self.connection.unary(
@@ -293,23 +337,37 @@ class Client:
         self.open()
         gate = self._take_gate() if ncg is None else None
         target = gate.id if gate is not None else ncg
+        parsed: Neff | None = neff if isinstance(neff, Neff) else None
+        made: int | None = None  # the implicit NCG made for it among the visible cores
+        if target is None and self.visible is not None:
+            # the daemon's implicit NCG could lie anywhere: one of just enough NCs, here
+            if parsed is None:
+                parsed = _read_for_load(data)
+            made, _ = self._create_eg(max(parsed.nc_count, 1), implicit=True)
+            target = made
         params = pb.model_params(ninfer=pb.u32(data=depth))
         if profile:
             params.enable_node_profiling.data = 1
         if seconds is not None:
             params.timeout.data = max(1, math.ceil(seconds))
-        response = self._load_stream(target, params, data, path if by_path else None)
-        check("load", response.status)
+        try:
+            response = self._load_stream(target, params, data, path if by_path else None)
+            check("load", response.status)
+        except BaseException:
+            if made is not None:
+                self._destroy_quietly(made)
+            raise
         model_id = response.h_nn.id
         try:
-            parsed = neff if isinstance(neff, Neff) else read_neff(data)
+            if parsed is None:
+                parsed = read_neff(data)
             model = Model(
                 self,
                 self.connection,
                 model_id,
                 Signature.of(parsed),
                 ninfer=depth,
-                ncg=target,
+                ncg=None if made is not None else target,
                 gate=gate,
                 neff=parsed,
             )
@@ -327,6 +385,12 @@ class Client:
                 self._forget(model_id)
             raise
         return model
+
+    def _destroy_quietly(self, ncg_id: int) -> None:
+        """Destroy the implicit NCG made for a model whose load failed, whatever the
+        daemon answers (the session's end, or unload_all, takes it otherwise)."""
+        with contextlib.suppress(NrtClientError):
+            self.destroy_ncg(ncg_id)
 
     def _load_stream(
         self, ncg: int | None, params: pb.model_params, data: memoryview, path: str | None
@@ -446,6 +510,15 @@ def _spec(tensor: Any, where: str) -> TensorSpec:
     varying = tuple(axis for axis, size in enumerate(tensor.shape) if size < 0)
     dtype = parse_dtype(tensor.dtype, f"{where} {tensor.name!r}")
     return TensorSpec(tensor.name, dtype, shape, dynamic=varying)
+
+
+def _read_for_load(data: memoryview) -> Neff:
+    """The NEFF about to be loaded, read here for the NCs it needs; refused as the
+    daemon would refuse it (NrtClientError with its nerr)."""
+    try:
+        return read_neff(data)
+    except NrtError as exc:
+        raise NrtClientError(exc.code, str(exc), "load") from None
 
 
 def _neff_source(neff: NeffSource, by_path: bool) -> tuple[memoryview, str | None]:

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import onnx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -144,8 +145,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def _progress(shown: bool) -> Iterator[ProgressFn | None]:
-    """A progress bar on stderr while compiling, when `shown`."""
+def progress_bar(shown: bool) -> Iterator[ProgressFn | None]:
+    """A progress bar on stderr while compiling, when `shown` (also the torch plugin's)."""
     if not shown:
         yield None
         return
@@ -193,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     shown = not (args.quiet or args.json) and sys.stderr.isatty()
     try:
-        with _progress(shown) as progress:
-            result = _compile(args, progress)
+        with progress_bar(shown) as progress:
+            result = compile_from_args(args, progress)
     except CompileError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -211,9 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _compile(args: argparse.Namespace, progress: ProgressFn | None) -> CompileResult:
+def compile_from_args(
+    args: argparse.Namespace,
+    progress: ProgressFn | None,
+    model: str | bytes | onnx.ModelProto | None = None,
+) -> CompileResult:
+    """Compile as `compile`'s options in `args` say: `args.model`, or `model` when given
+    (the torch plugin hands its exported model over in memory, with its own options)."""
     return compile_model(
-        args.model,
+        args.model if model is None else model,
         num_neuroncores=args.num_neuroncores,
         input_shapes=dict(args.input_shape),
         dynamic={sym: bucket_ranges(*spec) for sym, spec in args.dynamic},

@@ -44,6 +44,8 @@ class NodeReport:
     weight_bytes: int
     stage_macs: list[int]
     reasons: dict[str, str]  # CPU nodes: op type -> why not on the NC
+    # CPU nodes: each ONNX node's name -> why not on the NC (the torch plugin's analysis)
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -260,6 +262,7 @@ class Emitter:
             weight_bytes=int(blob.nbytes),
             stage_macs=[],
             reasons={node.op_type: self.refusals.get(node.name) or "" for node in segment.nodes},
+            refused={node.name: self.refusals.get(node.name) or "" for node in segment.nodes},
         )
 
     def _sub_model(

@@ -1,5 +1,6 @@
 """The daemon's configuration: a JSON file, then `NEURON_RTD_ADDRESS` (the address only, as
-the clients read it), then the command-line flags over them.
+the clients read it) and `AWS_NEURON_VISIBLE_DEVICES` (the devices, by index, where the
+file and `-t` name none), then the command-line flags over them.
 
 Built once in `main()`; everything below receives a `DaemonConfig`, never the raw file.
 
@@ -26,8 +27,10 @@ from typing import Any
 
 from neuron_rtd.client.address import ADDRESS_ENV, DEFAULT_ADDRESS
 from neuron_rtd.daemon.listener import AddressError, listen_address
+from neuron_rtd.errors import InvalidError
 from neuron_rtd.runtime import nc_engine, nc_spinning
 from neuron_rtd.typed_json import ConfigError, Expected, check_object
+from neuron_rtd.visible import visible_devices
 
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
@@ -46,6 +49,8 @@ class DaemonConfig:
     server_address: str = DEFAULT_ADDRESS
     allow_remote_clients: bool = False  # a TCP server_address outside loopback
     devices: tuple[str, ...] = ()  # BDFs; empty: every device of the machine
+    # device indices from $AWS_NEURON_VISIBLE_DEVICES (None: unset), never from the file
+    visible_devices: frozenset[int] | None = None
     default_timeout: int = 2  # seconds one inference may take
     default_ninfer: int = 4  # in-flight inferences per model
     shmem_enabled: bool = True
@@ -351,12 +356,16 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> DaemonConfig:
-    """File (if any), then `NEURON_RTD_ADDRESS` of `environ` (default: this process's),
-    then `overrides` (the flags) over the defaults: the daemon listens where its clients
-    look, unless its command line says otherwise."""
+    """File (if any), then `NEURON_RTD_ADDRESS` and `AWS_NEURON_VISIBLE_DEVICES` of
+    `environ` (default: this process's), then `overrides` (the flags) over the defaults:
+    the daemon listens where its clients look, unless its command line says otherwise."""
     file = config_path(path, instance)
     config = config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
     env = os.environ if environ is None else environ
+    try:
+        config = replace(config, visible_devices=visible_devices(env))
+    except InvalidError as exc:
+        raise ConfigError(str(exc)) from None
     if env.get(ADDRESS_ENV) and not (overrides or {}).get("server_address"):
         config = validate(replace(config, server_address=env[ADDRESS_ENV]), f"${ADDRESS_ENV}")
     known = {f.name for f in fields(DaemonConfig)}

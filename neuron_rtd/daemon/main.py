@@ -52,6 +52,7 @@ from neuron_rtd.server import Health, PeerSocket, ServicerSet, Tickets, add_serv
 from neuron_rtd.serving.api import ServingError
 from neuron_rtd.serving.service import Serving
 from neuron_rtd.typed_json import ConfigError
+from neuron_rtd.visible import DEVICES_ENV, show_indices
 
 if TYPE_CHECKING:
     from neuron_rtd.server.kserve_http import HttpServer
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="devices",
         action="append",
         metavar="BDF",
-        help="serve only this device (repeatable; the set must be contiguous)",
+        help="serve only this device (repeatable; the set must be contiguous; default: the "
+        "devices $AWS_NEURON_VISIBLE_DEVICES names by index, as 1 or 0-1, else all)",
     )
     parser.add_argument(
         "-g",
@@ -161,10 +163,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def select_devices(machine: driver_sim.Machine, bdfs: tuple[str, ...]) -> list[int]:
-    """Device indices for the BDFs asked for (all when none): contiguous, no repeats."""
+def select_devices(
+    machine: driver_sim.Machine, bdfs: tuple[str, ...], visible: frozenset[int] | None = None
+) -> list[int]:
+    """Device indices for the BDFs asked for, else for the indices of
+    `AWS_NEURON_VISIBLE_DEVICES` (`visible`), else all: contiguous, no repeats. Both
+    given, they must name the same devices."""
     if not bdfs:
-        return list(range(machine.device_count))
+        return _visible_devices(machine, visible)
     indices = []
     for bdf in bdfs:
         try:
@@ -179,6 +185,33 @@ def select_devices(machine: driver_sim.Machine, bdfs: tuple[str, ...]) -> list[i
         raise StartupError(
             f"devices {', '.join(bdfs)} (indices {', '.join(map(str, ordered))}) are not "
             "contiguous: a daemon serves one connected run of devices"
+        )
+    if visible is not None and set(ordered) != visible:
+        raise StartupError(
+            f"-t {' -t '.join(bdfs)} names devices {show_indices(ordered)}, but "
+            f"{DEVICES_ENV}={show_indices(visible)} names others: drop one of the two "
+            "(-t wins nowhere: they must agree)"
+        )
+    return ordered
+
+
+def _visible_devices(machine: driver_sim.Machine, visible: frozenset[int] | None) -> list[int]:
+    """The devices `AWS_NEURON_VISIBLE_DEVICES` names (all when unset): existing and
+    contiguous."""
+    every = list(range(machine.device_count))
+    if visible is None:
+        return every
+    missing = sorted(visible - set(every))
+    if missing:
+        raise StartupError(
+            f"{DEVICES_ENV}={show_indices(visible)}: no device {show_indices(missing)} on this "
+            f"{machine.instance_type}, whose devices are {show_indices(every)}"
+        )
+    ordered = sorted(visible)
+    if ordered != list(range(ordered[0], ordered[-1] + 1)):
+        raise StartupError(
+            f"{DEVICES_ENV}={show_indices(visible)} is not a contiguous run of devices: a "
+            "daemon serves one connected run (start one daemon per run)"
         )
     return ordered
 
@@ -271,7 +304,7 @@ class Daemon:
             )
             self.listener.claim()
         machine = driver_sim.Machine.open(config.sim_root, instance_type=config.sim.instance_type)
-        indices = select_devices(machine, config.devices)
+        indices = select_devices(machine, config.devices, config.visible_devices)
         self.devices = acquire_sim(
             machine,
             indices,

@@ -7,27 +7,34 @@
         results = [rt.wait(model, c) for c in cookies]
 
 Used by the conformance runner and the benches; the daemon serves the same `Runtime`.
+As a client of the daemon does, it honours `NEURON_RT_VISIBLE_CORES`: every NCG it makes
+lies within those NeuronCores (machine-wide indices of its simulated machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Neff, as_input
-from neuron_rtd.runtime.api import ModelInfo
+from neuron_rtd.runtime.api import ModelInfo, NcgInfo
 from neuron_rtd.runtime.driver import DeviceApi, open_sim
 from neuron_rtd.runtime.runtime import Runtime
+from neuron_rtd.visible import visible_cores
 
 
 class LocalRuntime:
     """A Runtime owning every device of a fresh simulated machine in a temp folder. Its
     NCs compute with `engine` (reference or fast; default $NEURON_RTD_NC_ENGINE, else
-    fast); `wrap_device` puts a test's own device in front of each simulated one."""
+    fast); `wrap_device` puts a test's own device in front of each simulated one. Its
+    NCGs lie within `NEURON_RT_VISIBLE_CORES` when that is set (read here: InvalidError
+    when it is no list)."""
 
     def __init__(
         self,
@@ -37,6 +44,7 @@ class LocalRuntime:
         engine: str | None = None,
         wrap_device: Callable[[DeviceApi], DeviceApi] | None = None,
     ) -> None:
+        self.visible = visible_cores()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="nrt-local-")
@@ -70,9 +78,33 @@ class LocalRuntime:
         ncg_id: int | None = None,
         profile: bool = False,
     ) -> ModelInfo:
-        return self.runtime.load(
-            neff, ncg_id=ncg_id, timeout_s=timeout_s, ninfer=ninfer, profile=profile
-        )
+        """Load on NCG `ncg_id` (stopped), or on an NCG of its own (started)."""
+        visible = self.visible.ncs if self.visible is not None else None
+        with self._explained():
+            return self.runtime.load(
+                neff,
+                ncg_id=ncg_id,
+                timeout_s=timeout_s,
+                ninfer=ninfer,
+                profile=profile,
+                visible=visible,
+            )
+
+    def create_ncg(self, nc_count: int = 0) -> NcgInfo:
+        """A new NCG of `nc_count` NCs (0: the largest free run) for `load(ncg_id=...)`."""
+        visible = self.visible.ncs if self.visible is not None else None
+        with self._explained():
+            return self.runtime.create_ncg(nc_count, visible=visible)
+
+    @contextlib.contextmanager
+    def _explained(self) -> Iterator[None]:
+        """Not enough NeuronCores among the visible ones: said with the variable."""
+        try:
+            yield
+        except ResourceNcError as exc:
+            if self.visible is None:
+                raise
+            raise ResourceNcError(self.visible.explain(str(exc))) from None
 
     def infer(
         self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False

@@ -2,7 +2,9 @@
 
 The daemon serves a contiguous run of devices (device i is linked to i-1 and i+1), so
 its NeuronCores form one line of virtual NC indices 0..N-1 (vnc = local device * 4 + nc)
-and any run of contiguous free vncs lies on connected devices.
+and any run of contiguous free vncs lies on connected devices. Across the machine an NC
+is also known by its machine-wide index (its device's index * 4 + nc), as
+`NEURON_RT_VISIBLE_CORES` names it: an NCG may be asked to lie within such a set.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from neuron_rtd.errors import InvalidError, InvalidHandle, NrtError, ResourceError, ResourceNcError
+from neuron_rtd.visible import show_indices
 
 FIRST_NCG_ID = 1
 
@@ -47,9 +50,11 @@ class NcgBusy(NrtError):
 class NcgTable:
     """Allocates contiguous NC runs; thread-safe."""
 
-    def __init__(self, device_count: int, ncs_per_device: int) -> None:
+    def __init__(self, device_count: int, ncs_per_device: int, *, first_device: int = 0) -> None:
+        """`first_device`: the machine's index of the first device (vnc 0 is its NC 0)."""
         self.ncs_per_device = ncs_per_device
         self.total_ncs = device_count * ncs_per_device
+        self.first_nc = first_device * ncs_per_device  # vnc 0's machine-wide index
         self._owner: list[int | None] = [None] * self.total_ncs
         self._ncgs: dict[int, Ncg] = {}
         self._ids = itertools.count(FIRST_NCG_ID)
@@ -59,8 +64,20 @@ class NcgTable:
         slot, nc = divmod(vnc, self.ncs_per_device)
         return NcLocation(vnc=vnc, device_slot=slot, nc=nc)
 
-    def create(self, nc_count: int, *, session_id: int = 0, implicit: bool = False) -> Ncg:
-        """Take the first run of `nc_count` free NCs (0: the largest free run)."""
+    def machine_nc(self, vnc: int) -> int:
+        """The machine-wide index of virtual NC `vnc`."""
+        return self.first_nc + vnc
+
+    def create(
+        self,
+        nc_count: int,
+        *,
+        session_id: int = 0,
+        implicit: bool = False,
+        visible: frozenset[int] | None = None,
+    ) -> Ncg:
+        """Take the first run of `nc_count` free NCs (0: the largest free run); with
+        `visible` (machine-wide NC indices), a run of those only."""
         if nc_count < 0:
             raise InvalidError(f"an NCG cannot have {nc_count} NCs")
         if nc_count > self.total_ncs:
@@ -68,11 +85,15 @@ class NcgTable:
                 f"not enough NeuronCores: {nc_count} contiguous needed, this runtime has "
                 f"{self.total_ncs}"
             )
+        usable = self._usable(visible)
+        among = "" if visible is None else f" among NCs {show_indices(visible)}"
         with self._lock:
-            runs = list(self._free_runs())
+            runs = list(self._free_runs(usable))
             if nc_count == 0:
                 if not runs:
-                    raise ResourceNcError(f"no free NeuronCore: all {self.total_ncs} are in NCGs")
+                    raise ResourceNcError(
+                        f"no free NeuronCore{among}: all {len(usable)} are in NCGs"
+                    )
                 start, length = max(runs, key=lambda r: (r[1], -r[0]))
                 nc_count = length
             else:
@@ -80,8 +101,8 @@ class NcgTable:
                 if not fitting:
                     largest = max((r[1] for r in runs), default=0)
                     raise ResourceNcError(
-                        f"not enough free NeuronCores: {nc_count} contiguous needed, the "
-                        f"largest free run is {largest} of {self.total_ncs}"
+                        f"not enough free NeuronCores{among}: {nc_count} contiguous needed, "
+                        f"the largest free run is {largest} of {len(usable)}"
                     )
                 start = fitting[0][0]
             ncg = Ncg(
@@ -116,10 +137,11 @@ class NcgTable:
             return ncg
 
     def to_load_into(self, ncg_id: int, models_per_ncg: int) -> Ncg:
-        """NCG `ncg_id`, when a model may be loaded into it: one made with create_eg (an
-        implicit NCG goes with its model), holding fewer than `models_per_ncg` (0: any)."""
+        """NCG `ncg_id`, when a model may be loaded into it: one made with create_eg, or an
+        implicit one made for a model and holding none yet (an implicit NCG goes with its
+        model), holding fewer than `models_per_ncg` (0: any)."""
         ncg = self.get(ncg_id)
-        if ncg.implicit:  # it goes with its model: another there would lose its NCs
+        if ncg.implicit and ncg.models:  # it goes with its model: another would lose its NCs
             owner = ", ".join(map(str, ncg.models))
             raise InvalidError(
                 f"NCG {ncg.id} was made for model {owner} and goes with it: load into "
@@ -144,10 +166,26 @@ class NcgTable:
         with self._lock:
             return self._owner.count(None)
 
-    def _free_runs(self) -> Iterator[tuple[int, int]]:
-        """(start, length) of every maximal run of free NCs, in order."""
+    def _usable(self, visible: frozenset[int] | None) -> frozenset[int]:
+        """The vncs an NCG may take: all, or those of the machine-wide indices `visible`
+        (ResourceNcError when none of them is this runtime's)."""
+        every = frozenset(range(self.total_ncs))
+        if visible is None:
+            return every
+        usable = frozenset(nc - self.first_nc for nc in visible) & every
+        if not usable:
+            mine = f"{self.first_nc}-{self.first_nc + self.total_ncs - 1}"
+            raise ResourceNcError(
+                f"none of NeuronCores {show_indices(visible)} is this runtime's: it has "
+                f"NeuronCores {mine}"
+            )
+        return usable
+
+    def _free_runs(self, usable: frozenset[int]) -> Iterator[tuple[int, int]]:
+        """(start, length) of every maximal run of free NCs among `usable`, in order."""
         start = None
-        for vnc, owner in enumerate([*self._owner, -1]):
+        owners = [owner if vnc in usable else -1 for vnc, owner in enumerate(self._owner)]
+        for vnc, owner in enumerate([*owners, -1]):
             if owner is None and start is None:
                 start = vnc
             elif owner is not None and start is not None:

@@ -67,7 +67,8 @@ class Runtime:
     ) -> None:
         self._devices = list(devices)
         self.options = options or RuntimeOptions()
-        self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device)
+        first = self._devices[0].index if self._devices else 0
+        self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device, first_device=first)
         self.version = __version__
         self._lock = threading.RLock()
         self._init = DeviceInit(self._devices, self._lock)
@@ -145,11 +146,25 @@ class Runtime:
         check_ncs_quota(session_id, held + more, self.options.session_max_ncs)
 
     # --- NCGs ----------------------------------------------------------------------
-    def create_ncg(self, nc_count: int, *, session_id: int = 0) -> NcgInfo:
+    def create_ncg(
+        self,
+        nc_count: int,
+        *,
+        session_id: int = 0,
+        visible: frozenset[int] | None = None,
+        implicit: bool = False,
+    ) -> NcgInfo:
+        """A new NCG of `nc_count` NCs (0: the largest free run); with `visible`, on
+        those NCs only (machine-wide indices: device index * 4 + NC, as
+        NEURON_RT_VISIBLE_CORES names them). `implicit`: made for one model, as a load
+        without an NCG makes one (the model loaded into it is its only one, and its
+        unload destroys the NCG)."""
         self.ensure_ready()
         with self._lock:
             self._sessions.check(session_id)
-            ncg = self._ncgs.create(nc_count, session_id=session_id)
+            ncg = self._ncgs.create(
+                nc_count, session_id=session_id, visible=visible, implicit=implicit
+            )
             try:  # checked with the NCG made: nc_count 0 takes the largest free run
                 self._check_ncs_quota(session_id, 0)
             except ResourceError:
@@ -168,7 +183,7 @@ class Runtime:
         self.ensure_ready()
         with self._lock:
             ncg = self._ncgs.get(ncg_id)
-            if ncg.implicit:
+            if ncg.implicit and ncg.models:
                 raise InvalidError(
                     f"NCG {ncg_id} was made for model(s) {ncg.models} and goes with them: "
                     "unload the model instead"
@@ -182,6 +197,10 @@ class Runtime:
 
     def ncg(self, ncg_id: int) -> NcgInfo:
         return self._readings.ncg_info(self._ncgs.get(ncg_id))
+
+    def machine_nc(self, vnc: int) -> int:
+        """The machine-wide index of virtual NC `vnc` (device index * 4 + NC)."""
+        return self._ncgs.machine_nc(vnc)
 
     def locate(self, vnc: int) -> tuple[int, int]:
         """Where virtual NC `vnc` is: its device's index and its NC on that device."""
@@ -229,15 +248,18 @@ class Runtime:
         ninfer: int | None = None,
         session_id: int = 0,
         profile: bool = False,
+        visible: frozenset[int] | None = None,
     ) -> ModelInfo:
         """Load `neff` (parsed, its bytes, or an absolute file path): on NCG `ncg_id`
-        (stopped), or on a new NCG of just enough NCs (started) when `ncg_id` is None.
+        (stopped, unless the NCG was made implicit for it), or on a new NCG of just enough
+        NCs (started) when `ncg_id` is None,
+        among the NCs `visible` when given (as `create_ncg`).
         `profile` (enable_node_profiling): its inferences record each op (`profile`)."""
         self.ensure_ready()
         parsed: Neff | None = None
         try:
             parsed = self._admission.read(neff)
-            return self._load(parsed, ncg_id, timeout_s, ninfer, session_id, profile)
+            return self._load(parsed, ncg_id, timeout_s, ninfer, session_id, profile, visible)
         finally:
             if parsed is not None:
                 self._admission.settle(parsed.buffer)
@@ -252,6 +274,7 @@ class Runtime:
         ninfer: int | None,
         session_id: int,
         profile: bool,
+        visible: frozenset[int] | None,
     ) -> ModelInfo:
         params = self.params(timeout_s=timeout_s, ninfer=ninfer, profile=profile)
         began = time.monotonic()
@@ -263,7 +286,7 @@ class Runtime:
             if ncg_id is None:
                 self._check_ncs_quota(session_id, max(parsed.nc_count, 1))
                 ncg = self._ncgs.create(
-                    max(parsed.nc_count, 1), session_id=session_id, implicit=True
+                    max(parsed.nc_count, 1), session_id=session_id, implicit=True, visible=visible
                 )
             else:
                 ncg = self._ncgs.to_load_into(ncg_id, self.options.models_per_ncg)
@@ -285,7 +308,7 @@ class Runtime:
                 params.ninfer,
                 extra={"fn": "load"},
             )
-            if implicit:
+            if ncg.implicit:  # made by this load, or for the model (create_ncg implicit)
                 self.start(model.id)
             return ModelInfo.of(model)
 

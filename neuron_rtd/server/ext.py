@@ -75,6 +75,23 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
 
         return _answer(make, ext_pb.profile_response)
 
+    def create_ncg(
+        self, request: ext_pb.create_ncg_request, context: grpc.ServicerContext
+    ) -> ext_pb.create_ncg_response:
+        def make() -> ext_pb.create_ncg_response:
+            visible = frozenset(request.visible_ncs) if request.visible_ncs else None
+            ncg = self.runtime.create_ncg(
+                request.nc_count,
+                session_id=request.session_id,
+                visible=visible,
+                implicit=request.implicit,
+            )
+            return ext_pb.create_ncg_response(
+                ncg_id=ncg.id, nc_count=ncg.nc_count, first_nc=self.runtime.machine_nc(ncg.start)
+            )
+
+        return _answer(make, ext_pb.create_ncg_response)
+
 
 R = TypeVar("R")
 

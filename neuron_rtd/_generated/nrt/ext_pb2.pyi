@@ -114,6 +114,32 @@ class peer_response(_message.Message):
     infer_response: bytes
     def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., ticket: _Optional[int] = ..., infer_response: _Optional[bytes] = ...) -> None: ...
 
+class create_ncg_request(_message.Message):
+    __slots__ = ("nc_count", "session_id", "visible_ncs", "implicit")
+    NC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_NCS_FIELD_NUMBER: _ClassVar[int]
+    IMPLICIT_FIELD_NUMBER: _ClassVar[int]
+    nc_count: int
+    session_id: int
+    visible_ncs: _containers.RepeatedScalarFieldContainer[int]
+    implicit: bool
+    def __init__(self, nc_count: _Optional[int] = ..., session_id: _Optional[int] = ..., visible_ncs: _Optional[_Iterable[int]] = ..., implicit: _Optional[bool] = ...) -> None: ...
+
+class create_ncg_response(_message.Message):
+    __slots__ = ("status_code", "details", "ncg_id", "nc_count", "first_nc")
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    NCG_ID_FIELD_NUMBER: _ClassVar[int]
+    NC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_NC_FIELD_NUMBER: _ClassVar[int]
+    status_code: int
+    details: str
+    ncg_id: int
+    nc_count: int
+    first_nc: int
+    def __init__(self, status_code: _Optional[int] = ..., details: _Optional[str] = ..., ncg_id: _Optional[int] = ..., nc_count: _Optional[int] = ..., first_nc: _Optional[int] = ...) -> None: ...
+
 class snapshot_request(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -50,6 +50,11 @@ class nmgr_extStub:
                 request_serializer=nrt_dot_ext__pb2.profile_request.SerializeToString,
                 response_deserializer=nrt_dot_ext__pb2.profile_response.FromString,
                 _registered_method=True)
+        self.create_ncg = channel.unary_unary(
+                '/nrt.ext.nmgr_ext/create_ncg',
+                request_serializer=nrt_dot_ext__pb2.create_ncg_request.SerializeToString,
+                response_deserializer=nrt_dot_ext__pb2.create_ncg_response.FromString,
+                _registered_method=True)
 
 
 class nmgr_extServicer:
@@ -80,6 +85,14 @@ class nmgr_extServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def create_ncg(self, request, context):
+        """nmgr_v1.create_eg among the NeuronCores a client may use (NEURON_RT_VISIBLE_CORES),
+        which create_eg cannot say: our client makes every NCG of such a process here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_nmgr_extServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +110,11 @@ def add_nmgr_extServicer_to_server(servicer, server):
                     servicer.profile,
                     request_deserializer=nrt_dot_ext__pb2.profile_request.FromString,
                     response_serializer=nrt_dot_ext__pb2.profile_response.SerializeToString,
+            ),
+            'create_ncg': grpc.unary_unary_rpc_method_handler(
+                    servicer.create_ncg,
+                    request_deserializer=nrt_dot_ext__pb2.create_ncg_request.FromString,
+                    response_serializer=nrt_dot_ext__pb2.create_ncg_response.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +199,33 @@ class nmgr_ext:
             '/nrt.ext.nmgr_ext/profile',
             nrt_dot_ext__pb2.profile_request.SerializeToString,
             nrt_dot_ext__pb2.profile_response.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def create_ncg(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nrt.ext.nmgr_ext/create_ncg',
+            nrt_dot_ext__pb2.create_ncg_request.SerializeToString,
+            nrt_dot_ext__pb2.create_ncg_response.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,143 @@
+"""The PyTorch plugin's cost: a traced module's call against `Client.infer` of the same
+NEFF with the same inputs (the plugin's own overhead: structure, checks, tensor views),
+against eager PyTorch on the same number of threads as an NC computes with; and
+DataParallel over 4 NCGs at batch 32 against one NCG.
+
+    python bench/torch_plugin.py [--calls 400] [--rounds 5] [--threads 1]
+
+The daemon runs on a private simulated inf1.6xlarge. Calls alternate in rounds, so the
+machine's noise hits every side alike; p50 and p99 per side, and the ratios. The goal for
+the plugin's overhead: its p50 at most 1.05x the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import neuron_rtd.torch as neuron
+from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client
+
+
+class ResidualCNN(nn.Module):
+    """A small residual CNN (BatchNorm folded at export), 3x32x32 in, 10 classes out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.body = nn.Sequential(
+            nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 1)
+        )
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = torch.relu(y + self.body(y))
+        return self.head(y.mean((2, 3)))
+
+
+def timed(call: Callable[[], Any], count: int) -> list[float]:
+    """Seconds per call of `count` calls."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def alternate(
+    sides: dict[str, Callable[[], Any]], calls: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each side called `calls` times in all, in `rounds` alternating rounds (one warm-up
+    call each first)."""
+    for call in sides.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, call in sides.items():
+            times[name] += timed(call, max(1, calls // rounds))
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(times: dict[str, list[float]], base: str) -> None:
+    p50_base = statistics.median(times[base])
+    for name, values in times.items():
+        p50 = statistics.median(values)
+        print(
+            f"  {name:<34} p50 {p50 * 1e6:9.1f} us  p99 {percentile(values, 0.99) * 1e6:9.1f} us"
+            f"  {p50 / p50_base:6.3f}x {base}"
+        )
+
+
+def overhead(net: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
+    """The traced module against Client.infer of its NEFF and against eager PyTorch."""
+    traced = neuron.trace(net, x)
+    with Client() as client:
+        model = client.load(traced.neff.numpy().tobytes())
+        torch.set_num_threads(args.threads)
+        feeds = {"input0": x.numpy()}
+        sides = {
+            "traced module (neuron_rtd.torch)": lambda: traced(x),
+            "Client.infer, same NEFF": lambda: model.infer(feeds),
+            f"eager PyTorch, {args.threads} thread(s)": lambda: net(x),
+        }
+        print(f"batch 1, {args.calls} calls per side in {args.rounds} rounds:")
+        with torch.no_grad():
+            report(alternate(sides, args.calls, args.rounds), "Client.infer, same NEFF")
+
+
+def data_parallel(net: nn.Module, args: argparse.Namespace) -> None:
+    """DataParallel over 4 NCGs at batch 32 against the traced module on one NCG (both
+    compiled with buckets up to 32: one NCG runs the batch in one inference)."""
+    x = torch.randn(1, 3, 32, 32)
+    batched = neuron.trace(
+        net, x, dynamic_batch_size=True, compiler_args=["--dynamic-batch", "1:32"]
+    )
+    parallel = neuron.DataParallel(batched, device_ids=[0, 1, 2, 3])
+    big = torch.randn(32, 3, 32, 32)
+    sides = {"DataParallel, 4 NCGs": lambda: parallel(big), "one NCG": lambda: batched(big)}
+    calls = max(args.rounds, args.calls // 10)
+    print(f"batch 32, {calls} calls per side in {args.rounds} rounds:")
+    report(alternate(sides, calls, args.rounds), "one NCG")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="calls per side in all")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="eager PyTorch's threads (an NC's share: 1)"
+    )
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    net = ResidualCNN()
+    with torch.no_grad():
+        net(torch.randn(8, 3, 32, 32))  # running statistics worth folding
+    net.eval()
+    work = Path(tempfile.mkdtemp(prefix="nrt-bench-"))
+    with DaemonProcess(sim_root=work / "sim") as daemon:
+        os.environ["NEURON_RTD_ADDRESS"] = daemon.address
+        os.environ.pop("NEURONCORE_GROUP_SIZES", None)
+        overhead(net, torch.randn(1, 3, 32, 32), args)
+        data_parallel(net, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
