@@ -422,16 +422,16 @@ def test_bad_compiler_args_are_said_before_exporting() -> None:
         neuron.trace(DictOut(), torch.randn(2, 6), compiler_args=["--dynamic-batch", "4"])
 
 
-def test_neuroncore_group_sizes_forms() -> None:
-    from neuron_rtd.torch.runtime import parse_ncg_sizes
+def test_neuroncore_group_sizes_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_rtd.torch.runtime import ncg_sizes_from_env
 
-    assert parse_ncg_sizes("2,2") == (2, 2)
-    assert parse_ncg_sizes("4x2") == (2, 2, 2, 2)
-    assert parse_ncg_sizes("1, 2x3") == (1, 3, 3)
-    assert parse_ncg_sizes("") == ()
-    for bad in ("0", "x2", "2x", "a,b", "0x1"):
+    for text, sizes in (("2,2", (2, 2)), ("4x2", (2,) * 4), ("1, 2x3", (1, 3, 3)), ("", ())):
+        monkeypatch.setenv("NEURONCORE_GROUP_SIZES", text)
+        assert ncg_sizes_from_env() == sizes
+    for bad in ("0", "x2", "2x", "a,b", "0x1", "2,,2", "2,"):
+        monkeypatch.setenv("NEURONCORE_GROUP_SIZES", bad)
         with pytest.raises(neuron.NeuronTorchError, match="KxN"):
-            parse_ncg_sizes(bad)
+            ncg_sizes_from_env()
 
 
 def test_the_plugin_is_the_only_importer_of_torch() -> None:

@@ -6,6 +6,7 @@
 as a dict of numpy arrays.
 """
 
+from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
 from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, default_address
 from neuron_rtd.client.client import Client
 from neuron_rtd.client.errors import NrtClientError, NrtConnectionError
@@ -13,6 +14,7 @@ from neuron_rtd.client.model import Model, Staged
 
 __all__ = [
     "DEFAULT_ADDRESS",
+    "NCG_SIZES_ENV",
     "AddressError",
     "Client",
     "Model",
@@ -20,4 +22,5 @@ __all__ = [
     "NrtConnectionError",
     "Staged",
     "default_address",
+    "parse_ncg_sizes",
 ]

@@ -5,7 +5,8 @@
 - `NEURON_RTD_SHM_MAP`: `no` (also `0`, `false`, `off`) sends every tensor inline instead
   of through shared memory.
 - `NEURONCORE_GROUP_SIZES`: NeuronCore Groups to create at open, as comma-separated NC
-  counts (`2,2` or `1,1,2`).
+  counts, each `N` or `KxN` for K groups of N, as torch-neuron read it (`2,2`, `1,1,2`,
+  `4x2`).
 """
 
 from __future__ import annotations
@@ -35,18 +36,21 @@ def lanes_from_env(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def parse_ncg_sizes(text: str) -> tuple[int, ...]:
-    """`"2,2"` -> (2, 2); an empty text means no groups. ValueError for anything else."""
-    parts = [part.strip() for part in text.split(",")]
-    if parts == [""]:
-        return ()
-    sizes = []
-    for part in parts:
-        if not part.isdigit() or int(part) < 1:
+    """`"2,2"` -> (2, 2), `"4x2"` -> (2, 2, 2, 2); an empty text means no groups.
+    ValueError for anything else."""
+    sizes: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part and "," not in text:
+            continue  # no groups at all
+        count, times, size = part.partition("x")
+        if not times:
+            count, size = "1", part
+        if not (count.isdigit() and size.isdigit() and int(count) > 0 and int(size) > 0):
             raise ValueError(
                 f"{NCG_SIZES_ENV}={text!r}: each entry must be a positive number of "
-                f"NeuronCores, as in '2,2' or '1,1,2'"
+                f"NeuronCores, or KxN for K groups of N, as in '2,2', '1,1,2' or '4x2'"
             )
-        sizes.append(int(part))
+        sizes += [int(size)] * int(count)
     return tuple(sizes)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +15,11 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from neuron_rtd.client import NrtClientError, default_address
+from neuron_rtd.client import NCG_SIZES_ENV, NrtClientError, default_address
 from neuron_rtd.client.observe import Watch
 from neuron_rtd.torch.errors import InputMismatch, NeuronTorchError
 from neuron_rtd.torch.module import NeuronModule, shown
-from neuron_rtd.torch.runtime import NCG_SIZES_ENV, Place, parse_ncg_sizes, said
+from neuron_rtd.torch.runtime import Place, ncg_sizes_from_env, said
 
 
 class DataParallel(nn.Module):
@@ -98,7 +97,7 @@ class DataParallel(nn.Module):
 
 def _group_sizes(device_ids: Sequence[int] | None) -> tuple[int, ...]:
     """The NC count of each copy's group (see DataParallel)."""
-    configured = parse_ncg_sizes(os.environ.get(NCG_SIZES_ENV, ""))
+    configured = ncg_sizes_from_env()
     if configured:
         if device_ids is None:
             return configured

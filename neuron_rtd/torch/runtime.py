@@ -24,7 +24,15 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from neuron_rtd.client import Client, Model, NrtClientError, NrtConnectionError, default_address
+from neuron_rtd.client import (
+    NCG_SIZES_ENV,
+    Client,
+    Model,
+    NrtClientError,
+    NrtConnectionError,
+    default_address,
+    parse_ncg_sizes,
+)
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import TensorSpec, read_neff
 from neuron_rtd.torch.errors import (
@@ -34,8 +42,6 @@ from neuron_rtd.torch.errors import (
     RuntimeUnavailable,
 )
 from neuron_rtd.torch.export import BATCH
-
-NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
 
 # numpy's dtypes by torch's, for the dtypes a NEFF carries
 _NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
@@ -51,21 +57,13 @@ _NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
 }
 
 
-def parse_ncg_sizes(text: str) -> tuple[int, ...]:
-    """NEURONCORE_GROUP_SIZES as torch-neuron read it: NC counts separated by commas,
-    each `N` or `KxN` (K groups of N): "2,2", "4x2", "1,2x2". Empty: no groups."""
-    sizes: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        count, _, size = part.partition("x") if "x" in part else ("1", "", part)
-        if not (count.isdigit() and size.isdigit() and int(count) > 0 and int(size) > 0):
-            raise NeuronTorchError(
-                f"{NCG_SIZES_ENV}={text!r}: each entry is a positive number of NeuronCores, "
-                "or KxN for K groups of N, as in '2,2' or '4x2'"
-            )
-        sizes += [int(size)] * int(count)
-    return tuple(sizes)
+def ncg_sizes_from_env() -> tuple[int, ...]:
+    """NEURONCORE_GROUP_SIZES as the client reads it (`2,2`, `4x2`); NeuronTorchError when
+    it is no such list."""
+    try:
+        return parse_ncg_sizes(os.environ.get(NCG_SIZES_ENV, ""))
+    except ValueError as exc:
+        raise NeuronTorchError(str(exc)) from None
 
 
 class Place:
@@ -99,7 +97,7 @@ def default_place() -> Place:
         address = default_address()
     except ValueError as exc:
         raise RuntimeUnavailable(str(exc)) from None
-    sizes = parse_ncg_sizes(os.environ.get(NCG_SIZES_ENV, ""))
+    sizes = ncg_sizes_from_env()
     with _places_lock:
         place = _places.get((address, sizes))
         if place is None:
