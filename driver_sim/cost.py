@@ -6,7 +6,10 @@ activations and softmax on ACT, elementwise, pooling, reductions and data moveme
 Cost model (deterministic, from tensor shapes only):
 - MACs: a matmul-type op producing `Y` with contraction length `K` costs `Y.size * K`
   MACs (MatMul: K = A.shape[-1]; Gemm: K = the shared dimension after transposes);
-  every other op costs 0 MACs.
+  every other op costs 0 MACs. The integer products of the quantized ops (QLinearConv,
+  QLinearMatMul, MatMulInteger, ConvInteger, QGemm) count their int8 MACs the same way,
+  at the same PE rate: the real chip's int8 rate is twice its fp16/bf16 rate, which this
+  model does not give (its PE cycles are dtype-blind).
 - Cycles: each instruction costs `ISSUE_CYCLES` on its engine plus, on PE,
   ceil(MACs / PE_MACS_PER_CYCLE) (a 128 x 128 array), and on ACT and POOL,
   ceil(output elements / LANES) (128 lanes).

@@ -16,7 +16,9 @@ the outputs in place, with no feed dictionary and no output copy.
 A program runs on the reference kernels when its shapes cannot be told from its input
 shapes (an op whose output shape depends on values computed from the inputs, such as
 NonZero or a Reshape to a shape read from an input), when it draws random numbers (the
-NC's own generator), or when onnxruntime does not take the graph it makes.
+NC's own generator), when its inputs or outputs are of ml_dtypes' narrow types (which
+onnxruntime's Python binding cannot exchange), or when onnxruntime does not take the
+graph it makes.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import numpy as np
 from driver_sim import autocast, blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import store_output
+from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from driver_sim.ops.random import RANDOM_OPS
-from driver_sim.ops.registry import tensor_attr
+from driver_sim.ops.registry import KERNELS, NARROW, tensor_attr
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
 from neuron_rtd import onnxrt
 from neuron_rtd.onnxrt import WHILE_BUSY
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 ENGINES = ("reference", "fast")
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
 # Ops whose output shape depends on values however they are fed.
-DATA_SHAPED_OPS = frozenset({"NonZero"})
+DATA_SHAPED_OPS = frozenset({"NonZero", "NonMaxSuppression", "Compress", "Unique"})
 # The Winograd weight transform's left inverse: W = L U L^T undoes U = G W G^T.
 _L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 
@@ -156,6 +159,8 @@ class FastProgram:
                 _run(bound.run)
                 return bound.key
             feeds = {name: np.asarray(a) for name, a in zip(self._input_names, ins, strict=True)}
+            if not _exchangeable([*feeds.values(), *outs]):
+                return None
             types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
             session = self._sessions.get((types, threads), _UNBUILT)
             if session is _UNBUILT:
@@ -233,6 +238,14 @@ class FastProgram:
             )
         except Exception:  # onnxruntime refuses the graph: the reference kernels run it
             return None
+
+
+def _exchangeable(arrays: Sequence[Any]) -> bool:
+    """Whether onnxruntime's Python binding takes and gives arrays of these dtypes: not
+    of ml_dtypes' narrow ones (bfloat16, float8, 4-bit...), which it cannot convert (it
+    gives float8 as uint8); a program with such inputs or outputs runs on the reference
+    kernels (inside it, onnxruntime computes in them)."""
+    return not any(np.asarray(a).dtype in NARROW for a in arrays)
 
 
 # --- which programs ---------------------------------------------------------------------
@@ -353,11 +366,43 @@ def _nodes(
             tanh = attrs.get("approximate", "none") == "tanh"
             op = "FastGelu" if tanh else "Gelu"
             nodes.append(helper.make_node(op, ins, outs, domain="com.microsoft"))
+        elif _onnxruntime_differs(instr.op, ins, attrs):
+            raise ValueError(f"onnxruntime's {instr.op} computes this otherwise than the NC")
+        elif instr.op == "ConvInteger" and not _one_element(weights, ins[3:]):
+            # onnxruntime takes a per-tensor W zero point only: the reference kernels run it
+            raise ValueError("ConvInteger with a per-channel W zero point")
+        elif instr.op in CONTRIB_OPS:  # onnxruntime's own quantized ops (QLinearAdd...)
+            parsed = KERNELS[instr.op].parse_attrs(attrs)
+            typed = {name: value for name, value in parsed.items() if value is not None}
+            nodes.append(helper.make_node(instr.op, ins, outs, domain=CONTRIB_DOMAIN, **typed))
         else:
             schema = onnx.defs.get_schema(instr.op, opset, "")
             typed = {name: _attr(schema, name, value) for name, value in attrs.items()}
             nodes.append(helper.make_node(instr.op, ins, outs, **typed))
     return nodes, extra
+
+
+def _onnxruntime_differs(op: str, ins: Sequence[str], attrs: Mapping[str, Any]) -> bool:
+    """Whether onnxruntime's kernel of `op` gives other numbers than the NC's for these
+    inputs and attributes (the reference kernels then run the program): its DFT and STFT
+    are computed in float32, off by more than fp32 tolerance where a bin is 0; its
+    Attention misplaces the -inf of a masked causal qk_matmul_output (mode 2) and
+    refuses an attn_mask with nonpad_kv_seqlen; its cubic GridSample clamps other points
+    than the spec's at the border."""
+    if op in ("DFT", "STFT"):
+        return True
+    if op == "GridSample":
+        return attrs.get("mode") in ("cubic", "bicubic") and attrs.get("padding_mode") == "border"
+    if op == "Attention":
+        masked = len(ins) > 3 and bool(ins[3])
+        padded = len(ins) > 6 and bool(ins[6])
+        return attrs.get("qk_matmul_output_mode", 0) == 2 or (masked and padded)
+    return False
+
+
+def _one_element(weights: Mapping[str, np.ndarray], names: Sequence[str]) -> bool:
+    """Whether each of `names` (absent ones aside) is a weight of one element."""
+    return all(not name or (name in weights and weights[name].size == 1) for name in names)
 
 
 def _fp32_tensors(model: Any) -> set[str]:

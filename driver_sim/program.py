@@ -47,7 +47,19 @@ VALUE_SHAPED_OPS = frozenset(
         "ReduceMin",
         "ReduceProd",
         "ReduceL2",
+        "ReduceL1",
+        "ReduceSumSquare",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "CenterCropPad",
+        "AffineGrid",
+        "OneHot",
+        "Compress",
+        "Unique",
+        "Col2Im",
+        "MaxUnpool",
         "NonZero",
+        "NonMaxSuppression",
     }
 )
 

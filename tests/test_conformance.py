@@ -180,8 +180,8 @@ def test_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: A
 def test_a_case_belongs_to_the_op_it_tests_not_to_its_primitives() -> None:
     """An expansion of an op the NC does not claim is no case of a claimed op, though its
     primitives run on NC kernels; a claimed op's expansion is one."""
-    (attention,) = named("test_attention_4d_causal_fp16_expanded")
-    assert conformance.case_op(attention) == "Attention" and "Attention" not in KERNELS
-    assert conformance.claimed_ops(attention)  # MatMul, Softmax, ... are NC kernels
+    (mapped,) = named("test_sequence_map_identity_1_sequence_expanded")
+    assert conformance.case_op(mapped) == "SequenceMap" and "SequenceMap" not in KERNELS
+    assert conformance.claimed_ops(mapped)  # its loop body's ops are NC kernels
     (softmax,) = named("test_softmax_example_expanded")
     assert conformance.case_op(softmax) == "Softmax" and "Softmax" in KERNELS

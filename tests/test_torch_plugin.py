@@ -115,21 +115,23 @@ class DictOut(nn.Module):
         return {"logits": logits, "probs": torch.softmax(logits, -1)}
 
 
-class Cumulative(nn.Module):
-    """torch.cumsum exports as ONNX CumSum, which the NC lacks: a CPU node."""
+class Positives(nn.Module):
+    """torch.nonzero exports as ONNX NonZero, which the NC lacks (its output's size
+    depends on the values): a CPU node."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
-        self.scan = Scan()
+        self.find = Find()
 
     def forward(self, x: Any) -> Any:
-        return self.scan(self.lin(x)) * 2
+        y = self.lin(x)
+        return y * 2, self.find(y)
 
 
-class Scan(nn.Module):
+class Find(nn.Module):
     def forward(self, x: Any) -> Any:
-        return torch.cumsum(x, 1)
+        return torch.nonzero(x > 0)
 
 
 class KthValue(nn.Module):
@@ -390,19 +392,19 @@ def test_an_operator_the_nc_lacks_runs_on_a_cpu_node_and_analysis_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     torch.manual_seed(6)
-    module = Cumulative().eval()
+    module = Positives().eval()
     x = torch.randn(3, 4)
     same(neuron.trace(module, x)(x), eager(module, x))
     analysis = neuron.analyze_model(module, x)
-    (cumsum,) = analysis.on_cpu
-    assert (cumsum.operator, cumsum.module_path) == ("CumSum", "scan")
-    assert cumsum.reason == "no NC kernel for this op"
+    (nonzero,) = analysis.on_cpu
+    assert (nonzero.operator, nonzero.module_path) == ("NonZero", "find")
+    assert nonzero.reason == "no NC kernel for this op"
     by_op = {use.operator: use for use in analysis.operators}
     assert (by_op["Gemm"].on_nc, by_op["Gemm"].on_cpu) == (1, 0)
-    assert (by_op["CumSum"].on_nc, by_op["CumSum"].on_cpu) == (0, 1)
+    assert (by_op["NonZero"].on_nc, by_op["NonZero"].on_cpu) == (0, 1)
     printed = capsys.readouterr().out
-    assert "CumSum" in printed and "no NC kernel for this op (scan)" in printed
-    assert "2 of 3 operator nodes on the NeuronCores" in printed
+    assert "NonZero" in printed and "no NC kernel for this op (find)" in printed
+    assert "4 of 5 operator nodes on the NeuronCores" in printed
 
 
 def test_no_daemon_is_one_line(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,26 +4,37 @@
 op modules share (attribute parsers, dtype sets, support checks, helpers); it imports no
 op module. Importing an op module registers its kernels, and this package imports each
 of them: linalg, elementwise, activation, logic, reduce, shape, create, cast, conv and
-winograd, pool, norm, resize, random, recurrent. `window` holds the sliding-window
-geometry that conv and pool share, `sequence` the recurrent layers' (time-major inputs,
-sequence lengths, the scan over steps).
+winograd, pool, norm, resize, random, recurrent, attention (Attention, LinearAttention,
+RotaryEmbedding), loss, scatter (indexed reads and writes), grid (GridSample,
+AffineGrid), signal (windows, DFT, STFT), detection (NonMaxSuppression, RoiAlign),
+bits (bitwise ops, shifts, Mod, BitCast), quant (int8: QuantizeLinear, QLinearConv...).
+`window` holds the sliding-window geometry that conv and pool share, `sequence` the
+recurrent layers' (time-major inputs, sequence lengths, the scan over steps).
 """
 
 from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
     activation,
+    attention,
+    bits,
     cast,
     conv,
     create,
+    detection,
     elementwise,
+    grid,
     linalg,
     logic,
+    loss,
     norm,
     pool,
+    quant,
     random,
     recurrent,
     reduce,
     resize,
+    scatter,
     shape,
+    signal,
     winograd,
 )
 from driver_sim.ops.registry import (

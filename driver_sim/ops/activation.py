@@ -1,6 +1,7 @@
 """The activations of the NeuronCore (ACT engine), all in one place: Relu, LeakyRelu,
-PRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, Softplus, Softsign, Elu, Selu, Gelu,
-Softmax and LogSoftmax; and Erf, whose float32 approximation Gelu's exact form shares.
+PRelu, ThresholdedRelu, Sigmoid, HardSigmoid, HardSwish, Swish, SwiGLU, Tanh, Softplus, Softsign,
+Mish, Elu, Celu, Selu, Shrink, Gelu, Softmax, LogSoftmax and Hardmax; and Erf, whose
+float32 approximation Gelu's exact form shares.
 float16 inputs of the multi-step ones are computed in float32 and rounded back once.
 """
 
@@ -20,7 +21,9 @@ from driver_sim.ops.registry import (
     FLOATS,
     SIGNED,
     Attr,
+    axis_index,
     choice_attr,
+    compute_dtype,
     dtype_check,
     dtype_set,
     float_attr,
@@ -252,10 +255,11 @@ def _gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
 )
 def _log_softmax(x: np.ndarray, *, axis: int) -> np.ndarray:
     """Y = X - max - ln(sum(exp(X - max))) along `axis`, in one temporary."""
-    return via_float32(_shifted_log_softmax, x, axis=axis)
+    return via_float32(log_softmax, x, axis=axis)
 
 
-def _shifted_log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+def log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    """ln(softmax(X)) along `axis`, in X's dtype (SoftmaxCrossEntropyLoss's too)."""
     peak = np.max(x, axis=axis, keepdims=True)
     y = np.subtract(x, peak, out=scratch_like(x))
     np.exp(y, out=y)
@@ -310,3 +314,93 @@ def _softsign(x: np.ndarray) -> np.ndarray:
 def _hard_swish(x: np.ndarray) -> np.ndarray:
     """Y = X * max(0, min(1, X / 6 + 1 / 2))."""
     return x * np.clip(x / 6 + 0.5, 0, 1)
+
+
+@kernel(
+    "ThresholdedRelu",
+    Engine.ACT,
+    attrs={"alpha": Attr(float_attr, 1.0)},
+    since=(10, 22),
+    check=FLOAT_CHECK,
+)
+def _thresholded_relu(x: np.ndarray, *, alpha: float) -> np.ndarray:
+    """Y = X where X > alpha, 0 elsewhere."""
+    return np.where(x > alpha, x, np.zeros((), dtype=x.dtype))
+
+
+@kernel(
+    "Shrink",
+    Engine.ACT,
+    attrs={"bias": Attr(float_attr, 0.0), "lambd": Attr(float_attr, 0.5)},
+    since=(9,),
+    check=dtype_check(FLOATS | SIGNED),
+)
+@_keep_dtype
+def _shrink(x: np.ndarray, *, bias: float, lambd: float) -> np.ndarray:
+    """Y = X + bias where X < -lambd, X - bias where X > lambd, 0 elsewhere."""
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
+@kernel("Mish", Engine.ACT, since=(18, 22), check=FLOAT_CHECK)
+@_keep_dtype
+def _mish(x: np.ndarray) -> np.ndarray:
+    """Y = X * tanh(softplus(X))."""
+    return x * np.tanh(np.logaddexp(np.asarray(x, dtype=compute_dtype(x.dtype)), 0))
+
+
+@kernel(
+    "Celu",
+    Engine.ACT,
+    attrs={"alpha": Attr(float_attr, 1.0)},
+    since=(12, 28),
+    check=FLOAT_CHECK,
+)
+@_keep_dtype
+def _celu(x: np.ndarray, *, alpha: float) -> np.ndarray:
+    """Y = max(0, X) + min(0, alpha * (exp(X / alpha) - 1))."""
+    wide = np.asarray(x, dtype=compute_dtype(x.dtype))
+    return np.maximum(wide, 0) + np.minimum(0, alpha * np.expm1(np.minimum(wide, 0) / alpha))
+
+
+@kernel(
+    "Swish",
+    Engine.ACT,
+    attrs={"alpha": Attr(float_attr, 1.0)},
+    since=(24,),
+    check=FLOAT_CHECK,
+)
+def _swish(x: np.ndarray, *, alpha: float) -> np.ndarray:
+    """Y = X * sigmoid(alpha * X)."""
+    return via_float32(lambda v: v * _stable_sigmoid(v * alpha), x)
+
+
+@kernel(
+    "Hardmax",
+    Engine.ACT,
+    attrs={"axis": Attr(int_attr, -1)},
+    since=(13,),  # versions 1 and 11 coerce the input to 2-D around `axis` (default 1)
+    check=FLOAT_CHECK,
+)
+def _hardmax(x: np.ndarray, *, axis: int) -> np.ndarray:
+    """Y = 1 at the first largest element along `axis`, 0 elsewhere."""
+    axis = axis_index(axis, x.ndim)
+    y = np.zeros_like(x)
+    if x.shape[axis]:
+        first = np.expand_dims(np.argmax(x, axis=axis), axis)
+        np.put_along_axis(y, first, 1, axis=axis)
+    return y
+
+
+@kernel(
+    "SwiGLU",
+    Engine.ACT,
+    inputs=(2, 2),
+    attrs={"alpha": Attr(float_attr, 1.0)},
+    since=(28,),
+    check=dtype_check(FLOATS, same=(0, 1)),
+)
+def _swiglu(a: np.ndarray, b: np.ndarray, *, alpha: float) -> np.ndarray:
+    """Y = Swish_alpha(A) * B = A * sigmoid(alpha * A) * B (A and B of one shape)."""
+    if a.shape != b.shape:
+        raise ValueError(f"A {a.shape} and B {b.shape} differ in shape")
+    return via_float32(lambda x, y: x * _stable_sigmoid(x * alpha) * y, a, b)

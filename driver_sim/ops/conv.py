@@ -1,5 +1,6 @@
-"""Convolutions of the NeuronCore (PE engine): Conv and ConvTranspose, on whole arrays,
-one Python step per kernel tap (the windows: `driver_sim.ops.window`):
+"""Convolutions of the NeuronCore (PE engine): Conv, ConvTranspose and
+CausalConvWithState, on whole arrays, one Python step per kernel tap (the windows:
+`driver_sim.ops.window`):
 
 - Conv gathers the taps of all channels into one column buffer (a copy per tap; strided
   axes are first split into stride phases so that every copy reads contiguous runs) and
@@ -8,6 +9,10 @@ one Python step per kernel tap (the windows: `driver_sim.ops.window`):
   multiply-accumulate of whole shifted windows, tap by tap, in cache-sized blocks.
 - ConvTranspose is one matmul (every input pixel times every tap) followed by a strided
   add per tap into the full output, which is then cut or zero-extended to the output.
+- CausalConvWithState, a stateful causal depthwise 1-D conv, is one product of the
+  sliding windows of its input (after the carried state) with the taps.
+- Col2Im (on POOL: no products) undoes im2col, adding each tap's columns back into the
+  image with one strided add per tap.
 
 float16 is computed in float32 and rounded back once at the end. Where ONNX
 implementations disagree on a corner (a negative automatic padding, ConvTranspose's
@@ -27,6 +32,7 @@ import numpy as np
 from driver_sim.cost import Engine
 from driver_sim.ops.registry import (
     FLOATS,
+    INDICES,
     Attr,
     Shape,
     as_compute,
@@ -386,3 +392,102 @@ def _conv_transpose(
     if b is not None:
         y += as_compute(b, dtype).reshape(-1, *[1] * rank)
     return y.astype(x.dtype, copy=False)
+
+
+def _causal_conv_macs(
+    inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]
+) -> int:
+    """A k-tap product per output element."""
+    return math.prod(outputs[0]) * inputs[1][-1]
+
+
+@kernel(
+    "CausalConvWithState",
+    Engine.PE,
+    inputs=(2, 4),
+    outputs=(1, 2),
+    attrs={"activation": Attr(choice_attr("none", "silu", "swish"), "none")},
+    macs=_causal_conv_macs,
+    since=(27,),
+    check=lambda dtypes, values: check_dtypes(dtypes, [FLOATS], same=range(len(dtypes))),
+)
+def _causal_conv_with_state(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    past_state: np.ndarray | None = None,
+    *,
+    activation: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(output, present_state): the depthwise causal convolution of X (B, C, L) with
+    weight (C, 1, k), X preceded by past_state (B, C, k - 1; default zeros), plus bias,
+    then SiLU (silu, swish) when asked; present_state is the last k - 1 positions read."""
+    if x.ndim != 3 or weight.ndim != 3 or weight.shape[:2] != (x.shape[1], 1):
+        raise ValueError(f"input {x.shape} and weight {weight.shape} are not (B, C, L), (C, 1, k)")
+    taps = weight.shape[2]
+    carry = (x.shape[0], x.shape[1], taps - 1)
+    if past_state is not None and past_state.shape != carry:
+        raise ValueError(f"past_state of shape {past_state.shape}, expected {carry}")
+    dtype = compute_dtype(x.dtype)
+    before = np.zeros(carry, x.dtype) if past_state is None else past_state
+    padded = np.concatenate([before, x], axis=2)
+    windows = np.lib.stride_tricks.sliding_window_view(as_compute(padded, dtype), taps, axis=2)
+    y = np.einsum("bclk,ck->bcl", windows, as_compute(weight[:, 0], dtype))
+    if bias is not None:
+        y += as_compute(bias, dtype)[:, None]
+    if activation != "none":
+        y = y / (1 + np.exp(-y))
+    return y.astype(x.dtype), padded[:, :, padded.shape[2] - (taps - 1) :]
+
+
+@kernel(
+    "Col2Im",
+    Engine.POOL,
+    inputs=(3, 3),
+    attrs={
+        "dilations": Attr(positive_ints_attr, None),
+        "pads": Attr(non_negative_ints_attr, None),
+        "strides": Attr(positive_ints_attr, None),
+    },
+    since=(18,),
+    check=lambda dtypes, values: check_dtypes(dtypes, [FLOATS, INDICES, INDICES]),
+)
+def _col2im(
+    x: np.ndarray,
+    image_shape: np.ndarray,
+    block_shape: np.ndarray,
+    *,
+    dilations: tuple[int, ...] | None,
+    pads: tuple[int, ...] | None,
+    strides: tuple[int, ...] | None,
+) -> np.ndarray:
+    """The image (N, C, *image_shape) whose sliding blocks (columns of X, (N, C * block
+    elements, blocks)) these are, im2col undone: each column's values are added back
+    where its block lies (overlaps add up; padding is dropped)."""
+    image = [int(v) for v in image_shape.reshape(-1)]
+    block = [int(v) for v in block_shape.reshape(-1)]
+    rank = len(image)
+    if len(block) != rank or x.ndim != 3 or x.shape[1] % max(math.prod(block), 1):
+        raise ValueError(f"input {x.shape} does not fit image {image} and block {block}")
+    dilation = list(dilations or [1] * rank)
+    stride = list(strides or [1] * rank)
+    pad = list(pads or [0] * (2 * rank))
+    if not len(dilation) == len(stride) == rank or len(pad) != 2 * rank:
+        raise ValueError(f"dilations, strides and pads do not fit {rank} spatial axes")
+    extent = [size + pad[i] + pad[i + rank] for i, size in enumerate(image)]
+    counts = [(extent[i] - dilation[i] * (block[i] - 1) - 1) // stride[i] + 1 for i in range(rank)]
+    if min(counts) < 1 or math.prod(counts) != x.shape[2]:
+        raise ValueError(f"{x.shape[2]} blocks, the geometry gives {counts}")
+    n, channels = x.shape[0], x.shape[1] // math.prod(block)
+    dtype = compute_dtype(x.dtype)
+    columns = as_compute(x, dtype).reshape(n, channels, *block, *counts)
+    padded = np.zeros((n, channels, *extent), dtype=dtype)
+    for tap in itertools.product(*(range(b) for b in block)):
+        where = tuple(
+            slice(t * d, t * d + (c - 1) * s + 1, s)
+            for t, d, c, s in zip(tap, dilation, counts, stride, strict=True)
+        )
+        source: tuple[Any, ...] = (slice(None), slice(None), *tap)
+        padded[(slice(None), slice(None), *where)] += columns[source]
+    crop = tuple(slice(pad[i], pad[i] + image[i]) for i in range(rank))
+    return padded[(slice(None), slice(None), *crop)].astype(x.dtype)

@@ -1,5 +1,5 @@
 """Ops that make a tensor rather than transform one (POOL engine): Constant (from its
-one value attribute), ConstantOfShape and Range.
+one value attribute), ConstantOfShape, Range and EyeLike.
 """
 
 from __future__ import annotations
@@ -139,3 +139,25 @@ def _range(
     begin, end, stride = (np.asarray(v).astype(work) for v in (first, last, step))
     count = max(math.ceil(float(end - begin) / float(stride)), 0)
     return (np.arange(count, dtype=work) * stride + begin).astype(dtype, copy=False)
+
+
+def _eye_dtype_attr(value: Any) -> np.dtype:
+    code = int_attr(value)
+    if code not in ONNX_DTYPES:
+        raise ValueError(f"element type {code} is not implemented")
+    return ONNX_DTYPES[code]
+
+
+@kernel(
+    "EyeLike",
+    Engine.POOL,
+    attrs={"dtype": Attr(_eye_dtype_attr, None), "k": Attr(int_attr, 0)},
+    since=(9, 22),
+    check=dtype_check(ALL_DTYPES),
+)
+def _eye_like(x: np.ndarray, *, dtype: np.dtype | None, k: int) -> np.ndarray:
+    """A 2-D tensor of X's shape (and dtype unless given) with ones on the k-th diagonal
+    (positive: above the main one) and zeros elsewhere."""
+    if x.ndim != 2:
+        raise ValueError(f"EyeLike needs a 2-D input, got shape {x.shape}")
+    return np.eye(x.shape[0], x.shape[1], k, dtype=dtype or x.dtype)

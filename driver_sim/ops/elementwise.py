@@ -1,6 +1,7 @@
 """Elementwise arithmetic of the NeuronCore: Add, Sub, Mul, Div, Neg, Abs, Sign, the
 variadic Max, Min, Sum and Mean, Clip, rounding (Floor, Ceil, Round), and the math
-functions Sqrt, Exp, Log, Reciprocal, Pow, Sin, Cos and Tan. The binary and variadic ops
+functions Sqrt, Exp, Log, Reciprocal, Pow, Sin, Cos, Tan, their inverses and the hyperbolic
+functions and theirs. The binary and variadic ops
 broadcast their inputs as numpy does. The math functions and Clip run on the ACT engine,
 the rest on POOL.
 """
@@ -127,6 +128,14 @@ _unary("Round", (11, 22), np.round, "Y = X rounded half to even.", Engine.POOL)
 _unary("Sin", (7, 22), np.sin, "Y = sin(X).")
 _unary("Cos", (7, 22), np.cos, "Y = cos(X).")
 _unary("Tan", (7, 22), np.tan, "Y = tan(X).")
+_unary("Asin", (7, 22), np.arcsin, "Y = arcsin(X).")
+_unary("Acos", (7, 22), np.arccos, "Y = arccos(X).")
+_unary("Atan", (7, 22), np.arctan, "Y = arctan(X).")
+_unary("Sinh", (9, 22), np.sinh, "Y = sinh(X).")
+_unary("Cosh", (9, 22), np.cosh, "Y = cosh(X).")
+_unary("Asinh", (9, 22), np.arcsinh, "Y = arsinh(X).")
+_unary("Acosh", (9, 22), np.arccosh, "Y = arcosh(X).")
+_unary("Atanh", (9, 22), np.arctanh, "Y = artanh(X).")
 
 
 @kernel("Sqrt", Engine.ACT, since=(6, 13), check=FLOAT_CHECK)

@@ -1,5 +1,5 @@
-"""Matrix products of the NeuronCore (PE engine): MatMul, Gemm, and MatMulBias, the
-compiler's fusion of MatMul and a constant bias. float16 operands are multiplied in
+"""Matrix products of the NeuronCore (PE engine): MatMul, Gemm, MatMulBias (the
+compiler's fusion of MatMul and a constant bias), Einsum and Det. float16 operands are multiplied in
 float32 and the result rounded back once (`via_float32`).
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 from driver_sim.cost import Engine
 from driver_sim.ops.registry import (
     FLOATS,
+    VARIADIC,
     Attr,
     Shape,
     dtype_check,
@@ -21,6 +22,7 @@ from driver_sim.ops.registry import (
     flag_attr,
     float_attr,
     kernel,
+    str_attr,
     via_float32,
 )
 
@@ -122,3 +124,61 @@ def _scaled_product(
     if c is not None:
         y += c if beta == 1.0 else c * beta
     return y
+
+
+def _det_macs(inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]) -> int:
+    """An LU factorization per matrix: about n^3 / 3 MACs."""
+    n = inputs[0][-1] if inputs[0] else 0
+    return math.prod(outputs[0]) * n**3 // 3
+
+
+@kernel("Det", Engine.PE, macs=_det_macs, since=(11, 22), check=dtype_check(FLOATS))
+def _det(x: np.ndarray) -> np.ndarray:
+    """The determinant of each (M, M) matrix of the last two axes."""
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"Det needs square matrices, got shape {x.shape}")
+    return via_float32(np.linalg.det, x)
+
+
+def _equation_attr(value: Any) -> str:
+    equation = str_attr(value).replace(" ", "")
+    inputs, arrow, output = equation.partition("->")
+    if not all(term.replace("...", "").isalpha() or not term for term in inputs.split(",")):
+        raise ValueError(f"bad equation {value!r}")
+    if arrow and output.replace("...", "") and not output.replace("...", "").isalpha():
+        raise ValueError(f"bad equation {value!r}")
+    return equation
+
+
+def _einsum_macs(
+    inputs: Sequence[Shape], outputs: Sequence[Shape], attrs: Mapping[str, Any]
+) -> int:
+    """A product of two or more operands: one MAC per point of the loop nest over every
+    label, per operand after the first (with an ellipsis: per output element); a
+    one-operand sum or transpose: none."""
+    terms = attrs["equation"].partition("->")[0].split(",")
+    if len(terms) < 2:
+        return 0
+    if "..." in attrs["equation"]:
+        return math.prod(outputs[0]) * (len(terms) - 1)
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, inputs, strict=False):
+        sizes.update(zip(term, shape, strict=False))
+    return math.prod(sizes.values()) * (len(terms) - 1)
+
+
+@kernel(
+    "Einsum",
+    Engine.PE,
+    inputs=VARIADIC,
+    attrs={"equation": Attr(_equation_attr)},
+    macs=_einsum_macs,
+    since=(12, 28),
+    check=dtype_check(FLOATS | dtype_set("int32", "int64", "uint32", "uint64")),
+)
+def _einsum(*operands: np.ndarray, equation: str) -> np.ndarray:
+    """The Einstein summation `equation` of the operands (numpy's notation: "ij,jk->ik";
+    without "->", the labels seen once, in alphabetical order)."""
+    if operands[0].dtype == np.float16:
+        return via_float32(lambda *wide: np.einsum(equation, *wide), *operands)
+    return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 2))

@@ -1,5 +1,6 @@
 """Normalizations of the NeuronCore (ACT engine): BatchNormalization (its inference
-form), InstanceNormalization, LayerNormalization and LRN. float16 is computed in float32
+form), InstanceNormalization, LayerNormalization, RMSNormalization, GroupNormalization,
+MeanVarianceNormalization, LpNormalization and LRN. float16 is computed in float32
 and rounded back once at the end. LRN takes even sizes, as the spec allows.
 """
 
@@ -16,11 +17,14 @@ from driver_sim.ops.registry import (
     FLOATS,
     Attr,
     as_compute,
+    axis_index,
+    axis_indices,
     compute_dtype,
     dtype_check,
     flag_attr,
     float_attr,
     int_attr,
+    ints_attr,
     kernel,
     positive_attr,
 )
@@ -189,3 +193,110 @@ def _lrn(x: np.ndarray, *, alpha: float, beta: float, bias: float, size: int) ->
     square_sum += bias
     np.power(square_sum, beta, out=square_sum)
     return np.divide(x, square_sum, dtype=dtype).astype(x.dtype, copy=False)
+
+
+@kernel(
+    "RMSNormalization",
+    Engine.ACT,
+    inputs=(2, 2),
+    attrs={
+        "axis": Attr(int_attr, -1),
+        "epsilon": Attr(float_attr, 1e-5),
+        "stash_type": Attr(_one_attr("stash_type"), 1),
+    },
+    since=(23,),
+    check=dtype_check(FLOATS, same=(0, 1)),
+)
+def _rms_normalization(
+    x: np.ndarray, scale: np.ndarray, *, axis: int, epsilon: float, stash_type: int
+) -> np.ndarray:
+    """Y = X / sqrt(mean(X^2) + epsilon) * scale, the mean over axes [axis, rank), in
+    float32 (stash_type 1), then scaled in X's dtype."""
+    axes = tuple(range(axis_index(axis, x.ndim), x.ndim))
+    stash = np.asarray(x, dtype=np.float32)
+    inv_rms = np.mean(np.square(stash), axis=axes, keepdims=True)
+    inv_rms += np.float32(epsilon)
+    np.sqrt(inv_rms, out=inv_rms)
+    y = np.divide(stash, inv_rms).astype(x.dtype, copy=False)
+    y *= scale
+    return y
+
+
+def _lp_attr(value: Any) -> int:
+    p = int_attr(value)
+    if p not in (1, 2):
+        raise ValueError(f"must be 1 or 2, got {p}")
+    return p
+
+
+@kernel(
+    "LpNormalization",
+    Engine.ACT,
+    attrs={"axis": Attr(int_attr, -1), "p": Attr(_lp_attr, 2)},
+    since=(1, 22),
+    check=FLOAT_CHECK,
+)
+def _lp_normalization(x: np.ndarray, *, axis: int, p: int) -> np.ndarray:
+    """Y = X / ||X||_p along `axis` (0 where the norm is 0)."""
+    dtype = compute_dtype(x.dtype)
+    wide = np.asarray(x, dtype=dtype)
+    axis = axis_index(axis, x.ndim)
+    if p == 1:
+        norm = np.sum(np.abs(wide), axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.sum(np.square(wide), axis=axis, keepdims=True))
+    y = np.divide(wide, norm, out=np.zeros_like(wide), where=norm != 0)
+    return y.astype(x.dtype, copy=False)
+
+
+@kernel(
+    "MeanVarianceNormalization",
+    Engine.ACT,
+    attrs={"axes": Attr(ints_attr, (0, 2, 3))},
+    since=(9, 13),
+    check=FLOAT_CHECK,
+)
+def _mean_variance_normalization(x: np.ndarray, *, axes: tuple[int, ...]) -> np.ndarray:
+    """Y = (X - mean) / sqrt(mean(X^2) - mean^2), the means over `axes`."""
+    dtype = compute_dtype(x.dtype)
+    over = axis_indices(axes, x.ndim)
+    wide = np.asarray(x, dtype=dtype)
+    mean = np.mean(wide, axis=over, keepdims=True)
+    variance = np.mean(np.square(wide), axis=over, keepdims=True) - np.square(mean)
+    y = (wide - mean) / np.sqrt(variance)
+    return y.astype(x.dtype, copy=False)
+
+
+@kernel(
+    "GroupNormalization",
+    Engine.ACT,
+    inputs=(3, 3),
+    attrs={
+        "epsilon": Attr(float_attr, 1e-5),
+        "num_groups": Attr(positive_attr),
+        "stash_type": Attr(_one_attr("stash_type"), 1),  # version 21
+    },
+    since=(21,),  # version 18 scales per group, not per channel
+    check=dtype_check(FLOATS, same=(0, 1, 2)),
+)
+def _group_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    *,
+    epsilon: float,
+    num_groups: int,
+    stash_type: int,
+) -> np.ndarray:
+    """Y = (X - mean) / sqrt(var + epsilon) * scale + B, mean and (population) variance
+    over each image's group of C / num_groups channels and its spatial axes (in
+    float32); scale and B per channel."""
+    if x.ndim < 3 or x.shape[1] % num_groups:
+        raise ValueError(f"X of shape {x.shape} does not split into {num_groups} groups")
+    groups = np.asarray(x, dtype=np.float32).reshape(x.shape[0], num_groups, -1)
+    centered = groups - np.mean(groups, axis=2, keepdims=True)
+    variance = np.mean(np.square(centered), axis=2, keepdims=True)
+    centered /= np.sqrt(variance + np.float32(epsilon))
+    y = centered.reshape(x.shape).astype(x.dtype, copy=False)
+    y = y * scale.reshape(_channel_shape(x)) + bias.reshape(_channel_shape(x))
+    return y.astype(x.dtype, copy=False)

@@ -1,5 +1,5 @@
 """Pooling of the NeuronCore (POOL engine): MaxPool (and its Indices output),
-AveragePool, GlobalAveragePool and GlobalMaxPool.
+AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, and MaxUnpool.
 
 Pooling is separable: max and sum reduce one spatial axis at a time over strided views
 (the windows: `driver_sim.ops.window`), and the average divides by per-axis window
@@ -29,6 +29,7 @@ from driver_sim.ops.registry import (
     flag_attr,
     kernel,
     non_negative_ints_attr,
+    positive_attr,
     positive_ints_attr,
 )
 from driver_sim.ops.window import (
@@ -269,3 +270,73 @@ def _global_average_pool(x: np.ndarray) -> np.ndarray:
 def _global_max_pool(x: np.ndarray) -> np.ndarray:
     """The max over all spatial axes, kept as size-1 axes."""
     return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@kernel(
+    "LpPool",
+    Engine.POOL,
+    attrs={**_POOL_ATTRS, "p": Attr(positive_attr, 2)},
+    since=(2, 11, 18, 22),
+    check=_avg_pool_check,
+)
+def _lp_pool(
+    x: np.ndarray,
+    *,
+    auto_pad: str,
+    ceil_mode: int,
+    dilations: tuple[int, ...] | None,
+    kernel_shape: tuple[int, ...],
+    p: int,
+    pads: tuple[int, ...] | None,
+    strides: tuple[int, ...] | None,
+) -> np.ndarray:
+    """The p-norm of each window: (sum of |X|^p over its taps) ^ (1 / p); padding
+    counts as 0."""
+    if x.ndim < 3:
+        raise ValueError(f"X needs rank >= 3, got shape {x.shape}")
+    window = _pool_window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    dtype = compute_dtype(x.dtype)
+    powers = np.power(np.abs(as_compute(x, dtype)), p)
+    sums = _reduce_windows(window.padded(powers, 0), window, np.add)
+    return np.power(sums, 1.0 / p).astype(x.dtype, copy=False)
+
+
+@kernel(
+    "MaxUnpool",
+    Engine.POOL,
+    inputs=(2, 3),
+    attrs={
+        "kernel_shape": Attr(positive_ints_attr),
+        "pads": Attr(non_negative_ints_attr, None),
+        "strides": Attr(positive_ints_attr, None),
+    },
+    since=(9, 11, 22),
+    check=lambda dtypes, values: check_dtypes(dtypes, [FLOATS, dtype_set("int64")]),
+)
+def _max_unpool(
+    x: np.ndarray,
+    indices: np.ndarray,
+    output_shape: np.ndarray | None = None,
+    *,
+    kernel_shape: tuple[int, ...],
+    pads: tuple[int, ...] | None,
+    strides: tuple[int, ...] | None,
+) -> np.ndarray:
+    """MaxPool undone: zeros of the size MaxPool came from, (in - 1) * stride + kernel
+    - pads, with each X value put back at its flat index (MaxPool's Indices) in that
+    size; an output_shape (no smaller) holds the same positions, zeros after them."""
+    rank = x.ndim - 2
+    stride = list(strides or [1] * rank)
+    pad = list(pads or [0] * (2 * rank))
+    if rank < 1 or len(kernel_shape) != rank or indices.shape != x.shape:
+        raise ValueError(f"X {x.shape}, indices {indices.shape}, kernel {kernel_shape}")
+    pooled = [*x.shape[:2]] + [
+        (x.shape[2 + i] - 1) * stride[i] + kernel_shape[i] - pad[i] - pad[i + rank]
+        for i in range(rank)
+    ]
+    shape = pooled if output_shape is None else [int(v) for v in output_shape.reshape(-1)]
+    if len(shape) != x.ndim or any(s < p for s, p in zip(shape, pooled, strict=True)):
+        raise ValueError(f"output_shape {shape} is smaller than the pooled input's {pooled}")
+    y = np.zeros(shape, dtype=x.dtype)
+    y[np.unravel_index(indices.reshape(-1), pooled)] = x.reshape(-1)
+    return y

@@ -1,4 +1,5 @@
-"""Random ops: RandomUniform, RandomNormal, their -Like forms, and Bernoulli.
+"""Random ops: RandomUniform, RandomNormal, their -Like forms, Bernoulli, and Dropout
+(its inference form, which draws nothing).
 
 They draw from the generator of the NeuronCore that runs them (`current_rng`), which the
 runtime seeds per NCG (`random_seed`): after the same seed, the same draws. A node with a
@@ -132,3 +133,26 @@ def _bernoulli(x: np.ndarray, *, dtype: np.dtype | None, seed: float | None) -> 
     """Y = 1 with probability X, else 0 (elementwise)."""
     draws = current_rng(seed).uniform(0.0, 1.0, x.shape) < x
     return draws.astype(dtype or x.dtype)
+
+
+def _dropout_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
+    _float_dtype_check(dtypes[:2], values)
+    if len(dtypes) > 2:
+        raise ValueError("the training_mode input (dropping at random) is not implemented")
+
+
+@kernel(
+    "Dropout",
+    Engine.ACT,
+    inputs=(1, 2),
+    outputs=(1, 2),
+    attrs={**_COMMON, "ratio": Attr(float_attr, 0.5)},  # ratio: the attribute of version 10
+    since=(10, 12, 13, 22),
+    check=_dropout_check,
+)
+def _dropout(
+    data: np.ndarray, ratio_input: np.ndarray | None = None, *, seed: float | None, ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(output, mask) of inference, where nothing drops: the data itself and a mask of
+    ones (True)."""
+    return data, np.ones(data.shape, dtype=bool)

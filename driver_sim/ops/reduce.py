@@ -1,6 +1,7 @@
 """Reductions of the NeuronCore (POOL engine): ReduceSum, ReduceMean, ReduceMax,
-ReduceMin, ReduceProd and ReduceL2 (axes as an attribute or an input, keepdims,
-noop_with_empty_axes), ArgMax, ArgMin and TopK.
+ReduceMin, ReduceProd, ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and
+ReduceLogSumExp (axes as an attribute or an input, keepdims, noop_with_empty_axes),
+ArgMax, ArgMin, TopK, and the running CumSum and CumProd.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from driver_sim.ops.registry import (
     axis_indices,
     check_dtypes,
     dtype_check,
+    dtype_set,
     flag_attr,
     int_attr,
     int_values,
@@ -225,3 +227,95 @@ def _take_first(x: np.ndarray, count: int, axis: int) -> np.ndarray:
     index = [slice(None)] * x.ndim
     index[axis] = slice(0, count)
     return x[tuple(index)]
+
+
+@_reduction("ReduceL1", (1, 11, 13, 18), NUMBERS)
+def _reduce_l1(x: np.ndarray, axis: Any, keepdims: bool) -> Any:
+    """sum(|X|) over the axes (0 over an empty set)."""
+    total = np.sum(np.abs(x), axis=axis, keepdims=keepdims, dtype=_accumulator(x.dtype))
+    return total.astype(x.dtype, copy=False)
+
+
+@_reduction("ReduceSumSquare", (1, 11, 13, 18), NUMBERS)
+def _reduce_sum_square(x: np.ndarray, axis: Any, keepdims: bool) -> Any:
+    """sum(X^2) over the axes (0 over an empty set)."""
+    squares = np.square(x, dtype=_accumulator(x.dtype))
+    return np.sum(squares, axis=axis, keepdims=keepdims).astype(x.dtype, copy=False)
+
+
+@_reduction("ReduceLogSum", (1, 11, 13, 18, 28), FLOATS)
+def _reduce_log_sum(x: np.ndarray, axis: Any, keepdims: bool) -> Any:
+    """ln(sum(X)) over the axes (-inf over an empty set)."""
+    total = np.sum(x, axis=axis, keepdims=keepdims, dtype=_accumulator(x.dtype))
+    return np.log(total).astype(x.dtype, copy=False)
+
+
+@_reduction("ReduceLogSumExp", (1, 11, 13, 18, 28), FLOATS)
+def _reduce_log_sum_exp(x: np.ndarray, axis: Any, keepdims: bool) -> Any:
+    """ln(sum(exp(X))) over the axes, from the largest element so that nothing
+    overflows (-inf over an empty set)."""
+    wide = np.asarray(x, dtype=_accumulator(x.dtype))
+    if wide.size == 0 or axis == ():
+        return np.log(np.sum(np.exp(wide), axis=axis, keepdims=keepdims)).astype(x.dtype)
+    peak = np.max(wide, axis=axis, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0)
+    total = np.sum(np.exp(wide - peak), axis=axis, keepdims=True)
+    result = np.log(total) + peak
+    if not keepdims:
+        result = np.squeeze(result, axis=axis)
+    return result.astype(x.dtype, copy=False)
+
+
+_CUMULATIVE_ATTRS = {"exclusive": Attr(flag_attr, 0), "reverse": Attr(flag_attr, 0)}
+
+
+def _cumulative(
+    ufunc: Any, x: np.ndarray, axis_input: np.ndarray, exclusive: int, reverse: int
+) -> np.ndarray:
+    """ufunc.accumulate along the axis (a scalar input), from the end with `reverse`;
+    `exclusive`: each element left out of its own result (the first one is the
+    identity)."""
+    axis = axis_index(int(scalar(axis_input, "axis")), x.ndim)
+    values = np.flip(x, axis) if reverse else x
+    result = ufunc.accumulate(values, axis=axis, dtype=_accumulator(x.dtype))
+    if exclusive:
+        shifted = np.full_like(result, ufunc.identity)
+        count = x.shape[axis]
+        if count:
+            target = [slice(None)] * x.ndim
+            source = [slice(None)] * x.ndim
+            target[axis], source[axis] = slice(1, count), slice(0, count - 1)
+            shifted[tuple(target)] = result[tuple(source)]
+        result = shifted
+    if reverse:
+        result = np.flip(result, axis)
+    return np.asarray(result).astype(x.dtype, copy=False)
+
+
+_CUMULATIVE_CHECK = dtype_check(NUMBERS - dtype_set("int8", "int16", "uint8", "uint16"), INDICES)
+
+
+@kernel(
+    "CumSum",
+    Engine.POOL,
+    inputs=(2, 2),
+    attrs=_CUMULATIVE_ATTRS,
+    since=(11, 14),
+    check=_CUMULATIVE_CHECK,
+)
+def _cumsum(x: np.ndarray, axis: np.ndarray, *, exclusive: int, reverse: int) -> np.ndarray:
+    """Running sums of X along `axis`."""
+    return _cumulative(np.add, x, axis, exclusive, reverse)
+
+
+@kernel(
+    "CumProd",
+    Engine.POOL,
+    inputs=(2, 2),
+    attrs=_CUMULATIVE_ATTRS,
+    since=(26,),
+    check=_CUMULATIVE_CHECK,
+)
+def _cumprod(x: np.ndarray, axis: np.ndarray, *, exclusive: int, reverse: int) -> np.ndarray:
+    """Running products of X along `axis`."""
+    return _cumulative(np.multiply, x, axis, exclusive, reverse)

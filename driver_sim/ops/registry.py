@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from driver_sim.cost import Engine
@@ -265,7 +266,26 @@ UNSIGNED = dtype_set("uint8", "uint16", "uint32", "uint64")
 INTEGERS = SIGNED | UNSIGNED
 NUMBERS = FLOATS | INTEGERS
 BOOL = dtype_set("bool")
-ALL_DTYPES = NUMBERS | BOOL  # strings, bfloat16, float8, 4-bit and complex are refused
+ALL_DTYPES = NUMBERS | BOOL  # the kernels that compute take numpy's numbers (and bool)
+# ml_dtypes' narrow types: the NC holds them and converts them (Cast, BitCast); few
+# kernels compute in them. Strings and complex numbers it does not hold.
+NARROW_FLOATS = frozenset(
+    np.dtype(t)
+    for t in (
+        ml_dtypes.bfloat16,
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz,
+        ml_dtypes.float8_e8m0fnu,
+        ml_dtypes.float4_e2m1fn,
+    )
+)
+NARROW_INTEGERS = frozenset(
+    np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2)
+)
+NARROW = NARROW_FLOATS | NARROW_INTEGERS
+HELD_DTYPES = ALL_DTYPES | NARROW  # every element type the NC holds
 VARIADIC = (1, 1 << 16)  # the input count range of ops taking any number of inputs
 INDICES = dtype_set("int32", "int64")
 
@@ -297,8 +317,7 @@ def dtype_check(*allowed: frozenset[np.dtype], same: Sequence[int] = ()) -> Supp
 
 FLOAT_CHECK = dtype_check(FLOATS)  # the support check of float-only ops
 
-# ONNX TensorProto element types the NeuronCore holds (others: string, bfloat16, complex,
-# float8, 4-bit and 2-bit types).
+# ONNX TensorProto element types the NeuronCore holds (others: string, complex).
 ONNX_DTYPES: dict[int, np.dtype] = {
     1: np.dtype("float32"),
     2: np.dtype("uint8"),
@@ -312,7 +331,26 @@ ONNX_DTYPES: dict[int, np.dtype] = {
     11: np.dtype("float64"),
     12: np.dtype("uint32"),
     13: np.dtype("uint64"),
+    16: np.dtype(ml_dtypes.bfloat16),
+    17: np.dtype(ml_dtypes.float8_e4m3fn),
+    18: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    19: np.dtype(ml_dtypes.float8_e5m2),
+    20: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    21: np.dtype(ml_dtypes.uint4),
+    22: np.dtype(ml_dtypes.int4),
+    23: np.dtype(ml_dtypes.float4_e2m1fn),
+    24: np.dtype(ml_dtypes.float8_e8m0fnu),
+    25: np.dtype(ml_dtypes.uint2),
+    26: np.dtype(ml_dtypes.int2),
 }
+
+
+def onnx_dtype_attr(value: Any) -> np.dtype:
+    """An element type attribute (Cast's `to`): an ONNX TensorProto type the NC holds."""
+    code = int_attr(value)
+    if code not in ONNX_DTYPES:
+        raise ValueError(f"element type {code} is not implemented (strings, complex numbers)")
+    return ONNX_DTYPES[code]
 
 
 # ---- helpers shared by the op modules ----------------------------------------------

@@ -1,14 +1,18 @@
-"""`neuron-cc compile model.onnx -o model.neff [options]`: the compiler's command line.
+"""The compiler's command line: `neuron-cc compile model.onnx -o model.neff [options]`,
+and `neuron-cc quantize model.onnx -o model.int8.onnx --calibration samples.npz` (a float
+model into a QDQ int8 one that `compile` takes: neuron_rtd/compiler/quantize.py).
 
-Exit codes: 0 compiled (the summary printed), 1 the model cannot be compiled (the message
-names the node, op and reason; no file is written), 2 bad arguments (also a model file
-that is not there or not readable, an output that cannot be written), 130 Ctrl-C, 143
-SIGTERM.
+Exit codes: 0 done (the summary printed), 1 the model cannot be compiled or quantized (the
+message names the node, op and reason, or onnxruntime's quantizer's; also a file that is
+not an ONNX model; no file is written), 2 bad arguments (also a model or calibration file
+that is not there or not readable, calibration samples that do not fit the model's inputs,
+an output that cannot be written), 130 Ctrl-C, 143 SIGTERM.
 
-`neuron-cc --help` shows `compile`'s options too (its manual page is made from it).
+`neuron-cc --help` shows each command's options too (its manual page is made from it).
 
-On a terminal, progress per phase and per bucket goes to stderr (none with -q, --json, or
-when stderr is not a terminal); `--json` prints the summary as JSON on stdout.
+On a terminal, progress per phase (and per bucket, per calibration sample) goes to stderr
+(none with -q, --json, or when stderr is not a terminal); `--json` prints the summary as
+JSON on stdout.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ from neuron_rtd.command_line import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    add_cast,
     add_json_output,
     add_version,
     entry,
 )
+from neuron_rtd.compiler import quantize
 from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
+from neuron_rtd.compiler.partition import LARGEST_MACHINE_NCS, SMALLEST_MACHINE_NCS
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import write_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
@@ -65,15 +72,35 @@ def _dynamic(text: str) -> tuple[str, tuple[int, int, str]]:
 
 
 class _Compiler(argparse.ArgumentParser):
-    """neuron-cc's parser: its help ends with its one command's, options and all."""
+    """neuron-cc's parser: its help ends with each command's, options and all."""
 
-    compile_parser: argparse.ArgumentParser | None = None
+    command_parsers: list[argparse.ArgumentParser]
 
     def format_help(self) -> str:
-        own = super().format_help()
-        if self.compile_parser is None:
-            return own
-        return f"{own}\n{self.compile_parser.format_help()}"
+        helps = [super().format_help(), *(p.format_help() for p in self.command_parsers)]
+        return "\n".join(helps)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return value
+
+
+def _percentile(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(
+            f"expected a percentile above 0 and at most 100 (e.g. 99.99), got {text!r}"
+        )
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,15 +118,15 @@ def parser() -> argparse.ArgumentParser:
         "terminal's stderr.",
         formatter_class=PlainHelp,
     )
-    top.compile_parser = cmd
     cmd.add_argument("model", help="the ONNX model file")
     cmd.add_argument("-o", "--output", required=True, help="the NEFF file to write")
     cmd.add_argument(
         "--num-neuroncores",
         type=int,
-        default=1,
         metavar="N",
-        help="split the Neuron part into N pipeline stages (default 1)",
+        help="split the Neuron part into N pipeline stages and take at most N NCs, Neuron "
+        f"nodes sharing them if need be (default: 1 stage, at most {SMALLEST_MACHINE_NCS} "
+        f"NCs, the smallest machine's; N is at most {LARGEST_MACHINE_NCS}, the largest's)",
     )
     cmd.add_argument(
         "--input-shape",
@@ -141,7 +168,70 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--gzip", action="store_true", help="compress the NEFF archive")
     cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary and no progress")
     add_json_output(cmd, "print the summary as JSON (and no progress)")
+    top.command_parsers = [cmd, _quantize_parser(commands)]
     return top
+
+
+def _quantize_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    cmd = commands.add_parser(
+        "quantize",
+        help="quantize a float ONNX model to int8 (QDQ), calibrated on sample inputs",
+        description="Quantize a float ONNX model to int8 in QDQ form (activations and weights "
+        "int8), its activation ranges calibrated on sample inputs, with onnxruntime's "
+        "quantizer: the model that neuron-cc compile takes. The summary on stdout, progress "
+        "on a terminal's stderr.",
+        formatter_class=PlainHelp,
+    )
+    cmd.add_argument("model", help="the float ONNX model file")
+    cmd.add_argument("-o", "--output", required=True, help="the int8 ONNX file to write")
+    cmd.add_argument(
+        "--calibration",
+        required=True,
+        metavar="SAMPLES.npz",
+        help="the calibration samples: an npz with one array per model input, named as the "
+        "input, its samples along axis 0 in front of the input's axes (or along the input's "
+        "own batch axis)",
+    )
+    cmd.add_argument(
+        "--method",
+        choices=tuple(quantize.METHODS),
+        default="minmax",
+        help="how activation ranges are calibrated: minmax (the samples' extremes), entropy "
+        "(the least KL divergence), percentile (default minmax)",
+    )
+    cmd.add_argument(
+        "--percentile",
+        type=_percentile,
+        metavar="P",
+        help=f"the percentile method's range: the P-th percentile of magnitudes (default "
+        f"{quantize.DEFAULT_PERCENTILE:g})",
+    )
+    scales = cmd.add_mutually_exclusive_group()
+    scales.add_argument(
+        "--per-channel",
+        dest="per_channel",
+        action="store_true",
+        default=True,
+        help="a weight scale per output channel (the default)",
+    )
+    scales.add_argument(
+        "--per-tensor",
+        dest="per_channel",
+        action="store_false",
+        help="one weight scale per tensor",
+    )
+    cmd.add_argument(
+        "--samples",
+        type=_positive,
+        metavar="N",
+        help="calibrate on the first N samples (default all)",
+    )
+    add_cast(cmd)
+    cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary and no progress")
+    add_json_output(cmd, "print the summary as JSON (and no progress)")
+    return cmd
 
 
 @contextlib.contextmanager
@@ -193,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-cc: error: cannot write {args.output}: {why}", file=sys.stderr)
         return EXIT_USAGE
     shown = not (args.quiet or args.json) and sys.stderr.isatty()
+    if args.command == "quantize":
+        return _quantize(args, shown)
     try:
         with progress_bar(shown) as progress:
             result = compile_from_args(args, progress)
@@ -210,6 +302,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(result.summary)
         print(f"wrote {args.output}")
     return EXIT_OK
+
+
+def _quantize(args: argparse.Namespace, shown: bool) -> int:
+    """`neuron-cc quantize`: the int8 model written, or the reason it is not."""
+    unusable = unreadable(args.calibration, "calibration file")
+    if unusable:
+        print(f"neuron-cc: error: --calibration {args.calibration}: {unusable}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.percentile is not None and args.method != "percentile":
+        print(
+            f"neuron-cc: error: --percentile applies to --method percentile, not {args.method}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        model = quantize.load_float_model(args.model)
+    except CompileError as exc:
+        print(f"neuron-cc: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        inputs = quantize.model_inputs(model)
+        samples = quantize.read_npz_samples(args.calibration, inputs, cast=args.cast)
+    except quantize.CalibrationError as exc:
+        print(f"neuron-cc: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = quantize.QuantizeOptions(
+        method=args.method,
+        percentile=quantize.DEFAULT_PERCENTILE if args.percentile is None else args.percentile,
+        per_channel=args.per_channel,
+    )
+    try:
+        with progress_bar(shown) as progress:
+            result = quantize.quantize_model(model, samples[: args.samples], options, progress)
+    except CompileError as exc:
+        print(f"neuron-cc: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        _write_whole(args.output, result.model)
+    except OSError as exc:
+        print(f"neuron-cc: error: cannot write {args.output}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    summary = result.summary
+    if args.json:
+        doc = {**summary.as_json(), "samples_given": len(samples), "output": args.output}
+        print(json.dumps(doc, indent=2))
+    elif not args.quiet:
+        print(summary)
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _write_whole(output: str, data: bytes) -> None:
+    """`data` into `output`, or no file there when that fails or is interrupted."""
+    try:
+        Path(output).write_bytes(data)
+    except BaseException:
+        Path(output).unlink(missing_ok=True)
+        raise
 
 
 def compile_from_args(

@@ -6,7 +6,8 @@
 2. Per bucket (every combination of the dynamic dimensions' ranges; a single static graph
    when there are none): fix the inputs at the bucket's largest sizes, infer shapes, fold
    constants and BatchNormalization, place ops on the NC or CPU, order and cut them into
-   nodes, split the Neuron part into stages, and emit.
+   nodes (fitted into the NCs the NEFF may take, `nc_limit`), split the Neuron part into
+   stages, give them NCs, and emit.
 3. Read the NEFF back (the builder does) so nothing invalid is ever returned.
 """
 
@@ -20,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from neuron_rtd.compiler.emit import Emitted, Emitter
+from neuron_rtd.compiler.emit import Emitted, Emitter, MovedOp, split_by_cost
 from neuron_rtd.compiler.errors import CompileError
-from neuron_rtd.compiler.fuse import fuse
+from neuron_rtd.compiler.fuse import expand_qoperator, fuse
 from neuron_rtd.compiler.onnx_graph import (
     Dim,
     Graph,
@@ -35,7 +36,15 @@ from neuron_rtd.compiler.onnx_graph import (
     value_type,
     with_input_shapes,
 )
-from neuron_rtd.compiler.partition import NC, nc_refusal, order, place, segments
+from neuron_rtd.compiler.partition import (
+    LARGEST_MACHINE_NCS,
+    NC,
+    SMALLEST_MACHINE_NCS,
+    IslandCosts,
+    fit_islands,
+    nc_refusal,
+    place,
+)
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder, read_neff
@@ -103,7 +112,7 @@ def _ranges(low: int, tops: Sequence[int]) -> list[Range]:
 def compile_model(
     source: str | Path | bytes | onnx.ModelProto,
     *,
-    num_neuroncores: int = 1,
+    num_neuroncores: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dynamic: Mapping[str, Sequence[Range]] | None = None,
     dynamic_batch: Sequence[Range] | None = None,
@@ -115,10 +124,11 @@ def compile_model(
 ) -> CompileResult:
     """Compile an ONNX model to NEFF bytes. `dynamic` maps a symbolic input dimension
     (its dim_param) to its bucket ranges; `dynamic_batch` does so for axis 0 of every
-    input. CompileError names what cannot be compiled; every option is checked against
-    the model before any bucket is compiled."""
-    if num_neuroncores < 1:
-        raise CompileError(f"--num-neuroncores must be at least 1, got {num_neuroncores}")
+    input. `num_neuroncores` splits the Neuron part into that many pipeline stages and
+    bounds the NCs the NEFF takes (None: 1 stage, at most `nc_limit(None)` NCs).
+    CompileError names what cannot be compiled; every option is checked against the model
+    before any bucket is compiled."""
+    limit = nc_limit(num_neuroncores)
     if auto_cast not in AUTO_CAST_MODES or auto_cast_type not in AUTO_CAST_TYPES:
         raise CompileError(
             f"--auto-cast must be one of {', '.join(AUTO_CAST_MODES)} and --auto-cast-type one "
@@ -182,7 +192,8 @@ def compile_model(
         raise CompileError(f"internal error: the NEFF written is invalid: {exc}") from exc
     written = read_neff(neff)
     summary.nc_count, summary.shared_nc_count = written.nc_count, written.max_node_ncs
-    summary.requested_ncs = num_neuroncores
+    summary.requested_ncs = num_neuroncores or 1
+    summary.nc_limit = limit
     summary.neff_bytes = len(neff)
     summary.stored_weight_bytes = written.stored_weight_bytes
     progress("done", steps, steps)
@@ -252,7 +263,7 @@ def _check_io_types(model: onnx.ModelProto) -> None:
                     f"unsupported: model {what} {vi.name!r} is a {which}, not a tensor; "
                     "a NEFF carries tensors only"
                 )
-            if kind.dtype.name not in ALLOWED_DTYPES or kind.dtype.kind in "OSUV":
+            if kind.dtype.name not in ALLOWED_DTYPES:
                 raise CompileError(
                     f"unsupported: model {what} {vi.name!r} is {_type_name(vi)}, which a NEFF "
                     f"does not carry (it carries {', '.join(ALLOWED_DTYPES)})"
@@ -303,7 +314,7 @@ def _graph_for(
     cast: tuple[str, str],
 ) -> Graph:
     shapes = {name: [_size(d, sizes) for d in dims] for name, dims in axes.items()}
-    graph = build_graph(with_input_shapes(model, shapes))
+    graph = build_graph(with_input_shapes(expand_qoperator(model), shapes))
     graph.auto_cast = cast
     return graph
 
@@ -317,15 +328,37 @@ def _size(dim: Dim, sizes: Mapping[str, int]) -> int:
     return dim
 
 
-def _emit(graph: Graph, builder: NeffBuilder, num_nc: int, prefix: str) -> Emitted:
+def nc_limit(num_neuroncores: int | None) -> int:
+    """The most NCs a NEFF may take: `--num-neuroncores` when given, else the smallest
+    machine's (so that it loads on any); never more than the largest machine has."""
+    if num_neuroncores is None:
+        return SMALLEST_MACHINE_NCS
+    if not 1 <= num_neuroncores <= LARGEST_MACHINE_NCS:
+        raise CompileError(
+            f"--num-neuroncores must be 1 to {LARGEST_MACHINE_NCS} (the NCs of the largest "
+            f"machine), got {num_neuroncores}"
+        )
+    return num_neuroncores
+
+
+def _emit(graph: Graph, builder: NeffBuilder, num_nc: int | None, prefix: str) -> Emitted:
     _add_output_copies(graph)
     fuse(graph, lambda node: nc_refusal(node, graph) is None)
     refusals = place(graph)
-    runs = segments(order(graph, refusals), refusals)
     emitter = Emitter(graph, builder, refusals, prefix)
+    limit = nc_limit(num_nc)
+    island_costs = IslandCosts(cost=emitter.cost, macs=emitter.macs, on_host=emitter.on_host)
+    runs, moved = fit_islands(graph, refusals, limit, island_costs)
     nc_runs = [run for run in runs if run.kind == NC]
     costs = [sum(emitter.cost(node) for node in run.nodes) for run in nc_runs]
-    return emitter.emit(runs, stages_per_node(costs, num_nc, [len(r.nodes) for r in nc_runs]))
+    counts = stages_per_node(costs, num_nc or 1, [len(r.nodes) for r in nc_runs])
+    firsts = shared_ncs(costs, limit) if sum(counts) > limit else None
+    if firsts is not None:
+        counts = [1] * len(nc_runs)
+    emitted = emitter.emit(runs, counts, firsts)
+    emitted.nc_limit = limit
+    emitted.moved = [MovedOp(n.name, n.op_type, refusals[n.name] or "") for n in moved]
+    return emitted
 
 
 def stages_per_node(costs: Sequence[int], num_nc: int, sizes: Sequence[int]) -> list[int]:
@@ -339,6 +372,14 @@ def stages_per_node(costs: Sequence[int], num_nc: int, sizes: Sequence[int]) -> 
         best = max(open_nodes, key=lambda i: costs[i] / counts[i])
         counts[best] += 1
     return counts
+
+
+def shared_ncs(costs: Sequence[int], limit: int) -> list[int]:
+    """The NC of each of more Neuron nodes than `limit` NCs, one stage each: runs of
+    consecutive nodes share an NC, cut where their work balances (a pipeline of `limit`
+    stages, each running its nodes' programs one at a time)."""
+    cuts = split_by_cost(costs, limit)
+    return [nc for nc, (lo, hi) in enumerate(itertools.pairwise(cuts)) for _ in range(lo, hi)]
 
 
 def _add_output_copies(graph: Graph) -> None:
@@ -365,7 +406,7 @@ def _compile_buckets(
     combos: Sequence[tuple[Range, ...]],
     builder: NeffBuilder,
     summary: Summary,
-    num_nc: int,
+    num_nc: int | None,
     cast: tuple[str, str],
     starting: Callable[[str, int], None],
 ) -> None:

@@ -48,12 +48,23 @@ class NodeReport:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class MovedOp:
+    """An op the NC runs that went to a CPU node so that the NEFF fits its NCs."""
+
+    name: str
+    op: str
+    reason: str
+
+
 @dataclasses.dataclass
 class Emitted:
     nodes: list[NodeReport]
     output_shapes: dict[str, tuple[int, ...]]
     output_dtypes: dict[str, np.dtype]
     dynamic_outputs: dict[str, tuple[int, ...]]
+    nc_limit: int = 0  # the NCs the graph was fitted into
+    moved: list[MovedOp] = dataclasses.field(default_factory=list)
 
 
 class Emitter:
@@ -95,7 +106,14 @@ class Emitter:
         self.declared.add(name)
 
     # --- the graph ----------------------------------------------------------------------
-    def emit(self, segments: Sequence[Segment], nc_counts: Sequence[int]) -> Emitted:
+    def emit(
+        self,
+        segments: Sequence[Segment],
+        nc_counts: Sequence[int],
+        first_ncs: Sequence[int | None] | None = None,
+    ) -> Emitted:
+        """The segments as NEFF nodes: the i-th Neuron one split into `nc_counts[i]`
+        stages, on NCs `first_ncs[i]`, ... of the NEFF's (None: NCs of their own)."""
         graph = self.graph
         for name in graph.inputs:
             dtype, shape, dynamic = self.planned(name)
@@ -118,6 +136,7 @@ class Emitter:
         later = _later_reads(segments, graph.outputs)
         reports: list[NodeReport] = []
         counts = iter(nc_counts)
+        firsts = iter(first_ncs if first_ncs is not None else [None] * len(nc_counts))
         for index, segment in enumerate(segments):
             produced = {out for node in segment.nodes for out in node.output if out}
             node_outputs = [name for name in _ordered_outputs(segment) if name in later[index]]
@@ -130,8 +149,8 @@ class Emitter:
             for tensor in [*node_inputs_, *node_outputs]:
                 self.declare(tensor)
             if segment.kind == NC:
-                stage_count = next(counts)
-                reports.append(self._neuron_node(name, segment, node_outputs, stage_count))
+                stage_count, first = next(counts), next(firsts)
+                reports.append(self._neuron_node(name, segment, node_outputs, stage_count, first))
             else:
                 assert sub_model is not None
                 reports.append(self._cpu_node(name, segment, sub_model, node_inputs_, node_outputs))
@@ -144,9 +163,11 @@ class Emitter:
         segment: Segment,
         outputs: list[str],
         stage_count: int,
+        first_nc: int | None = None,
     ) -> NodeReport:
         """The segment's ops as `stage_count` Neuron nodes of one NC each, cut where the
-        work (MACs plus written elements) is balanced."""
+        work (MACs plus written elements) is balanced; on NCs `first_nc`, `first_nc + 1`,
+        ... of the NEFF's (None: NCs of their own)."""
         nodes = list(segment.nodes)
         costs = [self.cost(node) for node in nodes]
         cuts = split_by_cost(costs, stage_count)
@@ -163,11 +184,12 @@ class Emitter:
                 self.declare(tensor)
             stage = self._stage(name, j, part, stage_in, stage_out)
             stages.append(stage)
-            stage_macs.append(sum(self._macs(node) for node in part))
+            stage_macs.append(sum(self.macs(node) for node in part))
             # Each pipeline stage is a Neuron node of one NC: in normal mode they take
             # one NC each, and shared-NC mode can run them all on fewer NCs.
             node_name = name if len(cuts) == 2 else f"{name}.{j}"
-            self.builder.add_node(node_name, NC, stage_in, stage_out, [stage])
+            nc = None if first_nc is None else first_nc + j
+            self.builder.add_node(node_name, NC, stage_in, stage_out, [stage], nc=nc)
         weights = sum(w.nbytes for s in stages for w in s.weights.values())
         return NodeReport(
             name=name,
@@ -209,7 +231,8 @@ class Emitter:
             auto_cast_type=self.graph.auto_cast[1],
         )
 
-    def _macs(self, node: onnx.NodeProto) -> int:
+    def macs(self, node: onnx.NodeProto) -> int:
+        """The op's multiply-accumulates (0 when its shapes are not all known)."""
         kern = KERNELS[node.op_type]
         shapes = [self._static(n) for n in [*node.input, *node.output] if n]
         known = [shape for shape in shapes if shape is not None]
@@ -225,7 +248,7 @@ class Emitter:
     def cost(self, node: onnx.NodeProto) -> int:
         """Estimated host work of one op: its MACs plus ELEMENT_COST per written element."""
         elements = sum(math.prod(s) for n in node.output if n and (s := self._static(n)))
-        return self._macs(node) + ELEMENT_COST * elements
+        return self.macs(node) + ELEMENT_COST * elements
 
     def _static(self, name: str) -> tuple[int, ...] | None:
         """The tensor's shape when fully known, else its bound when it has one."""
@@ -237,6 +260,17 @@ class Emitter:
         return bound if bound is not None and all(bound) else None
 
     # --- CPU nodes ----------------------------------------------------------------------
+    def on_host(self, segment: Segment) -> bool:
+        """Whether onnxruntime runs `segment`'s ops as a CPU node."""
+        produced = {out for node in segment.nodes for out in node.output if out}
+        inputs = _reads(segment.nodes, produced, self.graph)
+        outputs = _ordered_outputs(segment)
+        try:
+            _check_ort("a trial", segment, self._sub_model("trial", segment, inputs, outputs))
+        except CompileError:
+            return False
+        return True
+
     def _cpu_node(
         self,
         name: str,

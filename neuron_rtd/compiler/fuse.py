@@ -5,23 +5,60 @@
 - MatMul followed by the Add of a constant bias along the last axis becomes one MatMulBias
   instruction, which adds the bias in place into the fresh product.
 
-Fused nodes are in the compiler's own domain (`INTERNAL_DOMAIN`): they exist only on the
-NC, so a pattern is fused only when the NC can run every op of it, and every intermediate
-has no other reader and is no model output.
+- QDQ: an op whose inputs are DequantizeLinear outputs and whose output only a
+  QuantizeLinear reads (a Relu or Clip between folded where the output's range already
+  clips as they would) becomes the int8 instruction that computes it on the quantized
+  tensors, as onnxruntime's own QDQ fusion does: QLinearConv, QLinearMatMul, and
+  onnxruntime's QGemm, QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
+  QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu; an op that only
+  moves data (Reshape, Flatten, Transpose, MaxPool...) between a DequantizeLinear and a
+  QuantizeLinear of the same scale and zero point runs on the quantized tensor. The
+  DequantizeLinear nodes no one reads any more go; the others (a model's first
+  QuantizeLinear, its last DequantizeLinear) run as the NC's kernels of those ops.
+
+Fused nodes are in the compiler's own domain (`INTERNAL_DOMAIN`) or in onnxruntime's
+(`CONTRIB_DOMAIN`, its quantized ops) or are ONNX ops: a pattern is fused only when the NC
+can run every op of it, and every intermediate has no other reader and is no model output.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
+from driver_sim.ops.quant import CONTRIB_DOMAIN
+from neuron_rtd.compiler.onnx_graph import Graph, TensorType, node_inputs
 
 INTERNAL_DOMAIN = "ai.neuron_rtd"
+
+# float op -> (its quantized op, that op's domain) for ops of one quantized input
+_QUANTIZED_UNARY = {
+    "GlobalAveragePool": ("QLinearGlobalAveragePool", CONTRIB_DOMAIN),
+    "AveragePool": ("QLinearAveragePool", CONTRIB_DOMAIN),
+    "Sigmoid": ("QLinearSigmoid", CONTRIB_DOMAIN),
+    "LeakyRelu": ("QLinearLeakyRelu", CONTRIB_DOMAIN),
+}
+_QUANTIZED_BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
+# Ops that move or select values: they run on the quantized tensor as they are.
+_DATA_MOVEMENT = frozenset(
+    {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity"}
+)
+_QDQ_OPS = frozenset(
+    {"Conv", "MatMul", "Gemm", "Concat", *_QUANTIZED_UNARY, *_QUANTIZED_BINARY, *_DATA_MOVEMENT}
+)
+
+
+class _Quantized(NamedTuple):
+    """A quantized tensor: its integer tensor's name, its scale's and zero point's."""
+
+    tensor: str
+    scale: str
+    zero_point: str
 
 
 def fuse(graph: Graph, nc_can_run: Callable[[onnx.NodeProto], bool]) -> None:
@@ -46,14 +83,16 @@ class _Fuser:
                 continue
             if node.op_type == "Erf":
                 self._gelu(node)
-            elif node.op_type == "MatMul":
+            elif node.op_type in _QDQ_OPS and node.domain in ("", "ai.onnx"):
+                self._qdq(node)
+            if node.op_type == "MatMul" and id(node) not in self.replaced:
                 self._matmul_bias(node)
         nodes: list[onnx.NodeProto] = []
         for node in self.graph.nodes:
             new = self.replaced.get(id(node), node)
             if new is not None:
                 nodes.append(new)
-        self.graph.nodes = nodes
+        self.graph.nodes = _without_unread_dequantize(nodes, self.graph.outputs)
 
     # --- helpers --------------------------------------------------------------------
     def const(self, name: str) -> float | None:
@@ -175,3 +214,335 @@ class _Fuser:
             domain=INTERNAL_DOMAIN,
         )
         self.commit([matmul, add], fused)
+
+    # --- QDQ ------------------------------------------------------------------------------
+    def _qdq(self, node: onnx.NodeProto) -> None:
+        if len(node.output) != 1 and node.op_type != "MaxPool":
+            return
+        tail = self._quantize_after(node)
+        if tail is None:
+            return
+        chain, out = tail
+        if node.op_type in _DATA_MOVEMENT:
+            fused = self._moved(node, out)
+        elif node.op_type == "Conv":
+            fused = self._qlinear_conv(node, out)
+        elif node.op_type == "MatMul":
+            fused = self._qlinear_matmul(node, out)
+        elif node.op_type == "Gemm":
+            fused = self._qgemm(node, out)
+        elif node.op_type == "Concat":
+            fused = self._qlinear_concat(node, out)
+        elif node.op_type in _QUANTIZED_BINARY:
+            fused = self._quantized_op(node, out, _QUANTIZED_BINARY[node.op_type], 2)
+        else:
+            fused = self._quantized_op(node, out, _QUANTIZED_UNARY[node.op_type][0], 1)
+        if fused is not None:
+            self.commit([node, *chain], fused)
+
+    def _quantize_after(
+        self, node: onnx.NodeProto
+    ) -> tuple[list[onnx.NodeProto], _Quantized] | None:
+        """The nodes after `node` up to the QuantizeLinear (per tensor) that only reads
+        its output (through a Relu or Clip that the quantization already clips as they
+        would), and that QuantizeLinear's output; None if there is none."""
+        chain: list[onnx.NodeProto] = []
+        reader = self.only_reader(node.output[0])
+        if reader is not None and reader.op_type in ("Relu", "Clip"):
+            chain.append(reader)
+            reader = self.only_reader(reader.output[0])
+        if reader is None or reader.op_type != "QuantizeLinear" or len(reader.input) < 2:
+            return None
+        scale = self.graph.consts.get(reader.input[1])
+        zero = self._zero_point(reader)
+        if scale is None or zero is None or scale.size != 1 or zero.size != 1:
+            return None
+        if chain and not self._clips_anyway(chain[0], float(scale.reshape(())), zero):
+            return None
+        out = _Quantized(reader.output[0], reader.input[1], self._zero_point_name(reader, zero))
+        return [*chain, reader], out
+
+    def _zero_point(self, node: onnx.NodeProto) -> np.ndarray | None:
+        """The constant zero point of a QuantizeLinear or DequantizeLinear (uint8 0 when
+        absent)."""
+        if len(node.input) > 2 and node.input[2]:
+            return self.graph.consts.get(node.input[2])
+        for attr in node.attribute:
+            if attr.name == "output_dtype" and attr.i:
+                return np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(attr.i))
+        return np.zeros((), dtype=np.uint8)
+
+    def _zero_point_name(self, node: onnx.NodeProto, zero: np.ndarray) -> str:
+        if len(node.input) > 2 and node.input[2]:
+            return node.input[2]
+        return self.constant(f"{node.name}.zero_point", zero)
+
+    def constant(self, name: str, value: np.ndarray) -> str:
+        """A new constant tensor of the graph."""
+        while name in self.graph.consts or name in self.graph.types:
+            name += "_"
+        self.graph.consts[name] = value
+        self.graph.types[name] = TensorType(value.dtype, tuple(value.shape))
+        return name
+
+    def _clips_anyway(self, node: onnx.NodeProto, scale: float, zero: np.ndarray) -> bool:
+        """Whether quantizing with `scale` and `zero` already clips as Relu or Clip
+        `node` does: its bounds quantize to the ends of the integer range or beyond."""
+        info = np.iinfo(zero.dtype)
+        low: float | None = 0.0
+        high: float | None = math.inf
+        if node.op_type == "Clip":
+            low = self._bound(node, 1, "min", -math.inf)
+            high = self._bound(node, 2, "max", math.inf)
+        if low is None or high is None:
+            return False
+        offset = float(zero.reshape(()))
+        return round(low / scale) + offset <= info.min and round(high / scale) + offset >= info.max
+
+    def _bound(self, node: onnx.NodeProto, index: int, attr: str, default: float) -> float | None:
+        if len(node.input) > index and node.input[index]:
+            return self.const(node.input[index])
+        for a in node.attribute:
+            if a.name == attr:
+                return float(a.f)
+        return default
+
+    def dequantized(self, name: str, axis_ok: Sequence[int] = ()) -> _Quantized | None:
+        """`name` as the output of a DequantizeLinear with constant scale and zero point,
+        per tensor (or per axis, along one of `axis_ok` as a non-negative axis)."""
+        dq = self.producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+            return None
+        if any(a.name == "block_size" and a.i for a in dq.attribute):
+            return None
+        scale = self.graph.consts.get(dq.input[1])
+        zero = self._zero_point(dq)
+        if scale is None or zero is None:
+            return None
+        if scale.size != 1 or zero.size != 1:
+            kind = self.graph.types.get(dq.input[0])
+            rank = len(kind.shape) if kind is not None and kind.shape is not None else 0
+            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+            if not rank or (axis + rank if axis < 0 else axis) not in axis_ok:
+                return None
+        if self.graph.types.get(dq.input[0]) is None:
+            return None
+        if zero.dtype.name not in ("int8", "uint8"):
+            return None
+        zero_name = dq.input[2] if len(dq.input) > 2 and dq.input[2] else None
+        if zero_name is None:
+            zero_name = self.constant(
+                f"{dq.name}.zero_point", zero.astype(self.graph.types[dq.input[0]].dtype)
+            )
+        return _Quantized(dq.input[0], dq.input[1], zero_name)
+
+    def _quantized_bias(self, name: str, x: _Quantized, w: _Quantized) -> str | None:
+        """An int32 bias from a DequantizeLinear whose scale is x's times w's."""
+        dq = self.producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self.graph.consts:
+            return None
+        bias = self.graph.consts[dq.input[0]]
+        scale = self.graph.consts.get(dq.input[1])
+        zero = self._zero_point(dq)
+        if bias.dtype != np.int32 or scale is None or zero is None or np.any(zero != 0):
+            return None
+        wanted = self.graph.consts[x.scale].astype(np.float32) * self.graph.consts[w.scale]
+        if not np.allclose(scale.reshape(-1), wanted.reshape(-1), rtol=1e-5, atol=0):
+            return None
+        return dq.input[0]
+
+    def _moved(self, node: onnx.NodeProto, out: _Quantized) -> onnx.NodeProto | None:
+        x = self.dequantized(node.input[0])
+        if x is None or not self._same_quantization(x, out):
+            return None
+        if node.op_type == "MaxPool" and len([o for o in node.output if o]) != 1:
+            return None
+        return _like(node, [x.tensor, *node.input[1:]], [out.tensor], "")
+
+    def _same_quantization(self, a: _Quantized, b: _Quantized) -> bool:
+        consts = self.graph.consts
+        za, zb = consts[a.zero_point], consts[b.zero_point]
+        return (
+            za.dtype == zb.dtype
+            and bool(np.all(za == zb))
+            and bool(np.all(consts[a.scale] == consts[b.scale]))
+        )
+
+    def _qlinear_conv(self, node: onnx.NodeProto, out: _Quantized) -> onnx.NodeProto | None:
+        x = self.dequantized(node.input[0])
+        w = self.dequantized(node.input[1], axis_ok=(0,))
+        if x is None or w is None:
+            return None
+        inputs = [*x, *w, out.scale, out.zero_point]
+        if len(node.input) > 2 and node.input[2]:
+            bias = self._quantized_bias(node.input[2], x, w)
+            if bias is None:
+                return None
+            inputs.append(bias)
+        return _like(node, inputs, [out.tensor], "", "QLinearConv")
+
+    def _qlinear_matmul(self, node: onnx.NodeProto, out: _Quantized) -> onnx.NodeProto | None:
+        kind = self.graph.types.get(node.input[1])
+        rank = len(kind.shape) if kind is not None and kind.shape is not None else 0
+        a = self.dequantized(node.input[0])
+        b = self.dequantized(node.input[1], axis_ok=(rank - 1,) if rank else ())
+        if a is None or b is None:
+            return None
+        return _like(node, [*a, *b, out.scale, out.zero_point], [out.tensor], "", "QLinearMatMul")
+
+    def _qgemm(self, node: onnx.NodeProto, out: _Quantized) -> onnx.NodeProto | None:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("beta", 1.0) != 1.0:
+            return None
+        a = self.dequantized(node.input[0])
+        b = self.dequantized(node.input[1], axis_ok=(0 if attrs.get("transB", 0) else 1,))
+        if a is None or b is None:
+            return None
+        bias = ""
+        if len(node.input) > 2 and node.input[2]:
+            bias = self._quantized_bias(node.input[2], a, b) or ""
+            if not bias:
+                return None
+        inputs = [*a, *b, bias, out.scale, out.zero_point]
+        fused = _like(node, inputs, [out.tensor], CONTRIB_DOMAIN, "QGemm")
+        del fused.attribute[:]
+        for name in ("alpha", "transA", "transB"):
+            if name in attrs:
+                fused.attribute.append(helper.make_attribute(name, attrs[name]))
+        return fused
+
+    def _qlinear_concat(self, node: onnx.NodeProto, out: _Quantized) -> onnx.NodeProto | None:
+        parts = [self.dequantized(name) for name in node.input]
+        if any(p is None for p in parts):
+            return None
+        inputs = [out.scale, out.zero_point]
+        for part in parts:
+            assert part is not None
+            inputs.extend(part)
+        return _like(node, inputs, [out.tensor], CONTRIB_DOMAIN, "QLinearConcat")
+
+    def _quantized_op(
+        self, node: onnx.NodeProto, out: _Quantized, op: str, arity: int
+    ) -> onnx.NodeProto | None:
+        if len(node.input) != arity:
+            return None
+        parts = [self.dequantized(name) for name in node.input]
+        if any(p is None for p in parts):
+            return None
+        inputs: list[str] = []
+        for part in parts:
+            assert part is not None
+            inputs.extend(part)
+        return _like(node, [*inputs, out.scale, out.zero_point], [out.tensor], CONTRIB_DOMAIN, op)
+
+
+def _like(
+    node: onnx.NodeProto,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    domain: str,
+    op: str | None = None,
+) -> onnx.NodeProto:
+    """A node of `op` (`node`'s own op when None) with `node`'s attributes."""
+    fused = helper.make_node(
+        op or node.op_type, list(inputs), list(outputs), name=f"{node.name}.int8", domain=domain
+    )
+    fused.attribute.extend(node.attribute)
+    return fused
+
+
+def _without_unread_dequantize(
+    nodes: list[onnx.NodeProto], outputs: Sequence[str]
+) -> list[onnx.NodeProto]:
+    """`nodes` less the DequantizeLinear nodes whose output no node reads (QDQ fusion
+    took their readers) and is no model output."""
+    read = {name for node in nodes for name in node_inputs(node)} | set(outputs)
+    return [
+        node
+        for node in nodes
+        if node.op_type != "DequantizeLinear" or any(out in read for out in node.output)
+    ]
+
+
+# --- onnxruntime's QOperator form as QDQ ------------------------------------------------------
+# contrib op -> (the float op, the positions of its quantized operands)
+_QOPERATOR = {
+    "QLinearAdd": ("Add", (0, 3)),
+    "QLinearMul": ("Mul", (0, 3)),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,)),
+    "QLinearAveragePool": ("AveragePool", (0,)),
+    "QLinearSigmoid": ("Sigmoid", (0,)),
+    "QLinearLeakyRelu": ("LeakyRelu", (0,)),
+}
+
+
+def expand_qoperator(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with onnxruntime's quantized ops (QOperator format, which ONNX shape
+    inference does not know) written as DequantizeLinear -> float op -> QuantizeLinear,
+    which QDQ fusion makes them again once the types are known: one path for both
+    formats. Ops it cannot write so (channels-last pooling, a QGemm with a float output
+    or an unknown bias scale) stay as they are."""
+    if not any(node.domain == CONTRIB_DOMAIN for node in model.graph.node):
+        return model
+    consts = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    extra: list[onnx.TensorProto] = []
+    for node in model.graph.node:
+        made = _as_qdq(node, consts, extra) if node.domain == CONTRIB_DOMAIN else None
+        nodes.extend(made if made is not None else [node])
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(extra)
+    return out
+
+
+def _as_qdq(
+    node: onnx.NodeProto, consts: dict[str, np.ndarray], extra: list[onnx.TensorProto]
+) -> list[onnx.NodeProto] | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.pop("channels_last", 0):
+        return None
+    ins = list(node.input)
+    name = node.name or node.output[0]
+    made: list[onnx.NodeProto] = []
+
+    def dq(k: int, axis: int | None = None) -> str:
+        real = f"{name}/dq{k}"
+        dequantize = helper.make_node("DequantizeLinear", ins[k : k + 3], [real])
+        if axis is not None:
+            dequantize.attribute.append(helper.make_attribute("axis", axis))
+        made.append(dequantize)
+        return real
+
+    if node.op_type in _QOPERATOR:
+        op, operands = _QOPERATOR[node.op_type]
+        scale_at = operands[-1] + 3
+        reals = [dq(k) for k in operands]
+    elif node.op_type == "QLinearConcat":
+        op, scale_at = "Concat", 0
+        reals = [dq(k) for k in range(2, len(ins), 3)]
+    elif node.op_type == "QGemm" and len(ins) > 7 and ins[7]:
+        op, scale_at = "Gemm", 7
+        reals = [dq(0), dq(3, axis=0 if attrs.get("transB", 0) else 1)]
+        if ins[6]:
+            if ins[1] not in consts or ins[4] not in consts:
+                return None
+            scale = (consts[ins[1]].astype(np.float32) * consts[ins[4]]).astype(np.float32)
+            scale_name = f"{name}/bias_scale"
+            extra.append(
+                numpy_helper.from_array(scale.reshape(-1 if scale.size > 1 else ()), scale_name)
+            )
+            bias = f"{name}/dq6"
+            made.append(helper.make_node("DequantizeLinear", [ins[6], scale_name], [bias], axis=0))
+            reals.append(bias)
+    else:
+        return None
+    result = f"{name}/real"
+    made.append(helper.make_node(op, reals, [result], name=f"{name}/op", **attrs))
+    zero = ins[scale_at + 1 : scale_at + 2] if len(ins) > scale_at + 1 else []
+    made.append(
+        helper.make_node("QuantizeLinear", [result, ins[scale_at], *zero], list(node.output))
+    )
+    return made

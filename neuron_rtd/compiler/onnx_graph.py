@@ -291,6 +291,8 @@ _NEVER_FOLD = frozenset(
         "Multinomial",
         "Bernoulli",
         "Dropout",
+        # a quantized weight stays quantized: QDQ fusion reads it as int8 (fuse.py)
+        "DequantizeLinear",
     }
 )
 FOLD_LIMIT = 1 << 26  # bytes: a folded value larger than this stays a computation

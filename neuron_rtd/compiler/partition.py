@@ -6,19 +6,25 @@ version under the model's opset, its attributes parse, and the kernel accepts it
 dtypes; anything else goes to a CPU node (onnxruntime), with the reason recorded.
 Ordering is a topological sort that keeps taking ready ops of the current kind and
 switches kind only when none is left, so each run of one kind is as long as it can be.
+
+A NEFF must fit a machine: when the runs on the NC (its Neuron nodes) outnumber the NCs
+the NEFF may take, `fit_islands` moves the cheapest islands that do no multiply-accumulates
+into the CPU nodes around them (onnxruntime runs them as well, and the copies to and from
+the NC cost more than the NC saves them); the Neuron nodes left over then share NCs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
 import onnx.defs
 
-from driver_sim import KERNELS
+from driver_sim import KERNELS, NC_PER_DEVICE, PRESETS
+from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN
 from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
@@ -26,6 +32,13 @@ from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
 
 NC = "neuron"
 CPU = "cpu"
+# (domain, op) of the ops outside the ONNX domain the NC runs: onnxruntime's quantized
+# ops, as its quantizer writes them (QOperator format) and as QDQ fusion makes them.
+FOREIGN_DOMAIN_OPS = frozenset((CONTRIB_DOMAIN, op) for op in CONTRIB_OPS)
+
+# The NCs of the smallest and the largest machine (driver_sim's instance presets).
+SMALLEST_MACHINE_NCS = min(p.device_count for p in PRESETS.values()) * NC_PER_DEVICE
+LARGEST_MACHINE_NCS = max(p.device_count for p in PRESETS.values()) * NC_PER_DEVICE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +52,13 @@ class Segment:
 def nc_refusal(node: onnx.NodeProto, graph: Graph) -> str | None:
     """Why the NC cannot run `node` (None when it can)."""
     internal = node.domain == INTERNAL_DOMAIN  # made by the compiler's own fusions
-    if node.domain not in ("", "ai.onnx") and not internal:
+    foreign = node.domain not in ("", "ai.onnx") and not internal
+    if foreign and (node.domain, node.op_type) not in FOREIGN_DOMAIN_OPS:
         return f"domain {node.domain!r} is not in the NC library"
     kern = KERNELS.get(node.op_type)
     if kern is None:
         return "no NC kernel for this op"
-    if not internal:
+    if not internal and not foreign:
         try:
             version = onnx.defs.get_schema(node.op_type, graph.opset, "").since_version
         except onnx.defs.SchemaError:
@@ -135,3 +149,50 @@ def segments(ordered: Sequence[onnx.NodeProto], refusals: dict[str, str | None])
         else:
             runs.append(Segment(kind, (node,)))
     return runs
+
+
+@dataclasses.dataclass(frozen=True)
+class IslandCosts:
+    """What `fit_islands` asks of the emitter about ops on the NC."""
+
+    cost: Callable[[onnx.NodeProto], int]  # the host work of one op (MACs + written elements)
+    macs: Callable[[onnx.NodeProto], int]
+    on_host: Callable[[Segment], bool]  # onnxruntime runs these ops as a CPU node
+
+
+def fit_islands(
+    graph: Graph, refusals: dict[str, str | None], limit: int, costs: IslandCosts
+) -> tuple[list[Segment], list[onnx.NodeProto]]:
+    """The ordered runs of `graph`, with Neuron islands of no multiply-accumulates moved
+    into CPU nodes, cheapest first, while there are more islands than `limit` NCs (their
+    reason goes into `refusals`); and the ops moved. An island is moved only if
+    onnxruntime runs it."""
+    runs = segments(order(graph, refusals), refusals)
+    moved: list[onnx.NodeProto] = []
+    while True:
+        islands = [run for run in runs if run.kind == NC]
+        excess = len(islands) - limit
+        if excess <= 0:
+            return runs, moved
+        candidates = sorted(
+            (island for island in islands if not any(costs.macs(n) for n in island.nodes)),
+            key=lambda island: sum(costs.cost(n) for n in island.nodes),
+        )
+        chosen: list[Segment] = []
+        for island in candidates:
+            if len(chosen) == excess:
+                break
+            if costs.on_host(Segment(CPU, island.nodes)):
+                chosen.append(island)
+        if not chosen:
+            return runs, moved
+        reason = (
+            f"moved to a CPU node: the NEFF had {len(islands)} Neuron nodes for at most "
+            f"{limit} NCs, and this one does no multiply-accumulates, so the copies to and "
+            "from the NC cost more than the NC saves"
+        )
+        for island in chosen:
+            for node in island.nodes:
+                refusals[node.name] = reason
+                moved.append(node)
+        runs = segments(order(graph, refusals), refusals)

@@ -13,9 +13,10 @@ if TYPE_CHECKING:
 class Summary:
     name: str
     sections: list[tuple[str | None, Emitted]] = dataclasses.field(default_factory=list)
-    nc_count: int = 0  # NCs in normal mode: the sum over Neuron nodes
+    nc_count: int = 0  # NCs in normal mode: those its Neuron nodes span
     shared_nc_count: int = 0  # the fewest NCs it loads on: shared-NC mode, its largest node
     requested_ncs: int = 1  # --num-neuroncores
+    nc_limit: int = 0  # the most NCs it may take (--num-neuroncores, else the smallest machine's)
     neff_bytes: int = 0
     stored_weight_bytes: int = 0  # each array shared by buckets or stages once
 
@@ -41,6 +42,7 @@ class Summary:
             "nc_count": self.nc_count,
             "shared_nc_count": self.shared_nc_count,
             "requested_ncs": self.requested_ncs,
+            "nc_limit": self.nc_limit,
             "neff_bytes": self.neff_bytes,
             "stored_weight_bytes": self.stored_weight_bytes,
             "nc_ops": self.nc_ops,
@@ -60,6 +62,9 @@ class Summary:
                         }
                         for node in emitted.nodes
                     ],
+                    "moved_to_cpu": [
+                        {"name": m.name, "op": m.op, "reason": m.reason} for m in emitted.moved
+                    ],
                 }
                 for bucket, emitted in self.sections
             ],
@@ -68,7 +73,10 @@ class Summary:
     def _nc_line(self) -> str:
         neuron_nodes = [n for n in self.sections[-1][1].nodes if n.kind != "cpu"]
         line = f"NeuronCores: {self.nc_count} in normal mode"
-        if len(neuron_nodes) > 1:
+        stages = sum(len(n.stage_macs) for n in neuron_nodes)
+        if stages > self.nc_count:
+            line += f" ({len(neuron_nodes)} Neuron nodes sharing them, at most {self.nc_limit})"
+        elif len(neuron_nodes) > 1:
             each = " + ".join(str(len(n.stage_macs)) for n in neuron_nodes)
             line += f" ({len(neuron_nodes)} Neuron nodes: {each})"
         if self.shared_nc_count < self.nc_count:
@@ -91,6 +99,7 @@ class Summary:
             if bucket is not None:
                 lines.append(f"bucket {bucket}:")
             indent = "  " if bucket is not None else ""
+            lines.extend(f"{indent}{line}" for line in _moved_lines(emitted))
             for node in emitted.nodes:
                 ops = ", ".join(f"{op} x{n}" for op, n in sorted(node.ops.items()))
                 where = "NC " if node.kind != "cpu" else "CPU"
@@ -107,3 +116,22 @@ class Summary:
                     lines.append(f"{indent}    {op} on CPU: {reason}")
         lines.append(f"total: {self.nc_ops} ops on the NC, {self.cpu_ops} on the CPU")
         return "\n".join(lines)
+
+
+MOVED_SHOWN = 8  # moved ops the printed summary names (--json lists them all)
+
+
+def _moved_lines(emitted: Emitted) -> list[str]:
+    """Which NC ops went to CPU nodes to fit the NCs, and why (the first few by name)."""
+    if not emitted.moved:
+        return []
+    shown = ", ".join(f"{m.name} ({m.op})" for m in emitted.moved[:MOVED_SHOWN])
+    more = len(emitted.moved) - MOVED_SHOWN
+    if more > 0:
+        shown += f" and {more} more"
+    why = emitted.moved[0].reason.removeprefix("moved to a CPU node: ")
+    return [
+        f"moved to CPU nodes to fit at most {emitted.nc_limit} NCs: {len(emitted.moved)} ops "
+        f"the NC runs: {shown}",
+        f"    (why: {why})",
+    ]

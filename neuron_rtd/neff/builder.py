@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from neuron_rtd.errors import NeffInvalid, UnsupportedVersion
 from neuron_rtd.neff.archive import compress, pack_members
-from neuron_rtd.neff.dtypes import little_endian
+from neuron_rtd.neff.dtypes import dtype_name, little_endian
 from neuron_rtd.neff.graph import GRAPH_FILE
 from neuron_rtd.neff.header import (
     FEATURE_GZIP,
@@ -35,7 +35,7 @@ from neuron_rtd.neff.header import (
     NeffHeader,
     check_version,
 )
-from neuron_rtd.neff.model import Instruction, NodeKind
+from neuron_rtd.neff.model import Instruction, NodeKind, ncs_spanned
 from neuron_rtd.neff.program import WEIGHT_ALIGNMENT
 from neuron_rtd.neff.reader import read_neff
 
@@ -67,6 +67,7 @@ class _NodeSpec:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     stages: tuple[StageSpec, ...]
+    nc: int | None = None
 
 
 def as_instruction(item: InstructionLike) -> Instruction:
@@ -164,8 +165,13 @@ class NeffBuilder:
         inputs: Sequence[str],
         outputs: Sequence[str],
         stages: Sequence[StageSpec],
+        *,
+        nc: int | None = None,
     ) -> None:
-        self._nodes.append(_NodeSpec(name, kind, tuple(inputs), tuple(outputs), tuple(stages)))
+        """A node; a Neuron node's stages run on NCs `nc`, `nc + 1`, ... of the NEFF's
+        (None: the NCs after the previous Neuron node's; nodes may share an NC)."""
+        node = _NodeSpec(name, kind, tuple(inputs), tuple(outputs), tuple(stages), nc)
+        self._nodes.append(node)
 
     def _declare(
         self,
@@ -222,8 +228,10 @@ class NeffBuilder:
         if self._buckets:
             counts = [bucket._nc_counts() for bucket, _ in self._buckets]
             return max(c[0] for c in counts), max(c[1] for c in counts)
-        sizes = [len(node.stages) for node in self._nodes if node.kind == NodeKind.NEURON]
-        return sum(sizes), max(sizes, default=0)
+        neuron = [
+            (node.nc, len(node.stages)) for node in self._nodes if node.kind == NodeKind.NEURON
+        ]
+        return ncs_spanned(neuron), max((count for _, count in neuron), default=0)
 
     def _members(self, store: _WeightStore | None) -> dict[str, bytes]:
         members: dict[str, bytes] = {}
@@ -274,13 +282,16 @@ class NeffBuilder:
 
 
 def _node_json(node: _NodeSpec, stage_paths: list[dict[str, str]]) -> JsonDict:
-    return {
+    entry: JsonDict = {
         "name": node.name,
         "kind": node.kind,
         "inputs": list(node.inputs),
         "outputs": list(node.outputs),
         "stages": stage_paths,
     }
+    if node.nc is not None:
+        entry["nc"] = node.nc
+    return entry
 
 
 _SHARED_WEIGHTS = "weights.bin"
@@ -296,7 +307,8 @@ class _WeightStore:
 
     def put(self, array: np.ndarray) -> int:
         data = array.tobytes()
-        key = (array.dtype.str, array.shape, hashlib.sha256(data).digest())
+        # by name: numpy spells every 1-byte type of ml_dtypes "<V1" (`array` is little-endian)
+        key = (dtype_name(array.dtype), array.shape, hashlib.sha256(data).digest())
         offset = self._offsets.get(key)
         if offset is None:
             offset = -(-len(self.blob) // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
@@ -352,7 +364,7 @@ def _layout_weights(
         table[name] = {
             "offset": offset,
             "nbytes": int(array.nbytes),
-            "dtype": array.dtype.name,
+            "dtype": dtype_name(array.dtype),
             "shape": list(array.shape),
         }
     return bytes(blob), table

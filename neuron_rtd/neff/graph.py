@@ -27,6 +27,7 @@ class NodeDecl:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     stages: tuple[StagePaths, ...]
+    nc: int | None = None  # a Neuron node's first NC ("nc"); None: after the previous one's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,11 +197,24 @@ def _node(value: object, where: str) -> NodeDecl:
         inputs=jf.as_names(jf.get(obj, "inputs", where), f"{where} inputs"),
         outputs=jf.as_names(jf.get(obj, "outputs", where), f"{where} outputs"),
         stages=_stage_paths(jf.get(obj, "stages", where), where),
+        nc=_first_nc(obj, where),
     )
     _check_stage_count(node)
+    if node.nc is not None and node.kind != NodeKind.NEURON:
+        raise NeffInvalid(f"{where}: only a neuron node runs on an NC, this one names nc")
     if not node.outputs:
         raise NeffInvalid(f"{where}: has no outputs")
     return node
+
+
+def _first_nc(obj: jf.JsonObject, where: str) -> int | None:
+    """The node's optional "nc": the NC of the NEFF's its first stage runs on."""
+    if "nc" not in obj:
+        return None
+    nc = jf.as_int(obj["nc"], f"{where} nc")
+    if nc < 0:
+        raise NeffInvalid(f"{where}: nc must be 0 or more, got {nc}")
+    return nc
 
 
 def _kind(value: object, where: str) -> NodeKind:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,20 +132,25 @@ def _same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> b
     if list(a) != list(b):
         return False
     return all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and np.array_equal(a[k], b[k])
+        a[k].dtype == b[k].dtype
+        and a[k].shape == b[k].shape
+        and np.array_equal(a[k], b[k], equal_nan=True)  # NaN weights are the same too
         for k in a
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class Node:
-    """A Neuron node runs stage j on its j-th NC; a CPU node has one stage, run on the host."""
+    """A Neuron node runs stage j on its j-th NC: NC `nc + j` of the NEFF's, in normal
+    mode (Neuron nodes may share an NC, which runs their programs one at a time); a CPU
+    node has one stage, run on the host."""
 
     name: str
     kind: NodeKind
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     stages: tuple[Stage, ...]
+    nc: int = 0
 
     @property
     def nc_count(self) -> int:
@@ -154,6 +159,24 @@ class Node:
     @property
     def weight_bytes(self) -> int:
         return sum(stage.weight_bytes for stage in self.stages)
+
+
+def first_ncs(nodes: Sequence[tuple[int | None, int]]) -> list[int]:
+    """Per Neuron node, given as (the first NC it declares or None, its NC count), the
+    first NC it runs on: the declared one, else the one after the previous node's NCs."""
+    firsts: list[int] = []
+    following = 0
+    for declared, count in nodes:
+        first = following if declared is None else declared
+        firsts.append(first)
+        following = first + count
+    return firsts
+
+
+def ncs_spanned(nodes: Sequence[tuple[int | None, int]]) -> int:
+    """The NCs Neuron nodes given as for `first_ncs` span: up to the last one they use."""
+    firsts = first_ncs(nodes)
+    return max((first + count for first, (_, count) in zip(firsts, nodes, strict=True)), default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +193,8 @@ class Bucket:
 
     @property
     def nc_count(self) -> int:
-        return sum(node.nc_count for node in self.nodes)
+        """NCs it spans in normal mode: up to the last NC a Neuron node runs on."""
+        return max((node.nc + node.nc_count for node in self.nodes if node.nc_count), default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +218,7 @@ class Neff:
 
     @property
     def nc_count(self) -> int:
-        """NCs needed in normal mode: the sum over Neuron nodes (of the largest bucket)."""
+        """NCs needed in normal mode: those its Neuron nodes span (in its largest bucket)."""
         return max(variant.nc_count for variant in self.variants())
 
     @property

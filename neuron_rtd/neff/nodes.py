@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from neuron_rtd.errors import NeffInvalid
 from neuron_rtd.neff.graph import GraphDecl, NodeDecl, declared_tensor
 from neuron_rtd.neff.jsonfields import load_json
-from neuron_rtd.neff.model import Node, Stage
+from neuron_rtd.neff.model import Node, NodeKind, Stage, first_ncs
 from neuron_rtd.neff.program import parse_stage
 
 
@@ -16,16 +16,35 @@ def build_nodes(graph: GraphDecl, members: Mapping[str, memoryview]) -> tuple[No
     """Every node of `graph` with its stages loaded from `members` and checked."""
     node_outputs = {name for node in graph.nodes for name in node.outputs}
     taken = {spec.name for spec in graph.inputs} | node_outputs
-    return tuple(_build_node(decl, graph, members, taken) for decl in graph.nodes)
+    neuron = [decl for decl in graph.nodes if decl.kind == NodeKind.NEURON]
+    firsts = dict(
+        zip(
+            (decl.name for decl in neuron),
+            first_ncs([(decl.nc, len(decl.stages)) for decl in neuron]),
+            strict=True,
+        )
+    )
+    return tuple(
+        _build_node(decl, graph, members, taken, firsts.get(decl.name, 0)) for decl in graph.nodes
+    )
 
 
 def _build_node(
-    decl: NodeDecl, graph: GraphDecl, members: Mapping[str, memoryview], taken: set[str]
+    decl: NodeDecl,
+    graph: GraphDecl,
+    members: Mapping[str, memoryview],
+    taken: set[str],
+    nc: int,
 ) -> Node:
     stages = tuple(_load_stage(decl, j, members) for j in range(len(decl.stages)))
     _check_chain(decl, stages, graph, taken)
     return Node(
-        name=decl.name, kind=decl.kind, inputs=decl.inputs, outputs=decl.outputs, stages=stages
+        name=decl.name,
+        kind=decl.kind,
+        inputs=decl.inputs,
+        outputs=decl.outputs,
+        stages=stages,
+        nc=nc,
     )
 
 

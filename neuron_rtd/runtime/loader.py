@@ -1,9 +1,11 @@
 """Places a NEFF on an NCG: choose the load mode, put every stage on an NC, copy the
 weights into device DRAM, allocate the I/O slots, and load the programs on the NCs.
 
-Normal mode gives each Neuron node its own NCs (node after node, stage after stage);
-shared-NC mode, for an NCG smaller than the NEFF's total but at least its largest node,
-puts every node on the NCG's first NCs and runs one request at a time.
+Normal mode puts each Neuron node on the NCs the NEFF assigns it (by default its own,
+node after node, stage after stage; nodes the compiler gave one NC share it, and the NC
+runs their programs one at a time); shared-NC mode, for an NCG smaller than the NEFF's
+total but at least its largest node, puts every node on the NCG's first NCs and runs one
+request at a time.
 
 Each bucket of a bucketed NEFF is placed the same way on the same NCs; a weight array
 that several stages on one NC share (the same bytes of the NEFF) is copied to DRAM once.
@@ -54,14 +56,9 @@ def choose_mode(neff: Neff, ncg: Ncg) -> LoadMode:
 def stage_vncs(variant: Bucket, ncg: Ncg, mode: LoadMode) -> list[list[int]]:
     """Per node, the vnc of each of its stages (empty for CPU nodes)."""
     placement: list[list[int]] = []
-    offset = 0
     for node in variant.nodes:
-        if node.kind != "neuron":
-            placement.append([])
-            continue
-        base = offset if mode is LoadMode.NORMAL else 0
+        base = node.nc if mode is LoadMode.NORMAL else 0
         placement.append([ncg.start + base + j for j in range(node.nc_count)])
-        offset += node.nc_count
     return placement
 
 

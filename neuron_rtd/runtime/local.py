@@ -23,6 +23,7 @@ import numpy as np
 
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Neff, as_input
+from neuron_rtd.neff.dtypes import is_narrow
 from neuron_rtd.runtime.api import ModelInfo, NcgInfo
 from neuron_rtd.runtime.driver import DeviceApi, open_sim
 from neuron_rtd.runtime.runtime import Runtime
@@ -129,13 +130,15 @@ class LocalRuntime:
 
 def _raw(model: ModelInfo, inputs: Mapping[str, Any], cast: bool) -> dict[str, np.ndarray]:
     """The inputs as contiguous arrays of the model's dtypes, under the one dtype policy
-    (`neuron_rtd.neff.casting`; unknown names kept, for the model to refuse)."""
+    (`neuron_rtd.neff.casting`; unknown names kept, for the model to refuse); those of a
+    narrow type of ml_dtypes, which offer no buffer, as their bytes."""
     dtypes = {spec.name: spec.dtype for spec in model.neff.inputs}
     raw = {}
     for name, value in inputs.items():
         dtype = dtypes.get(name)
         array = np.asarray(value) if dtype is None else as_input(value, dtype, name, cast=cast)
-        raw[name] = np.ascontiguousarray(array)
+        contiguous = np.ascontiguousarray(array)
+        raw[name] = contiguous.view(np.uint8) if is_narrow(contiguous.dtype) else contiguous
     return raw
 
 

@@ -20,7 +20,10 @@ an "internal error", or a compiler crash on a model whose inputs a NEFF cannot c
 
 Outputs are compared the way onnx's backend test runner does: the same number of
 outputs, exact shape and dtype, then np.testing.assert_allclose with the case's
-rtol/atol (NaN matches NaN; strings compared exactly).
+rtol/atol (NaN matches NaN; strings compared exactly). A model that draws random
+numbers (Bernoulli, RandomUniform..., a Dropout given its training mode) gives other
+draws than the case's, so its outputs are compared by distribution
+(`compare_by_distribution`: shape, dtype, support, means).
 
 The onnxruntime column runs the case's model in an InferenceSession: `pass`, `fail`
 (wrong results or an error while running), or `unsupported` (the session cannot be

@@ -115,3 +115,36 @@ def _kind(value: Any) -> str:
         return f"a sequence of {len(value)}"
     array = np.asarray(value)
     return f"{array.dtype} {array.shape}"
+
+
+DISTRIBUTION_SIGMAS = 5.0  # how far apart two samples' means may be, in standard errors
+
+
+def compare_by_distribution(got: Sequence[Any], expected: Sequence[Any]) -> None:
+    """AssertionError unless each output of `got` could come from the distribution the
+    matching expected output was drawn from: the outputs of random ops (other draws of
+    the same distribution, so their values cannot match). Same dtype and shape; finite
+    values; where the expected draws are all 0 or 1 (Bernoulli), so are these; and the
+    two samples' means within `DISTRIBUTION_SIGMAS` standard errors of each other."""
+    if len(got) != len(expected):
+        raise AssertionError(f"{len(got)} outputs, expected {len(expected)}")
+    for index, (out, ref) in enumerate(zip(got, expected, strict=True)):
+        where = f"output {index}"
+        out, ref = np.asarray(out), np.asarray(ref)
+        if out.shape != ref.shape or out.dtype != ref.dtype:
+            raise AssertionError(f"{where}: {_kind(out)}, expected {_kind(ref)}")
+        if out.size == 0:
+            continue
+        ours, theirs = out.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+        if not np.all(np.isfinite(ours)):
+            raise AssertionError(f"{where}: values that are not finite")
+        if np.all((theirs == 0) | (theirs == 1)) and not np.all((ours == 0) | (ours == 1)):
+            raise AssertionError(f"{where}: values other than 0 and 1")
+        spread = max(float(np.std(ours)), float(np.std(theirs)), 0.5 / np.sqrt(ours.size))
+        error = spread * np.sqrt(2.0 / ours.size)
+        gap = abs(float(np.mean(ours)) - float(np.mean(theirs)))
+        if gap > DISTRIBUTION_SIGMAS * error:
+            raise AssertionError(
+                f"{where}: mean {np.mean(ours):.4g}, expected {np.mean(theirs):.4g} "
+                f"(more than {DISTRIBUTION_SIGMAS:g} standard errors apart)"
+            )

@@ -12,11 +12,18 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from driver_sim.ops.random import RANDOM_OPS
 from neuron_rtd.compiler.compile import compile_model
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.neff import ALLOWED_DTYPES, read_neff
 from neuron_rtd.runtime import LocalRuntime
-from neuron_rtd.tools.conformance.compare import _clip, _error_text, _value, compare_outputs
+from neuron_rtd.tools.conformance.compare import (
+    _clip,
+    _error_text,
+    _value,
+    compare_by_distribution,
+    compare_outputs,
+)
 from neuron_rtd.tools.conformance.results import FAIL, PASS_CPU, PASS_NC, UNSUPPORTED
 
 # ---- what a NEFF can carry -------------------------------------------------------------
@@ -157,7 +164,11 @@ def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
             if missing:
                 return _Ours(FAIL, f"no output {missing[0]!r} came back", cpu_ops)
             try:
-                compare_outputs([results[n] for n in outputs], wants, case.rtol, case.atol)
+                got = [results[n] for n in outputs]
+                if _draws(model):
+                    compare_by_distribution(got, wants)
+                else:
+                    compare_outputs(got, wants, case.rtol, case.atol)
             except AssertionError as exc:
                 return _Ours(FAIL, _clip(str(exc)), cpu_ops)
         finally:
@@ -168,6 +179,15 @@ def _run_ours(case: Any, runtime: LocalRuntime) -> _Ours:
         if note:
             return _Ours(FAIL, note, cpu_ops)
     return _Ours(PASS_CPU if used_cpu else PASS_NC, "", cpu_ops, note=folded)
+
+
+def _draws(model: onnx.ModelProto) -> bool:
+    """Whether the model draws random numbers (its outputs compare by distribution): a
+    random op, or a Dropout told its training mode (which drops at random)."""
+    return any(
+        node.op_type in RANDOM_OPS or (node.op_type == "Dropout" and len(node.input) > 2)
+        for node in model.graph.node
+    )
 
 
 def _nrt_text(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from neuron_rtd.tools.validate.errors import UsageError
 from neuron_rtd.tools.validate.inputs import input_shapes, npz_inputs, random_inputs
 from neuron_rtd.tools.validate.metrics import (
     DEFAULT_MIN_COSINE,
+    QUANTIZED_MIN_COSINE,
     OutputReport,
     Thresholds,
     compare,
@@ -15,11 +16,13 @@ from neuron_rtd.tools.validate.metrics import (
     sqnr_db,
     top1_agreement,
 )
+from neuron_rtd.tools.validate.precision import quantized_ops
 from neuron_rtd.tools.validate.report import render_text
 
 __all__ = [
     "DEFAULT_MIN_COSINE",
     "PROG",
+    "QUANTIZED_MIN_COSINE",
     "OutputReport",
     "Thresholds",
     "UsageError",
@@ -30,6 +33,7 @@ __all__ = [
     "input_shapes",
     "is_classifier_like",
     "npz_inputs",
+    "quantized_ops",
     "random_inputs",
     "render_text",
     "run",

@@ -9,6 +9,10 @@ embedding table's size for token ids, 0 and 1 for a mask, else in --range's [LOW
 which must then be given; bool inputs fair coins), at the NEFF's declared shapes or the
 --input-shape given for an input with a varying axis.
 
+The reference may be the float model an int8 NEFF was quantized from (`neuron-cc
+quantize`): the report then says it is int8 against float, and the default least cosine
+is that of a quantized model (neuron_rtd/tools/validate/precision.py).
+
 Per output it reports the cosine similarity (the exact-match fraction for integer and
 bool outputs), the SQNR in dB, the largest absolute error and, for a classifier's scores
 (a float matrix from a Softmax, LogSoftmax, Gemm or MatMul), the top-1 agreement.
@@ -55,6 +59,7 @@ from neuron_rtd.tools.validate.inputs import (
 from neuron_rtd.tools.validate.metrics import (
     AUTO_CAST_MIN_COSINE,
     DEFAULT_MIN_COSINE,
+    QUANTIZED_MIN_COSINE,
     Thresholds,
     compare,
 )
@@ -62,6 +67,12 @@ from neuron_rtd.tools.validate.model_facts import (
     classifier_outputs,
     implied_int_ranges,
     load_graph,
+)
+from neuron_rtd.tools.validate.precision import (
+    auto_casts,
+    default_min_cosine,
+    is_float_graph,
+    quantized_ops,
 )
 from neuron_rtd.tools.validate.report import iter_input_lines, render_text
 
@@ -86,7 +97,11 @@ def parse_range(text: str) -> tuple[float, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("onnx", help="the ONNX model (the reference, run by onnxruntime)")
+    parser.add_argument(
+        "onnx",
+        help="the ONNX model (the reference, run by onnxruntime): the one the NEFF was "
+        "compiled from, or the float model an int8 one was quantized from",
+    )
     parser.add_argument("neff", help="the NEFF compiled from it (run by the daemon)")
     parser.add_argument(
         "--inputs",
@@ -117,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="C",
         help="least cosine similarity (exact-match fraction for integer/bool outputs) "
         f"(default {DEFAULT_MIN_COSINE}; {AUTO_CAST_MIN_COSINE} for a NEFF compiled with "
-        "--auto-cast)",
+        f"--auto-cast; {QUANTIZED_MIN_COSINE} for an int8 NEFF against a float ONNX model)",
     )
     parser.add_argument(
         "--min-sqnr", type=float, metavar="DB", help="least SQNR in dB of float outputs"
@@ -136,17 +151,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- running -------------------------------------------------------------------------
-
-
-def auto_casts(neff: Neff) -> list[tuple[str, str]]:
-    """The auto-cast modes and types the NEFF's stages compute with (none: fp32)."""
-    found = {
-        (stage.auto_cast, stage.auto_cast_type)
-        for node in neff.nodes
-        for stage in node.stages
-        if stage.auto_cast != "none"
-    }
-    return sorted(found)
 
 
 def read_neff_or_fail(path: str, hint: str = "") -> Neff:
@@ -289,15 +293,16 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     address = args.address or default_address()
     neff = read_neff_or_fail(args.neff)
+    session = onnx_session(args.onnx)
+    graph = load_graph(args.onnx)
     casts = auto_casts(neff)
-    default_cosine = AUTO_CAST_MIN_COSINE if casts else DEFAULT_MIN_COSINE
+    int8_ops = quantized_ops(neff) if is_float_graph(graph) else {}
+    default_cosine = default_min_cosine(casts, int8_ops)
     thresholds = Thresholds(
         min_cosine=default_cosine if args.min_cosine is None else args.min_cosine,
         min_sqnr_db=args.min_sqnr,
         max_abs_error=args.max_abs_error,
     )
-    session = onnx_session(args.onnx)
-    graph = load_graph(args.onnx)
 
     onnx_inputs = [arg.name for arg in session.get_inputs()]
     neff_inputs = [spec.name for spec in neff.inputs]
@@ -353,6 +358,7 @@ def _run(args: argparse.Namespace) -> int:
             },
             "thresholds": dataclasses.asdict(thresholds),
             "auto_cast": [{"mode": mode, "type": kind} for mode, kind in casts],
+            "int8_against_float": {"ops": int8_ops} if int8_ops else None,
             "error": result.error,
             "outputs": [r.to_json() for r in reports],
             "passed": passed,
@@ -364,6 +370,12 @@ def _run(args: argparse.Namespace) -> int:
             print(
                 f"auto-cast: the NEFF computes {'every op' if mode == 'all' else 'matmults'} "
                 f"with {kind} inputs (fp32 accumulation): below, its accuracy against fp32"
+            )
+        if int8_ops:
+            print(
+                f"int8 against float: the NEFF computes {sum(int8_ops.values())} quantized "
+                f"op(s) ({', '.join(f'{op} x{n}' for op, n in sorted(int8_ops.items()))}), "
+                f"{args.onnx} is float: below, its accuracy against float"
             )
         lines = list(iter_input_lines(inputs, source))
         print(render_text(reports, thresholds, lines, result.error))

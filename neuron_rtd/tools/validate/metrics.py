@@ -16,6 +16,9 @@ DEFAULT_MIN_COSINE = 0.9999
 # For a NEFF compiled with auto-cast: 16-bit matmul inputs cost about that much against
 # fp32 (full ResNet-18 with bf16 matmults: 0.9996).
 AUTO_CAST_MIN_COSINE = 0.999
+# For an int8 NEFF against the float model it was quantized from (neuron-cc quantize on
+# a small ResNet, against float: about 0.995), as MACE holds quantized models to.
+QUANTIZED_MIN_COSINE = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
