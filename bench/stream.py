@@ -66,17 +66,17 @@ from neuron_rtd.compiler import compile_model
 from neuron_rtd.models import resnet
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import build_mlp
-from neuron_rtd.tools.stream.features import (
+from neuron_rtd.records.features import (
     FeatureSpec,
     decode_batch,
     output_examples,
     parse_feature,
 )
+from neuron_rtd.records.tfrecord import Writer
 from neuron_rtd.tools.stream.figures import DaemonBusy
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sample import image_shards, local_s3, vector_shards
 from neuron_rtd.tools.stream.sources import Shard, expand, shard_records
-from neuron_rtd.tools.stream.tfrecord import Writer
 
 Run = tuple[int, float, float]  # records, seconds, host CPU seconds busy
 GOAL = 0.9  # the pipeline's share of the lower ceiling the issue asks for

@@ -15,8 +15,8 @@ import sys
 
 import atheris
 
-with atheris.instrument_imports(include=["neuron_rtd.tools.stream.features"]):
-    from neuron_rtd.tools.stream.features import DecodeError, decode_batch, parse_feature
+with atheris.instrument_imports(include=["neuron_rtd.records.features"]):
+    from neuron_rtd.records.features import DecodeError, decode_batch, parse_feature
 
 # the seeds' features: x (6 float32s), y (5 bytes, fed to input z); label is an int64 list
 SPECS = [parse_feature("x:float32:2,3"), parse_feature("y=z:uint8:5")]

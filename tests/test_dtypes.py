@@ -24,14 +24,14 @@ from neuron_rtd.errors import BadInput, Nerr
 from neuron_rtd.neff import TensorSpec, as_input, safe_cast
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
-from neuron_rtd.runtime import LocalRuntime
-from neuron_rtd.tools.stream.features import (
+from neuron_rtd.records.features import (
     DecodeError,
     SpecMismatch,
     check_specs,
     decode_record,
     parse_feature,
 )
+from neuron_rtd.runtime import LocalRuntime
 
 F4, F8, I4, I8, U1 = (np.dtype(t) for t in ("<f4", "<f8", "<i4", "<i8", "u1"))
 OUT_OF_RANGE = "is out of its range"

@@ -25,12 +25,12 @@ from neuron_rtd.client import NrtClientError
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import tf_pb
+from neuron_rtd.records.features import parse_feature
+from neuron_rtd.records.tfrecord import Writer, build_index, read_file
 from neuron_rtd.tools.stream.copies import _Copies, _Stopped
-from neuron_rtd.tools.stream.features import parse_feature
 from neuron_rtd.tools.stream.figures import Totals
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sample import local_s3
-from neuron_rtd.tools.stream.tfrecord import Writer, build_index, read_file
 
 pytestmark = pytest.mark.daemon
 

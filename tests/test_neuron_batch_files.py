@@ -24,11 +24,11 @@ from test_neuron_batch import BATCH, FEATURE, make_shards, outputs_of
 from neuron_rtd.cli import neuron_batch
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.records.tfrecord import Writer, build_index
 from neuron_rtd.tools.stream import output_folder
 from neuron_rtd.tools.stream.checkpoint import Checkpoint
 from neuron_rtd.tools.stream.output_folder import Temporary, UnsafeOutput, prepare
 from neuron_rtd.tools.stream.sources import Shard, expand, redact
-from neuron_rtd.tools.stream.tfrecord import Writer, build_index
 from neuron_rtd.tools.stream.units import Unit
 
 USER, PASSWORD = "reader", "pw-Xq7s3cr3t"  # the http server's Basic auth

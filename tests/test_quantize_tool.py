@@ -1,6 +1,7 @@
-"""`neuron-cc quantize`: a float ResNet quantized to int8 QDQ on a calibration npz,
-compiled, and validated against the float model on the daemon; each calibration method;
-and what bad input gets (a clear error and its exit code, no file written)."""
+"""`neuron-cc quantize`: a float ResNet quantized to int8 QDQ on a calibration npz, or on
+TFRecord shards of Examples read through neuron-batch's feature specs, compiled, and
+validated against the float model on the daemon; each calibration method; and what bad
+input gets (a clear error and its exit code, no file written)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.compiler import quantize
 from neuron_rtd.compiler.cli import main as neuron_cc
 from neuron_rtd.models import resnet
+from neuron_rtd.proto import tf_pb
+from neuron_rtd.records.tfrecord import Writer, build_index
 from neuron_rtd.tools.validate import cosine_similarity, top1_agreement
 
 IMAGE = 32
@@ -314,3 +317,213 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(
     out.rename(int8)
     code, err = quantize(int8, files.calibration)
     assert code == 1 and "int8.onnx is quantized already (it has DequantizeLinear, " in err
+
+
+# --- calibration on TFRecord shards ---------------------------------------------------
+
+SPEC = "image=input:float32:3,32,32"  # a record: one image, fed as a batch of one
+
+
+def example(**features: np.ndarray) -> bytes:
+    """An Example of raw float32 features (a float list for a name ending in _list)."""
+    message = tf_pb.Example()
+    for name, array in features.items():
+        feature = message.features.feature[name]
+        if name.endswith("_list"):
+            feature.float_list.value.extend(array.reshape(-1).tolist())
+        else:
+            feature.bytes_list.value.append(array.tobytes())
+    return message.SerializeToString()
+
+
+def write_shards(folder: Path, pictures: np.ndarray, names: list[str], **extra: str) -> Path:
+    """`pictures` one per record as feature `image` (and as a float list `image_list`),
+    split over shards `names` in order (.gz ones compressed); the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = np.array_split(pictures, len(names))
+    for name, part in zip(names, parts, strict=True):
+        with Writer(folder / name) as writer:
+            for picture in part:
+                writer.write(example(image=picture, image_list=picture))
+    for name, text in extra.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def quantize_scales(path: Path) -> list[float]:
+    graph = onnx.load(str(path)).graph
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    return [float(constants[n.input[1]]) for n in graph.node if n.op_type == "QuantizeLinear"]
+
+
+def test_tfrecord_shards_calibrate_as_the_same_samples_in_an_npz_do(
+    files: Files, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The npz's 16 images as Examples in three shards (one GZIP): the same ranges, so the
+    same QuantizeLinear scales, whether decoded raw or from a list, fed as a batch of one
+    or at the input's whole shape; --samples stops reading."""
+    shards = write_shards(
+        work / "shards", images(1, 16), ["a.tfrecord", "b.tfrecord.gz", "c.tfrecord"]
+    )
+    reference = work / "from_npz.onnx"
+    base = ["quantize", str(files.float_onnx), "--per-tensor"]
+    assert neuron_cc([*base, "-o", str(reference), "--calibration", str(files.calibration),
+                      "-q"]) == 0  # fmt: skip
+    expected = quantize_scales(reference)
+    assert expected
+
+    for calibration, spec in (
+        ([str(shards / "*.tfrecord*")], SPEC),  # a glob, sorted: a, b, c
+        ([str(shards / n) for n in ("a.tfrecord", "b.tfrecord.gz", "c.tfrecord")], SPEC),
+        ([str(shards / "*")], "image_list=input:float32:3,32,32:list"),
+        ([str(shards / "*")], "image=input:float32:1,3,32,32"),  # the input's whole shape
+    ):
+        out = work / "from_tfrecord.onnx"
+        argv = [*base, "-o", str(out), "--calibration", *calibration, "--feature", spec, "-j"]
+        assert neuron_cc(argv) == 0, capsys.readouterr().err
+        summary = json.loads(capsys.readouterr().out)
+        assert (summary["samples"], summary["samples_given"]) == (16, 16)
+        assert quantize_scales(out) == pytest.approx(expected, rel=1e-6), (calibration, spec)
+
+    # --samples N: the first N records, and no more read
+    out = work / "five.onnx"
+    argv = [*base, "-o", str(out), "--calibration", str(shards / "*"), "--feature", SPEC]
+    assert neuron_cc([*argv, "--samples", "5", "-j"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["samples"], summary["samples_given"]) == (5, 5)
+    np.savez(work / "first5.npz", input=images(1, 16)[:5])
+    assert neuron_cc([*base, "-o", str(reference), "--calibration", str(work / "first5.npz"),
+                      "-q"]) == 0  # fmt: skip
+    assert quantize_scales(out) == pytest.approx(quantize_scales(reference), rel=1e-6)
+    assert quantize_scales(out) != pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.daemon
+def test_int8_from_tfrecord_shards_compiles_and_validates_against_float(
+    files: Files, daemon: DaemonProcess, work: Path
+) -> None:
+    shards = write_shards(work / "shards", images(1, 16), ["a.tfrecord", "b.tfrecord.gz"])
+    int8_onnx, neff = work / "resnet.int8.onnx", work / "resnet.int8.neff"
+    done = run(
+        "neuron-cc", "quantize", files.float_onnx, "-o", int8_onnx,
+        "--calibration", shards / "a.tfrecord", shards / "b.tfrecord.gz", "--feature", SPEC,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "calibration: minmax on 16 sample(s)" in done.stdout
+    done = run(
+        "neuron-cc", "compile", int8_onnx, "-o", neff, "--input-shape", f"input={BATCH},3,32,32"
+    )
+    assert done.returncode == 0, done.stderr
+    args = ("validate", files.float_onnx, neff, "--inputs", files.eval_inputs, "-a", daemon.address)
+    done = run("neuron-cli", *args, "-j")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["int8_against_float"]["ops"]["QuantizeLinear"] > 0
+    (probs,) = doc["outputs"]
+    assert probs["passed"] and probs["cosine"] >= 0.99 and probs["sqnr_db"] > 10
+    assert probs["top1"] >= 0.75 and probs["max_abs_error"] < 0.1
+
+
+def test_bad_tfrecord_calibration_is_a_clear_error_and_writes_nothing(
+    files: Files, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pictures = images(1, 4)
+    shards = write_shards(work / "shards", pictures, ["good.tfrecord"], **{"empty.tfrecord": ""})
+    with Writer(shards / "other.tfrecord") as writer:  # Examples without `image`
+        writer.write(example(label=np.zeros(1, np.float32)))
+    corrupt = shards / "corrupt.tfrecord"  # the second record's data: one byte flipped
+    data = bytearray((shards / "good.tfrecord").read_bytes())
+    (offset, _), (second, _) = build_index(shards / "good.tfrecord")[:2]
+    data[second + 12 + 5] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    with Writer(shards / "float64.tfrecord") as writer:
+        writer.write(example(image=pictures[0].astype(np.float64)))
+    out = work / "q.onnx"
+
+    def quantize(*more: str | Path) -> tuple[int, str]:
+        code = neuron_cc(["quantize", str(files.float_onnx), "-o", str(out),
+                          *map(str, more)])  # fmt: skip
+        captured = capsys.readouterr()
+        assert code == 0 or (captured.out == "" and not out.exists())
+        return code, captured.err
+
+    good = shards / "good.tfrecord"
+    cases = [
+        (
+            ("--calibration", good),
+            "good.tfrecord: not an npz archive; TFRecord shards need --feature "
+            "FEATURE[=INPUT]:DTYPE:D0,D1,...[:raw|list|image] for each model input (its "
+            "inputs: input float32 [N,3,32,32])",
+        ),
+        (
+            ("--calibration", good, "--feature", "image:float32:3,32,32"),
+            "--feature image: the model has no input 'image' (its inputs: input float32 "
+            "[N,3,32,32]); feed one with FEATURE=INPUT:DTYPE:SHAPE",
+        ),
+        (
+            ("--calibration", corrupt, "--feature", SPEC),
+            f"corrupt.tfrecord: corrupt record at offset {second}: the data's CRC does not match",
+        ),
+        (
+            ("--calibration", good, shards / "other.tfrecord", "--feature", SPEC),
+            "other.tfrecord@0: no feature 'image' (the record has label)",
+        ),
+        (("--calibration", shards / "empty.tfrecord", "--feature", SPEC), "no records in 1 shard"),
+        (("--calibration", shards / "*.none", "--feature", SPEC), "*.none: no file matches"),
+        (
+            ("--calibration", shards / "none.tfrecord", "--feature", SPEC),
+            "no such calibration file",
+        ),
+        (
+            ("--calibration", "s3://bucket/part-0.tfrecord", "--feature", SPEC),
+            "neuron-cc reads local TFRecord files only",
+        ),
+        (
+            ("--calibration", files.calibration, "--feature", SPEC),
+            "is an npz, whose arrays are named as the inputs: leave --feature out",
+        ),
+        (
+            ("--calibration", good, "--feature", "image=input:float32:3,31,32"),
+            "--feature image: the model's input is input float32 [N,3,32,32], so a record is "
+            "3,32,32 (fed as a batch of one) or N,3,32,32, not 3,31,32",
+        ),
+        (
+            (
+                "--calibration",
+                shards / "float64.tfrecord",
+                "--feature",
+                "image=input:float64:3,32,32",
+            ),
+            "--feature image: float64 for the model's input input float32 [N,3,32,32], which "
+            "cannot hold every float64 value",
+        ),
+        (
+            (
+                "--calibration",
+                good,
+                "--feature",
+                SPEC,
+                "--feature",
+                "image_list=input:float32:3,32,32:list",
+            ),
+            "the model's input 'input' is fed already, by --feature image",
+        ),
+    ]
+    for args, message in cases:
+        code, err = quantize(*args)
+        assert code == 2 and message in err, err
+        assert err.startswith("neuron-cc: error: ") and err.count("\n") == 1, err
+        assert "Traceback" not in err
+
+    with pytest.raises(SystemExit) as stop:  # neuron-batch's parser says what is wrong
+        quantize("--calibration", good, "--feature", "image:float32")
+    assert stop.value.code == 2
+    assert "expected NAME:DTYPE:D0,D1,...[:raw|list|image]" in capsys.readouterr().err
+
+    # the corrupt shard's first record is whole: --samples 1 stops before the bad one;
+    # --cast takes float64 records numpy's way
+    assert quantize("--calibration", corrupt, "--feature", SPEC, "--samples", "1", "-q") == (0, "")
+    spec64 = "image=input:float64:3,32,32"
+    assert quantize("--calibration", shards / "float64.tfrecord", "--feature", spec64, "--cast",
+                    "-q") == (0, "")  # fmt: skip
+    assert offset == 0

@@ -21,7 +21,7 @@ from PIL import Image
 
 from neuron_rtd.neff import TensorSpec
 from neuron_rtd.proto import tf_pb
-from neuron_rtd.tools.stream.features import (
+from neuron_rtd.records.features import (
     DecodeError,
     FeatureSpec,
     SpecMismatch,
@@ -32,18 +32,8 @@ from neuron_rtd.tools.stream.features import (
     output_examples,
     parse_feature,
 )
-from neuron_rtd.tools.stream.features import _bytes_values as bytes_values
-from neuron_rtd.tools.stream.sources import (
-    Interleave,
-    ManifestWeights,
-    Shard,
-    StorageError,
-    epoch_order,
-    expand,
-    read_manifest,
-    shard_records,
-)
-from neuron_rtd.tools.stream.tfrecord import (
+from neuron_rtd.records.features import _bytes_values as bytes_values
+from neuron_rtd.records.tfrecord import (
     MAX_RECORD_BYTES,
     CorruptRecord,
     OnCorrupt,
@@ -57,6 +47,16 @@ from neuron_rtd.tools.stream.tfrecord import (
     masked_crc,
     read_file,
     read_index,
+)
+from neuron_rtd.tools.stream.sources import (
+    Interleave,
+    ManifestWeights,
+    Shard,
+    StorageError,
+    epoch_order,
+    expand,
+    read_manifest,
+    shard_records,
 )
 
 

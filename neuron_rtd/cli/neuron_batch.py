@@ -37,12 +37,18 @@ from neuron_rtd.command_line import (
 from neuron_rtd.errors import NrtError
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import read_neff
+from neuron_rtd.records.features import (
+    FEATURE_METAVAR,
+    DecodeError,
+    SpecMismatch,
+    check_specs,
+    feature_argument,
+)
+from neuron_rtd.records.tfrecord import CorruptRecord, RecordTooLarge
 from neuron_rtd.tools.stream.checkpoint import CHECKPOINT, BadCheckpoint, Checkpoint
-from neuron_rtd.tools.stream.features import DecodeError, SpecMismatch, check_specs, parse_feature
 from neuron_rtd.tools.stream.output_folder import UnsafeOutput, prepare
 from neuron_rtd.tools.stream.pipeline import Options, Pipeline
 from neuron_rtd.tools.stream.sources import expand, read_manifest, redact
-from neuron_rtd.tools.stream.tfrecord import CorruptRecord, RecordTooLarge
 
 PROG = "neuron-batch"
 EXIT_CODES = (
@@ -53,13 +59,6 @@ EXIT_CODES = (
     "--overwrite, a checkpoint --resume cannot read); 130 or 143 stopped by Ctrl-C or "
     "SIGTERM (--resume goes on)."
 )
-
-
-def _feature(text: str) -> object:
-    try:
-        return parse_feature(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:
@@ -111,8 +110,8 @@ def parser() -> argparse.ArgumentParser:
         "--feature",
         action="append",
         required=True,
-        type=_feature,
-        metavar="NAME[=INPUT]:DTYPE:D0,D1,...[:raw|list|image]",
+        type=feature_argument,
+        metavar=FEATURE_METAVAR,
         help="the Example feature NAME to the model input of that name (or to INPUT), as "
         "one record's dtype and shape, decoded raw (default), from a list, or as an image "
         "(repeatable: one per input)",

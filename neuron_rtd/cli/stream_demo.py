@@ -24,9 +24,9 @@ from neuron_rtd.compiler import compile_model
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.models import resnet
 from neuron_rtd.proto import tf_pb
+from neuron_rtd.records.tfrecord import read_file
 from neuron_rtd.tools.stream.checkpoint import CHECKPOINT
 from neuron_rtd.tools.stream.sample import image_shards
-from neuron_rtd.tools.stream.tfrecord import read_file
 
 PROG = "python -m neuron_rtd.cli.stream_demo"
 

@@ -1,12 +1,14 @@
 """The compiler's command line: `neuron-cc compile model.onnx -o model.neff [options]`,
 and `neuron-cc quantize model.onnx -o model.int8.onnx --calibration samples.npz` (a float
-model into a QDQ int8 one that `compile` takes: neuron_rtd/compiler/quantize.py).
+model into a QDQ int8 one that `compile` takes: neuron_rtd/compiler/quantize.py), or
+`--calibration 'shards/*.tfrecord' --feature image:float32:3,224,224` (Example records,
+read as neuron-batch reads them: neuron_rtd/compiler/calibration.py).
 
 Exit codes: 0 done (the summary printed), 1 the model cannot be compiled or quantized (the
 message names the node, op and reason, or onnxruntime's quantizer's; also a file that is
 not an ONNX model; no file is written), 2 bad arguments (also a model or calibration file
 that is not there or not readable, calibration samples that do not fit the model's inputs,
-an output that cannot be written), 130 Ctrl-C, 143 SIGTERM.
+a corrupt calibration record, an output that cannot be written), 130 Ctrl-C, 143 SIGTERM.
 
 `neuron-cc --help` shows each command's options too (its manual page is made from it).
 
@@ -41,6 +43,7 @@ from neuron_rtd.command_line import (
     entry,
 )
 from neuron_rtd.compiler import quantize
+from neuron_rtd.compiler.calibration import read_calibration
 from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
@@ -48,6 +51,7 @@ from neuron_rtd.compiler.partition import LARGEST_MACHINE_NCS, SMALLEST_MACHINE_
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.neff import write_neff
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
+from neuron_rtd.records.features import FEATURE_METAVAR, feature_argument
 
 
 def _range(text: str) -> tuple[int, int, str]:
@@ -189,10 +193,24 @@ def _quantize_parser(
     cmd.add_argument(
         "--calibration",
         required=True,
-        metavar="SAMPLES.npz",
+        nargs="+",
+        action="extend",
+        metavar="PATH",
         help="the calibration samples: an npz with one array per model input, named as the "
         "input, its samples along axis 0 in front of the input's axes (or along the input's "
-        "own batch axis)",
+        "own batch axis); or TFRecord shards of tf.train.Example records (local files or "
+        "globs, .gz and .zz decompressed), a record per sample, with --feature",
+    )
+    cmd.add_argument(
+        "--feature",
+        action="append",
+        default=[],
+        type=feature_argument,
+        metavar=FEATURE_METAVAR,
+        help="with TFRecord shards: the Example feature NAME to the model input of that name "
+        "(or to INPUT), as one record's dtype and shape (the input's, or the input's without "
+        "its batch axis), decoded raw (default), from a list, or as an image (repeatable: one "
+        "per input; neuron-batch's --feature)",
     )
     cmd.add_argument(
         "--method",
@@ -226,7 +244,8 @@ def _quantize_parser(
         "--samples",
         type=_positive,
         metavar="N",
-        help="calibrate on the first N samples (default all)",
+        help="calibrate on the first N samples (default all; of TFRecord shards, no more "
+        "records are read)",
     )
     add_cast(cmd)
     cmd.add_argument("-q", "--quiet", action="store_true", help="print no summary and no progress")
@@ -306,10 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _quantize(args: argparse.Namespace, shown: bool) -> int:
     """`neuron-cc quantize`: the int8 model written, or the reason it is not."""
-    unusable = unreadable(args.calibration, "calibration file")
-    if unusable:
-        print(f"neuron-cc: error: --calibration {args.calibration}: {unusable}", file=sys.stderr)
-        return EXIT_USAGE
     if args.percentile is not None and args.method != "percentile":
         print(
             f"neuron-cc: error: --percentile applies to --method percentile, not {args.method}",
@@ -322,8 +337,13 @@ def _quantize(args: argparse.Namespace, shown: bool) -> int:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     try:
-        inputs = quantize.model_inputs(model)
-        samples = quantize.read_npz_samples(args.calibration, inputs, cast=args.cast)
+        samples, given = read_calibration(
+            args.calibration,
+            args.feature,
+            quantize.model_inputs(model),
+            limit=args.samples,
+            cast=args.cast,
+        )
     except quantize.CalibrationError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -334,7 +354,7 @@ def _quantize(args: argparse.Namespace, shown: bool) -> int:
     )
     try:
         with progress_bar(shown) as progress:
-            result = quantize.quantize_model(model, samples[: args.samples], options, progress)
+            result = quantize.quantize_model(model, samples, options, progress)
     except CompileError as exc:
         print(f"neuron-cc: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -345,7 +365,7 @@ def _quantize(args: argparse.Namespace, shown: bool) -> int:
         return EXIT_FAILED
     summary = result.summary
     if args.json:
-        doc = {**summary.as_json(), "samples_given": len(samples), "output": args.output}
+        doc = {**summary.as_json(), "samples_given": given, "output": args.output}
         print(json.dumps(doc, indent=2))
     elif not args.quiet:
         print(summary)

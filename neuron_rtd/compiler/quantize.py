@@ -16,7 +16,8 @@ This module reads the samples and checks them against the model's inputs, runs t
 quantizer quietly (its calibration prints to stdout), tells progress, and says what it
 did (`QuantizeSummary`).
 
-The calibration samples come in an npz (`read_npz_samples`): one array per model input,
+The calibration samples come in an npz (`read_npz_samples`; TFRecord shards of Examples
+are read by `neuron_rtd.compiler.calibration`): one array per model input,
 keyed by the input's name, all with the same number of samples S along axis 0:
 - of the input's rank plus one: [S, *input shape], each `array[i]` one sample;
 - or of the input's own rank, when the input's first axis is its batch (symbolic or 1):

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from neuron_rtd.neff import Neff
-from neuron_rtd.tools.stream.features import FeatureSpec, decode_batch
+from neuron_rtd.records.features import FeatureSpec, decode_batch
 
 Fill = Callable[[dict[str, np.ndarray] | None], dict[str, np.ndarray]]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neuron_rtd.tools.stream.features import output_examples
+from neuron_rtd.records.features import output_examples
+from neuron_rtd.records.tfrecord import Writer, is_whole
 from neuron_rtd.tools.stream.output_folder import Temporary
-from neuron_rtd.tools.stream.tfrecord import Writer, is_whole
 from neuron_rtd.tools.stream.units import OutputFormat, Unit
 
 

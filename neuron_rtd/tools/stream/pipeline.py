@@ -40,10 +40,11 @@ import numpy as np
 
 from neuron_rtd.client import Client
 from neuron_rtd.neff import Neff, read_neff
+from neuron_rtd.records.features import FeatureSpec, check_specs, decode_batch
+from neuron_rtd.records.tfrecord import MAX_RECORD_BYTES, OnCorrupt, ReadStats, Record
 from neuron_rtd.tools.stream.checkpoint import Checkpoint
 from neuron_rtd.tools.stream.copies import _Copies, _Stopped
 from neuron_rtd.tools.stream.decoding import Fill, _copier, _decoder, _decodes_in_place
-from neuron_rtd.tools.stream.features import FeatureSpec, check_specs, decode_batch
 from neuron_rtd.tools.stream.figures import DaemonBusy, Totals
 from neuron_rtd.tools.stream.output_folder import prepare, remove_leftovers
 from neuron_rtd.tools.stream.outputs import _is_written, _Outputs
@@ -55,7 +56,6 @@ from neuron_rtd.tools.stream.sources import (
     read_manifest,
     shard_records,
 )
-from neuron_rtd.tools.stream.tfrecord import MAX_RECORD_BYTES, OnCorrupt, ReadStats, Record
 from neuron_rtd.tools.stream.units import OutputFormat, Unit
 
 log = logging.getLogger("neuron_rtd.stream")

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from neuron_rtd.proto import tf_pb
-from neuron_rtd.tools.stream.tfrecord import Writer
+from neuron_rtd.records.tfrecord import Writer
 
 
 def _shards(

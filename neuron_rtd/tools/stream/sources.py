@@ -33,7 +33,7 @@ from urllib.parse import unquote
 
 import fsspec
 
-from neuron_rtd.tools.stream.tfrecord import (
+from neuron_rtd.records.tfrecord import (
     MAX_RECORD_BYTES,
     CorruptRecord,
     OnCorrupt,

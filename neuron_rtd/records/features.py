@@ -15,6 +15,7 @@ DecodeError naming the record and the feature.
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 from collections.abc import Mapping, MutableSequence, Sequence
@@ -54,6 +55,18 @@ class FeatureSpec:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+FEATURE_METAVAR = "NAME[=INPUT]:DTYPE:D0,D1,...[:raw|list|image]"  # --feature's, as told
+
+
+def feature_argument(text: str) -> FeatureSpec:
+    """`parse_feature` as an argparse type: `--feature` of every command that takes one
+    (neuron-batch, neuron-cc quantize)."""
+    try:
+        return parse_feature(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_feature(text: str) -> FeatureSpec:

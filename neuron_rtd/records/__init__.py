@@ -1,0 +1,8 @@
+"""TFRecord files and tf.train.Example feature specs: records read from their frames
+(`tfrecord`: CRCs, compression, indexes, the writer) and Examples decoded into a model's
+input arrays by a spec per input (`features`: `--feature NAME:DTYPE:D0,D1[:raw|list|image]`).
+
+Read by neuron-batch's stream (`neuron_rtd.tools.stream`) and by `neuron-cc quantize`'s
+calibration (`neuron_rtd.compiler`); it imports only the NEFF format and the wire's
+generated messages, so both layers may use it.
+"""
