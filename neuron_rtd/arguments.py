@@ -2,8 +2,9 @@
 and the check of a file named on the command line.
 
 Shared by every layer and importing none: `neuron-cc` (the compiler) and `neuron-cli
-validate` (a tool) parse `--input-shape` here; `neuron-cli` and `neuron-batch` say why a
-file they were given cannot be read (`unreadable`).
+validate` (a tool) parse `--input-shape` here, `neuron-cc quantize` and `neuron-batch`
+their counts (`positive`); `neuron-cli` and `neuron-batch` say why a file they were given
+cannot be read (`unreadable`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,17 @@ import argparse
 import os
 import pwd
 import stat
+
+
+def positive(text: str) -> int:
+    """A count of 1 or more (`type=positive`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return value
 
 
 def parse_shape(text: str, *, example: str) -> tuple[str, tuple[int, ...]]:

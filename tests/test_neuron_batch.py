@@ -326,7 +326,7 @@ def test_usage_errors_exit_2(
         for args, why in (
             (["--input", str(work / "none-*"), "--output", str(work / "o")], "no file there"),
             (["--input", "x", "--output", "o", "--feature", "x:float32"], "expected NAME:DTYPE"),
-            (["--input", "x", "--output", "o", "--ncgs", "0"], "positive integer"),
+            (["--input", "x", "--output", "o", "--ncgs", "0"], "a whole number of 1 or more"),
             (["--output", "o"], "give --input (one or more) or --manifest"),
             (["--manifest", str(work / "none.json"), "--output", "o"], "No such file"),
             # what the model takes is checked before the daemon is asked or a record read

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from neuron_rtd.arguments import unreadable
+from neuron_rtd.arguments import positive, unreadable
 from neuron_rtd.client import NrtClientError
 from neuron_rtd.client.address import AddressError, default_address, grpc_target
 from neuron_rtd.command_line import (
@@ -59,16 +59,6 @@ EXIT_CODES = (
     "--overwrite, a checkpoint --resume cannot read); 130 or 143 stopped by Ctrl-C or "
     "SIGTERM (--resume goes on)."
 )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _cores_busy(figures: dict[str, float]) -> str:
@@ -136,13 +126,13 @@ def parser() -> argparse.ArgumentParser:
         "per shard)",
     )
     p.add_argument(
-        "--ncgs", type=_positive, default=1, help="copies of the model, one NCG each (default 1)"
+        "--ncgs", type=positive, default=1, help="copies of the model, one NCG each (default 1)"
     )
-    p.add_argument("--channels", type=_positive, default=2, help="shards read at once (default 2)")
+    p.add_argument("--channels", type=positive, default=2, help="shards read at once (default 2)")
     p.add_argument(
-        "--ninfer", type=_positive, default=4, help="batches in flight per NCG (default 4)"
+        "--ninfer", type=positive, default=4, help="batches in flight per NCG (default 4)"
     )
-    p.add_argument("--batch", type=_positive, help="records a batch (default: the model's batch)")
+    p.add_argument("--batch", type=positive, help="records a batch (default: the model's batch)")
     p.add_argument(
         "--on-corrupt",
         choices=("fail", "skip"),
@@ -153,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shuffle", type=int, metavar="SEED", help="shuffle the shards each epoch with this seed"
     )
-    p.add_argument("--epochs", type=_positive, default=1, help="passes over the data (default 1)")
+    p.add_argument("--epochs", type=positive, default=1, help="passes over the data (default 1)")
     p.add_argument(
         "--decode-workers",
         type=int,
@@ -166,14 +156,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=_positive,
+        type=positive,
         default=60,
         metavar="SECONDS",
         help="how long one batch's inference may take (default 60)",
     )
     p.add_argument(
         "--max-record-mb",
-        type=_positive,
+        type=positive,
         default=256,
         metavar="MIB",
         help="a record longer than this is refused (exit 1) from its header, before it is read "

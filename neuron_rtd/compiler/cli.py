@@ -32,7 +32,7 @@ import onnx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from neuron_rtd.arguments import parse_shape, unreadable
+from neuron_rtd.arguments import parse_shape, positive, unreadable
 from neuron_rtd.command_line import (
     EXIT_FAILED,
     EXIT_OK,
@@ -83,16 +83,6 @@ class _Compiler(argparse.ArgumentParser):
     def format_help(self) -> str:
         helps = [super().format_help(), *(p.format_help() for p in self.command_parsers)]
         return "\n".join(helps)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
-    return value
 
 
 def _percentile(text: str) -> float:
@@ -242,7 +232,7 @@ def _quantize_parser(
     )
     cmd.add_argument(
         "--samples",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="calibrate on the first N samples (default all; of TFRecord shards, no more "
         "records are read)",
