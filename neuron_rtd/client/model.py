@@ -59,12 +59,14 @@ class Signature:
 
 class _Slot:
     """The shm buffers of one in-flight inference; `views`: its inputs as lent to a
-    caller by `Model.stage` (None: not lent)."""
+    caller by `Model.stage` (None: not lent); `sizes`: the sizes its inputs gave the
+    NEFF's symbols (`batch`: 8), which size its outputs."""
 
     def __init__(self, inputs: dict[str, ShmBuffer], outputs: dict[str, ShmBuffer]) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.views: dict[str, np.ndarray] | None = None
+        self.sizes: dict[str, int] = {}
 
     def buffers(self) -> list[ShmBuffer]:
         return [*self.inputs.values(), *self.outputs.values()]
@@ -117,7 +119,15 @@ class Model:
         self.gate = gate
         self._specs = {t.name: t for t in signature.inputs}
         outputs = signature.outputs
-        self._shm_outputs = bool(outputs) and not any(t.varying_axes for t in outputs)
+        # Outputs go to shared memory (each buffer at its largest shape, the answer then
+        # small enough for the fast lane) when their shapes follow from the inputs': fixed,
+        # or varying only along symbols an input carries (a dynamic batch, a bucketed
+        # sequence length), not along sizes the values decide (NonZero's count).
+        carried = {symbol for t in signature.inputs for symbol in t.symbols if symbol}
+        self._shm_outputs = bool(outputs) and all(
+            not t.dynamic and all(t.symbols[axis] in carried for axis in t.varying_axes)
+            for t in outputs
+        )
         self._in_flight = threading.BoundedSemaphore(ninfer)
         self._lock = threading.Lock()
         self._idle: list[_Slot] = []
@@ -319,6 +329,8 @@ class Model:
             set(inputs) != set(views) or any(inputs[n] is not v for n, v in views.items())
         ):
             raise ValueError("staged inputs are sent as they are: fill Staged.inputs in place")
+        if slot is not None:
+            slot.sizes = {}
         for name, value in inputs.items():
             spec = self._specs.get(name)
             buffer = slot.inputs.get(name) if slot is not None else None
@@ -327,6 +339,10 @@ class Model:
                 continue
             array = _of_dtype(value, spec, cast)
             nbytes = array.size * spec.dtype.itemsize
+            if slot is not None and spec.symbols and array.ndim == len(spec.symbols):
+                for symbol, size in zip(spec.symbols, array.shape, strict=True):
+                    if symbol:
+                        slot.sizes[symbol] = size
             if buffer is not None and spec.varying_axes:
                 buffer.resize(nbytes)  # the daemon reads all of a varying input's object
             if buffer is not None and nbytes == buffer.size:
@@ -346,7 +362,10 @@ class Model:
         if response.ofmap or slot is None or not slot.outputs:
             got = {io.name: io.buf for io in response.ofmap}
             return {t.name: t.array_from(got[t.name]) for t in self.outputs if t.name in got}
-        return {t.name: slot.outputs[t.name].read(t.dtype, t.shape) for t in self.outputs}
+        return {
+            t.name: slot.outputs[t.name].read(t.dtype, t.shape_with(slot.sizes))
+            for t in self.outputs
+        }
 
     # --- slots ----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -51,6 +51,16 @@ class TensorSpec:
     def unbounded(self) -> bool:
         return any(self.shape[axis] == 0 for axis in self.dynamic)
 
+    def shape_with(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape with each axis that follows a symbol of `sizes` sized so (the others
+        as declared)."""
+        if not self.symbols:
+            return self.shape
+        return tuple(
+            sizes.get(symbol, dim) if symbol is not None else dim
+            for symbol, dim in zip(self.symbols, self.shape, strict=True)
+        )
+
     def array_from(
         self, data: bytes | memoryview, sizes: Mapping[str, int] | None = None
     ) -> np.ndarray:
