@@ -23,6 +23,7 @@ from driver_sim.ops.registry import (
     int_values,
     ints_attr,
     kernel,
+    onnx_dtype_attr,
     scalar,
     tensor_attr,
 )
@@ -141,17 +142,10 @@ def _range(
     return (np.arange(count, dtype=work) * stride + begin).astype(dtype, copy=False)
 
 
-def _eye_dtype_attr(value: Any) -> np.dtype:
-    code = int_attr(value)
-    if code not in ONNX_DTYPES:
-        raise ValueError(f"element type {code} is not implemented")
-    return ONNX_DTYPES[code]
-
-
 @kernel(
     "EyeLike",
     Engine.POOL,
-    attrs={"dtype": Attr(_eye_dtype_attr, None), "k": Attr(int_attr, 0)},
+    attrs={"dtype": Attr(onnx_dtype_attr, None), "k": Attr(int_attr, 0)},
     since=(9, 22),
     check=dtype_check(ALL_DTYPES),
 )

@@ -18,7 +18,6 @@ from driver_sim.cost import Engine
 from driver_sim.ops.registry import (
     FLOATS,
     INDICES,
-    ONNX_DTYPES,
     Attr,
     Shape,
     axis_index,
@@ -27,17 +26,11 @@ from driver_sim.ops.registry import (
     int_attr,
     int_values,
     kernel,
+    onnx_dtype_attr,
     scalar,
 )
 
 # ---- windows ---------------------------------------------------------------------------
-
-
-def _output_dtype_attr(value: Any) -> np.dtype:
-    code = int_attr(value)
-    if code not in ONNX_DTYPES:
-        raise ValueError(f"element type {code} is not implemented")
-    return ONNX_DTYPES[code]
 
 
 def _window(op: str, terms: Sequence[float], doc: str) -> None:
@@ -60,7 +53,7 @@ def _window(op: str, terms: Sequence[float], doc: str) -> None:
         op,
         Engine.POOL,
         attrs={
-            "output_datatype": Attr(_output_dtype_attr, np.dtype("float32")),
+            "output_datatype": Attr(onnx_dtype_attr, np.dtype("float32")),
             "periodic": Attr(flag_attr, 1),
         },
         since=(17,),
