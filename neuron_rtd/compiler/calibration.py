@@ -28,7 +28,7 @@ from neuron_rtd.compiler.quantize import CalibrationError, ModelInput, Sample, r
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import as_input
 from neuron_rtd.neff.casting import safe_cast
-from neuron_rtd.records.features import DecodeError, FeatureSpec, decode_record
+from neuron_rtd.records.features import DecodeError, FeatureSpec, decode_record, fed_inputs
 from neuron_rtd.records.tfrecord import CorruptRecord, RecordTooLarge, read_file
 
 
@@ -165,20 +165,10 @@ def expand_shards(paths: Sequence[str]) -> list[str]:
 def feeds_for(specs: Sequence[FeatureSpec], inputs: Sequence[ModelInput]) -> list[_Feed]:
     """Which input each spec feeds, every input once, a record's dtype and shape fitting
     it; CalibrationError saying what is wrong and what to give."""
-    by_name = {i.name: i for i in inputs}
-    fed: dict[str, _Feed] = {}
-    for spec in specs:
-        model_input = by_name.get(spec.input_name)
-        if model_input is None:
-            raise CalibrationError(
-                f"--feature {spec.name}: the model has no input {spec.input_name!r} (its "
-                f"inputs: {_described(inputs)}); feed one with FEATURE=INPUT:DTYPE:SHAPE"
-            )
-        if spec.input_name in fed:
-            raise CalibrationError(
-                f"--feature {spec.name}: the model's input {spec.input_name!r} is fed "
-                f"already, by --feature {fed[spec.input_name].spec.name}"
-            )
+    fed = fed_inputs(specs, [i.name for i in inputs], _described(inputs), CalibrationError)
+    feeds = []
+    for model_input in inputs:
+        spec = fed[model_input.name]
         if not (spec.cast or safe_cast(spec.dtype, model_input.dtype)):
             raise CalibrationError(
                 f"--feature {spec.name}: {spec.dtype.name} for the model's input "
@@ -186,14 +176,8 @@ def feeds_for(specs: Sequence[FeatureSpec], inputs: Sequence[ModelInput]) -> lis
                 f"declare the feature {model_input.dtype.name} (the records' values are "
                 "checked as they are decoded) or pass --cast for numpy's unsafe cast"
             )
-        fed[spec.input_name] = _Feed(spec, model_input, _batch_of_one(spec, model_input))
-    missing = [i.name for i in inputs if i.name not in fed]
-    if missing:
-        raise CalibrationError(
-            f"the model's input(s) {', '.join(map(repr, missing))} are fed by no --feature "
-            f"(its inputs: {_described(inputs)})"
-        )
-    return [fed[i.name] for i in inputs]
+        feeds.append(_Feed(spec, model_input, _batch_of_one(spec, model_input)))
+    return feeds
 
 
 def _batch_of_one(spec: FeatureSpec, model_input: ModelInput) -> bool:

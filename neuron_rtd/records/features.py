@@ -107,28 +107,47 @@ class SpecMismatch(ValueError):
     """Feature specs that do not fit the model's inputs."""
 
 
+def fed_inputs(
+    specs: Sequence[FeatureSpec],
+    names: Sequence[str],
+    shown: str,
+    error: type[ValueError] = SpecMismatch,
+) -> dict[str, FeatureSpec]:
+    """The spec feeding each of the model's inputs `names` (`shown`: the inputs as a
+    message lists them): `error` for a spec naming no input, an input fed twice or an
+    input fed by none, saying what to give instead."""
+    fed: dict[str, FeatureSpec] = {}
+    for spec in specs:
+        if spec.input_name not in names:
+            raise error(
+                f"--feature {spec.name}: the model has no input {spec.input_name!r} (its "
+                f"inputs: {shown}); feed one with FEATURE=INPUT:DTYPE:SHAPE"
+            )
+        if spec.input_name in fed:
+            raise error(
+                f"--feature {spec.name}: the model's input {spec.input_name!r} is fed "
+                f"already, by --feature {fed[spec.input_name].name}"
+            )
+        fed[spec.input_name] = spec
+    missing = [name for name in names if name not in fed]
+    if missing:
+        raise error(
+            f"the model's input(s) {', '.join(missing)} are fed by no --feature (its inputs: "
+            f"{shown})"
+        )
+    return fed
+
+
 def check_specs(
     specs: Sequence[FeatureSpec], inputs: Sequence[TensorSpec], batch: int | None = None
 ) -> int:
     """That `specs` feed every input of the model, each once, at the shape it takes a record
     (its first axis is the batch's), and that `batch` (None: the model's) fits that axis;
     the batch. SpecMismatch says what is wrong and what to give instead."""
-    by_name = {tensor.name: tensor for tensor in inputs}
-    names = ", ".join(f"{t.name} ({t.describe()})" for t in inputs) or "none"
-    fed: dict[str, FeatureSpec] = {}
-    for spec in specs:
-        tensor = by_name.get(spec.input_name)
-        if tensor is None:
-            raise SpecMismatch(
-                f"--feature {spec.name}: the model has no input {spec.input_name!r} (its "
-                f"inputs: {names}); feed one with FEATURE=INPUT:DTYPE:SHAPE"
-            )
-        if spec.input_name in fed:
-            raise SpecMismatch(
-                f"--feature {spec.name}: the model's input {spec.input_name!r} is fed "
-                f"already, by --feature {fed[spec.input_name].name}"
-            )
-        fed[spec.input_name] = spec
+    shown = ", ".join(f"{t.name} ({t.describe()})" for t in inputs) or "none"
+    fed = fed_inputs(specs, [t.name for t in inputs], shown)
+    for tensor in inputs:
+        spec = fed[tensor.name]
         if not tensor.shape:
             raise SpecMismatch(
                 f"--feature {spec.name}: the model's input {tensor.name!r} is a scalar, "
@@ -153,12 +172,6 @@ def check_specs(
                 f"{tensor.describe()}, so a record is {record}, not "
                 f"{','.join(map(str, spec.shape))}"
             )
-    missing = [t.name for t in inputs if t.name not in fed]
-    if missing:
-        raise SpecMismatch(
-            f"the model's input(s) {', '.join(missing)} are fed by no --feature (its inputs: "
-            f"{names})"
-        )
     if not inputs:
         return batch or 1
     first = inputs[0]
