@@ -299,19 +299,23 @@ def test_idle_connections_hold_no_thread_past_the_cap() -> None:
     registry = CollectorRegistry()
     Gauge("probe_value", "a probe", registry=registry).set(7)
     before = threading.active_count()
-    server, _thread = serve(registry, 0, read_timeout_s=1.0)
+    # The timeout must outlast opening the 500 connections on a loaded machine: were the
+    # first ones dropped meanwhile, later ones would take their slots and be held.
+    read_timeout_s = 4.0
+    server, _thread = serve(registry, 0, read_timeout_s=read_timeout_s)
     port = server.server_address[1]
     idle: list[socket.socket] = []
     try:
+        opened = time.monotonic()
         for _ in range(500):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=15))
+        assert time.monotonic() - opened < read_timeout_s, "too slow to open: the test is void"
         last = idle[-1]  # past the cap: refused at once
         assert last.recv(64).startswith(b"HTTP/1.0 503"), "the 500th connection was served"
         assert threading.active_count() <= before + 1 + MAX_CONNECTIONS
         first = idle[0]  # held, silent: dropped after the read timeout
-        started = time.monotonic()
         assert first.recv(64) == b""
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - opened < read_timeout_s + 3
         samples = wait_for(
             lambda: scrape(port), "a scrape once the idle connections are dropped", timeout_s=10
         )
