@@ -19,6 +19,7 @@ import json
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -57,7 +58,9 @@ class NeuronModule(nn.Module):
         self._runtime_state(package, place)
 
     def _runtime_state(self, package: Package, place: Place | None) -> None:
-        self._plain_args = all(child.is_leaf() for child in self.in_spec.children())
+        # plain tensor arguments: their count, for `leaves` to skip pytree (None: nested)
+        plain = all(child.is_leaf() for child in self.in_spec.children())
+        self._arity = self.in_spec.num_leaves if plain else None
         self._single_output = self.out_spec.is_leaf()
         self.package = package
         self.loaded = Loaded(package, place)
@@ -67,13 +70,15 @@ class NeuronModule(nn.Module):
     def forward(self, *args: Any) -> Any:
         return self.out_spec_of(self.loaded(self.leaves(args)))
 
-    def leaves(self, args: tuple[Any, ...]) -> list[torch.Tensor]:
+    def leaves(self, args: tuple[Any, ...]) -> Sequence[torch.Tensor]:
         """The call's tensors, in the order traced; InputMismatch for another structure.
         Plain tensor arguments skip pytree (a call's fixed cost counts)."""
-        if self._plain_args and len(args) == self.in_spec.num_leaves:
-            leaves = list(args)
-            if all(isinstance(t, torch.Tensor) for t in leaves):
-                return leaves
+        if len(args) == self._arity:
+            for t in args:
+                if not isinstance(t, torch.Tensor):
+                    break
+            else:
+                return args
         leaves, spec = pytree.tree_flatten(args)
         if spec != self.in_spec or not all(isinstance(t, torch.Tensor) for t in leaves):
             raise InputMismatch(
@@ -143,7 +148,7 @@ class NeuronModule(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """The module without its runtime state, its structures as pytree's JSON."""
         state = dict(self.__dict__)
-        for runtime in ("package", "loaded", "_plain_args", "_single_output"):
+        for runtime in ("package", "loaded", "_arity", "_single_output"):
             state.pop(runtime, None)
         for spec in ("in_spec", "out_spec"):
             state[spec] = pytree.treespec_dumps(state[spec])

@@ -223,23 +223,24 @@ class Loaded:
         self.place = place  # None: the process's, as the environment says at first load
         self._model: Model | None = None
         self._lock = threading.Lock()
+        self._input_names = [spec.name for spec in package.inputs]
+        self._output_names = [spec.name for spec in package.outputs]
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The NEFF run on `tensors` (checked against its inputs): its outputs."""
         arrays = self.package.arrays(tensors)
         limit = self.package.batch_limit
-        batch = arrays[0].shape[0] if arrays else 0
-        if limit is None or batch <= limit:
+        if limit is None or arrays[0].shape[0] <= limit:  # (a batched NEFF has inputs)
             outputs = self._infer(arrays)
         else:  # in parts of the largest bucket, the last one smaller
-            starts = range(0, batch, limit)
+            starts = range(0, arrays[0].shape[0], limit)
             parts = [self._infer([a[i : i + limit] for a in arrays]) for i in starts]
             outputs = [np.concatenate(pieces) for pieces in zip(*parts, strict=True)]
         return [_tensor(array) for array in outputs]
 
     def _infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        feeds = {spec.name: array for spec, array in zip(self.package.inputs, arrays, strict=True)}
-        model = self._loaded()
+        feeds = dict(zip(self._input_names, arrays, strict=True))
+        model = self._model or self._loaded()
         try:
             got = model.infer(feeds)
         except NrtClientError as exc:
@@ -248,9 +249,11 @@ class Loaded:
             self._drop(model)  # the daemon restarted (or went): load again, once
             with said_by_the_runtime():
                 got = self._loaded().infer(feeds)
-        return [got[spec.name] for spec in self.package.outputs]
+        return [got[name] for name in self._output_names]
 
     def _loaded(self) -> Model:
+        """The loaded copy, loaded now if it is not (callers read `_model` first: once
+        loaded, a call takes no lock)."""
         with self._lock:
             if self._model is None:
                 if self.place is None:
