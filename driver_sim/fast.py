@@ -21,6 +21,10 @@ program that sleeps the moment its run ends (IN_RUNS), made in the background th
 time it is wanted. Measured on 2 cores, 4 models of a small CNN called in turn: 1.25 ms a
 call with spinning after every run, 0.76 ms without, 0.62-0.78 ms for one model alone.
 
+The engine's threads go only where they pay: each set of input shapes of a program is run
+on all of them and on one over its first runs, and keeps one when that is as fast (a graph
+too small or too sequential to split; see `_Threads`).
+
 A program runs on the reference kernels when its shapes cannot be told from its input
 shapes (an op whose output shape depends on values computed from the inputs, such as
 NonZero or a Reshape to a shape read from an input), when it draws random numbers (the
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +80,41 @@ _UNBUILT = object()  # no session (yet) for these types and threads
 
 MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
 _last_run = 0  # id() of the program whose run began last in this process (see the doc)
+TRIAL_WARMUP = 8  # bound runs on all threads before the trial times any (the first are slow)
+TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
+ONE_THREAD_SLACK = 1.02  # one thread is chosen when its fastest run is at most this slower
+
+
+class _Threads:
+    """How many threads the runs of one set of input shapes take, chosen by trial: all
+    the engine's, unless one thread runs them as fast. A graph too small or too
+    sequential to split leaves the other threads waiting, spinning, on cores the rest of
+    the host wants (a daemon's gRPC threads, its clients): measured on 2 cores, an MLP
+    784-128-10 through the daemon took 1230 us of its CPU a call with both threads, 540 with
+    one, and answered sooner.
+
+    The trial times bound runs that had the engine to themselves (no other NC run in
+    progress): after TRIAL_WARMUP runs on all threads (a session's first runs are slower,
+    up to twice), TRIAL_RUNS on all threads, then TRIAL_RUNS on one (on a session of one
+    thread, made in the background meanwhile), and compares the fastest run of each way
+    (the host's noise only ever adds time)."""
+
+    def __init__(self) -> None:
+        self.one: bool | None = None  # the choice, once made
+        self._took: tuple[list[int], list[int]] = ([], [])  # ns a run: all threads, one
+
+    def pick(self, most: int) -> int:
+        """The threads of a run that may take `most` (> 1)."""
+        if self.one is None:
+            return most if len(self._took[0]) < TRIAL_WARMUP + TRIAL_RUNS else 1
+        return 1 if self.one else most
+
+    def took(self, threads: int, ns: int) -> None:
+        """A trial run on `threads` took `ns`."""
+        every, one = self._took
+        (one if threads == 1 else every).append(ns)
+        if len(one) >= TRIAL_RUNS:
+            self.one = min(one) <= min(every[TRIAL_WARMUP:]) * ONE_THREAD_SLACK
 
 
 @dataclass(frozen=True)
@@ -135,6 +175,9 @@ class FastProgram:
         self._building: set[tuple[InputTypes, Kind]] = set()
         # Bindings by session kind and the ids of the arrays they bind (kept alive there).
         self._bound: dict[tuple[object, ...], _Bound] = {}
+        # The thread choice per input shapes, and per bound arrays (theirs).
+        self._threads_for: dict[Key, _Threads] = {}
+        self._threads_of: dict[tuple[int, ...], _Threads] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -162,13 +205,21 @@ class FastProgram:
         binding: onnxruntime reads the inputs and writes the outputs in place."""
         ins = [inputs[name] for name in self._input_names]
         outs = [outputs[name] for name in self._output_names]
-        threads = blas.run_starts(self.threads)
-        kind = (threads, self._spinning(threads))
+        most = blas.run_starts(self.threads)
         try:
-            key = (*kind, *map(id, ins), *map(id, outs))
+            arrays = (*map(id, ins), *map(id, outs))
+            chooser = self._threads_of.get(arrays) if most > 1 else None
+            threads = most if chooser is None else chooser.pick(most)
+            kind = (threads, self._spinning(threads))
+            key = (*kind, *arrays)
             bound = self._bound.get(key)
             if bound is not None:
-                _run(bound.run)
+                if chooser is None or chooser.one is not None or most < self.threads:
+                    _run(bound.run)
+                else:  # a trial run, the engine to itself
+                    began = time.perf_counter_ns()
+                    _run(bound.run)
+                    chooser.took(threads, time.perf_counter_ns() - began)
                 return bound.key
             feeds = {name: np.asarray(a) for name, a in zip(self._input_names, ins, strict=True)}
             if not _exchangeable([*feeds.values(), *outs]):
@@ -215,6 +266,8 @@ class FastProgram:
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         shapes = tuple(a.shape for a in ins)
         self._bound[key] = _Bound(session, binding, arrays, shapes, _binding_run(session, binding))
+        ids = tuple(map(id, arrays))  # the key's arrays: their shapes' thread choice
+        self._threads_of[ids] = self._threads_for.setdefault(shapes, _Threads())
 
     def _spinning(self, threads: int) -> str:
         """How this run's threads wait once it ends: as the engine says, but not spinning

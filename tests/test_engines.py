@@ -5,6 +5,7 @@ kernels where it must."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -188,3 +189,74 @@ def test_an_unloaded_models_sessions_and_threads_go_with_it() -> None:
     assert run.returncode == 0, run.stderr
     before, after = map(int, run.stdout.split())
     assert after <= before, f"{after - before} threads more after 5 loads and unloads"
+
+
+def test_one_thread_is_chosen_only_when_it_runs_as_fast() -> None:
+    """The thread choice of a set of shapes: the first trial runs take all the engine's
+    threads (the warm-up's not counted), the next ones one thread; one thread is kept
+    when its fastest run is within the slack of all threads' fastest, else all threads."""
+    from driver_sim.fast import ONE_THREAD_SLACK, TRIAL_RUNS, TRIAL_WARMUP, _Threads
+
+    for one_ns, chosen in ((100, True), (int(100 * ONE_THREAD_SLACK), True), (150, False)):
+        choice = _Threads()
+        for _ in range(TRIAL_WARMUP):  # slow first runs: not counted
+            assert choice.pick(2) == 2 and choice.one is None
+            choice.took(2, 1000)
+        for n in range(TRIAL_RUNS):  # all threads: the fastest is 100
+            assert choice.pick(2) == 2 and choice.one is None
+            choice.took(2, 100 + 50 * (n % 2))
+        for n in range(TRIAL_RUNS):
+            assert choice.pick(2) == 1 and choice.one is None
+            choice.took(1, one_ns + 500 * (n % 2))
+        assert choice.one is chosen
+        assert choice.pick(4) == (1 if chosen else 4)
+
+
+def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> None:
+    """Through the trial (all threads, then one, on a session made in the background) to
+    the choice: every run writes the same bits, and the runs after the choice are bound
+    to a session of the threads chosen."""
+    import time
+
+    from driver_sim.fast import TRIAL_RUNS
+
+    rng = np.random.default_rng(5)
+    program = driver_sim.NcProgram(
+        [
+            driver_sim.Instr("MatMul", ("x", "w"), ("h",)),
+            driver_sim.Instr("Relu", ("h",), ("r",)),
+            driver_sim.Instr("MatMul", ("r", "v"), ("y",)),
+        ],
+        {
+            "w": rng.standard_normal((64, 256)).astype(np.float32),
+            "v": rng.standard_normal((256, 16)).astype(np.float32),
+        },
+        ["x"],
+        ["y"],
+    )
+    loaded = driver_sim.load_program("test", program)
+    fast = FastProgram.of(loaded, threads=2, opset=None)
+    assert fast is not None
+    x, y = rng.standard_normal((4, 64)).astype(np.float32), np.empty((4, 16), np.float32)
+    assert fast.run({"x": x}, {"y": y})
+    first = y.copy()
+    deadline = time.monotonic() + 60
+    choice = None
+    while choice is None or choice.one is None:
+        assert time.monotonic() < deadline, "no thread choice after a minute of runs"
+        y[...] = 0
+        fast.run({"x": x}, {"y": y})
+        np.testing.assert_array_equal(y, first)
+        choice = fast._threads_for.get(((4, 64),))
+    ran: list[int] = []  # the threads of each bound run from now on
+    for key, bound in list(fast._bound.items()):
+
+        def counted(run: Any = bound.run, threads: Any = key[0]) -> Any:
+            ran.append(threads)
+            return run()
+
+        fast._bound[key] = dataclasses.replace(bound, run=counted)
+    for _ in range(TRIAL_RUNS):
+        fast.run({"x": x}, {"y": y})
+        np.testing.assert_array_equal(y, first)
+    assert ran == [1 if choice.one else 2] * TRIAL_RUNS
