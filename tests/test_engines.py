@@ -248,6 +248,8 @@ def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> N
         fast.run({"x": x}, {"y": y})
         np.testing.assert_array_equal(y, first)
         choice = fast._threads_for.get(((4, 64),))
+    one_thread_sessions = [kind for _, kind in fast._sessions if kind[0] == 1]
+    assert bool(one_thread_sessions) is choice.one  # all threads chosen: the trial's went
     ran: list[int] = []  # the threads of each bound run from now on
     for key, bound in list(fast._bound.items()):
 
@@ -260,3 +262,35 @@ def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> N
         fast.run({"x": x}, {"y": y})
         np.testing.assert_array_equal(y, first)
     assert ran == [1 if choice.one else 2] * TRIAL_RUNS
+
+
+def test_choosing_all_threads_drops_the_trials_one_thread_session() -> None:
+    """The session of one thread a trial made goes when all threads are chosen (it holds
+    the weights once more), not while runs of other shapes take, or may take, one."""
+    from driver_sim.fast import _Threads
+
+    rng = np.random.default_rng(6)
+    program = driver_sim.NcProgram(
+        [driver_sim.Instr("MatMul", ("x", "w"), ("y",))],
+        {"w": rng.standard_normal((8, 4)).astype(np.float32)},
+        ["x"],
+        ["y"],
+    )
+    loaded = driver_sim.load_program("test", program)  # (the fast form holds it weakly)
+    fast = FastProgram.of(loaded, threads=2, opset=None)
+    assert fast is not None
+    types = ((np.dtype(np.float32).str, 2),)
+    fast._sessions[types, (1, fast.spinning)] = fast._build(types, (1, fast.spinning))
+    x, y = np.ones((2, 8), np.float32), np.empty((2, 4), np.float32)
+    for _ in range(2):  # (the first may follow another program's run: not bound)
+        fast.run({"x": x}, {"y": y})  # bound on all threads: its shapes' choice made
+    decided, other = fast._threads_for[((2, 8),)], _Threads()
+    decided.one, other.one = False, True
+    fast._threads_for[((5, 8),)] = other  # other shapes run on one thread: kept
+    fast._drop_one_thread_sessions()
+    assert (types, (1, fast.spinning)) in fast._sessions
+    other.one = False
+    fast._drop_one_thread_sessions()
+    assert not [kind for _, kind in fast._sessions if kind[0] == 1]
+    fast.run({"x": x}, {"y": y})
+    np.testing.assert_allclose(y, x @ program.weights["w"], rtol=1e-5)
