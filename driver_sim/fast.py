@@ -281,11 +281,11 @@ class FastProgram:
         with self._lock:
             if any(choice.one is not False for choice in self._threads_for.values()):
                 return
-            for key in [key for key in self._sessions if key[1][0] == 1]:
-                del self._sessions[key]
-                self._building.discard(key)
-            for key in [key for key in self._bound if key[0] == 1]:
-                del self._bound[key]
+            for made in [made for made in self._sessions if made[1][0] == 1]:
+                del self._sessions[made]
+                self._building.discard(made)
+            for bound in [bound for bound in self._bound if bound[0] == 1]:
+                del self._bound[bound]
         threading.Thread(target=_give_back_freed_memory, daemon=True).start()
 
     def _spinning(self, threads: int) -> str:
