@@ -84,7 +84,6 @@ MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
 _last_run = 0  # id() of the program whose run began last in this process (see the doc)
 TRIAL_WARMUP = 8  # bound runs on all threads before the trial times any (the first are slow)
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
-ONE_THREAD_SLACK = 1.02  # one thread is chosen when its fastest run is at most this slower
 
 
 class _Threads:
@@ -116,7 +115,7 @@ class _Threads:
         every, one = self._took
         (one if threads == 1 else every).append(ns)
         if len(one) >= TRIAL_RUNS:
-            self.one = min(one) <= min(every[TRIAL_WARMUP:]) * ONE_THREAD_SLACK
+            self.one = min(one) <= min(every[TRIAL_WARMUP:])
 
 
 @dataclass(frozen=True)
