@@ -194,21 +194,37 @@ def test_an_unloaded_models_sessions_and_threads_go_with_it() -> None:
 def test_one_thread_is_chosen_only_when_it_runs_as_fast() -> None:
     """The thread choice of a set of shapes: the first trial runs take all the engine's
     threads (the warm-up's not counted), the next ones one thread; one thread is kept
-    unless all threads' fastest run beats its fastest by more than the slack."""
-    from driver_sim.fast import ONE_THREAD_SLACK, TRIAL_RUNS, TRIAL_WARMUP, _Threads
+    unless all threads' fastest run beats its fastest by more than the slack, relative
+    and absolute."""
+    from driver_sim.fast import (
+        ONE_THREAD_SLACK,
+        ONE_THREAD_SLACK_NS,
+        TRIAL_RUNS,
+        TRIAL_WARMUP,
+        _Threads,
+    )
 
-    slack = int(100 * ONE_THREAD_SLACK)
-    for one_ns, chosen in ((90, True), (slack, True), (slack + 1, False), (150, False)):
+    us = 1000
+    slack = round(1000 * us * ONE_THREAD_SLACK)  # all threads' fastest: 1 ms
+    cases = [  # (one thread's fastest run, all threads' fastest, one chosen)
+        (900 * us, 1000 * us, True),
+        (slack, 1000 * us, True),
+        (slack + 1, 1000 * us, False),
+        (1500 * us, 1000 * us, False),
+        (100 * us + ONE_THREAD_SLACK_NS, 100 * us, True),  # 20% faster, by one wake only
+        (100 * us + ONE_THREAD_SLACK_NS + 1, 100 * us, False),
+    ]
+    for one_ns, all_ns, chosen in cases:
         choice = _Threads()
         for _ in range(TRIAL_WARMUP):  # slow first runs: not counted
             assert choice.pick(2) == 2 and choice.one is None
-            choice.took(2, 1000)
-        for n in range(TRIAL_RUNS):  # all threads: the fastest is 100
+            choice.took(2, 10 * all_ns)
+        for n in range(TRIAL_RUNS):
             assert choice.pick(2) == 2 and choice.one is None
-            choice.took(2, 100 + 50 * (n % 2))
+            choice.took(2, all_ns + all_ns // 2 * (n % 2))
         for n in range(TRIAL_RUNS):
             assert choice.pick(2) == 1 and choice.one is None
-            choice.took(1, one_ns + 500 * (n % 2))
+            choice.took(1, one_ns + one_ns // 2 * (n % 2))
         assert choice.one is chosen
         assert choice.pick(4) == (1 if chosen else 4)
 
