@@ -84,11 +84,12 @@ MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
 _last_run = 0  # id() of the program whose run began last in this process (see the doc)
 TRIAL_WARMUP = 8  # bound runs on all threads before the trial times any (the first are slow)
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
-# All threads are kept only when their fastest run beats one thread's by more than 3% and
-# by more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt):
-# the other threads must earn the cores they take, and spin on between runs.
+# All threads are kept when their fastest run beats one thread's by more than 3% and by
+# more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt), or
+# by a quarter: the other threads must earn the cores they take, and spin on between runs.
 ONE_THREAD_SLACK = 1.03
 ONE_THREAD_SLACK_NS = 20_000
+ALL_THREADS_GAIN = 1.25
 
 
 class _Threads:
@@ -121,8 +122,8 @@ class _Threads:
         (one if threads == 1 else every).append(ns)
         if len(one) >= TRIAL_RUNS:
             alone, together = min(one), min(every[TRIAL_WARMUP:])
-            self.one = alone <= together * ONE_THREAD_SLACK or alone - together <= (
-                ONE_THREAD_SLACK_NS
+            self.one = alone <= together * ONE_THREAD_SLACK or (
+                alone - together <= ONE_THREAD_SLACK_NS and alone < together * ALL_THREADS_GAIN
             )
 
 
