@@ -82,8 +82,16 @@ _UNBUILT = object()  # no session (yet) for these types and threads
 
 MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
 _last_run = 0  # id() of the program whose run began last in this process (see the doc)
-TRIAL_WARMUP = 8  # bound runs on all threads before the trial times any (the first are slow)
+# The trial of a set of shapes times no run before TRIAL_SETTLE_NS after its first, nor
+# before TRIAL_WARMUP runs: a session's first runs are slower (up to twice), and what loading
+# left behind (the reference kernels' BLAS threads, measuring the counters, spin ~0.1 s)
+# takes a core from them; ResNet-18's runs on both threads took 33-47 ms then, 17-20 after.
+TRIAL_SETTLE_NS = 500_000_000
+TRIAL_WARMUP = 8
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
+# Runs this long keep all threads untried: the spinning after a run costs them little, a
+# session more of their weights much (and they split well, but for long recurrences).
+TRIAL_LONGEST_NS = 2_000_000
 # All threads are kept when their fastest run beats one thread's by more than 3% and by
 # more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt), or
 # by a quarter: the other threads must earn the cores they take, and spin on between runs.
@@ -101,27 +109,38 @@ class _Threads:
     one, and answered sooner.
 
     The trial times bound runs that had the engine to themselves (no other NC run in
-    progress): after TRIAL_WARMUP runs on all threads (a session's first runs are slower,
-    up to twice), TRIAL_RUNS on all threads, then TRIAL_RUNS on one (on a session of one
-    thread, made in the background meanwhile), and compares the fastest run of each way
-    (the host's noise only ever adds time)."""
+    progress): once settled (TRIAL_SETTLE_NS and TRIAL_WARMUP runs), TRIAL_RUNS on all
+    threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS on one (on a session of
+    one thread, made in the background meanwhile); and it compares the fastest run of each
+    way (the host's noise only ever adds time)."""
 
     def __init__(self) -> None:
         self.one: bool | None = None  # the choice, once made
         self._took: tuple[list[int], list[int]] = ([], [])  # ns a run: all threads, one
+        self._first = 0  # when the first trial run ended (monotonic ns)
+        self._seen = 0  # trial runs on all threads so far, settling ones too
 
     def pick(self, most: int) -> int:
         """The threads of a run that may take `most` (> 1)."""
         if self.one is None:
-            return most if len(self._took[0]) < TRIAL_WARMUP + TRIAL_RUNS else 1
+            return most if len(self._took[0]) < TRIAL_RUNS else 1
         return 1 if self.one else most
 
     def took(self, threads: int, ns: int) -> None:
         """A trial run on `threads` took `ns`."""
         every, one = self._took
-        (one if threads == 1 else every).append(ns)
+        if threads == 1:
+            one.append(ns)
+        else:
+            now = time.monotonic_ns()
+            self._first = self._first or now
+            self._seen += 1
+            if self._seen > TRIAL_WARMUP and now - self._first >= TRIAL_SETTLE_NS:
+                every.append(ns)
+            if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS:
+                self.one = False
         if len(one) >= TRIAL_RUNS:
-            alone, together = min(one), min(every[TRIAL_WARMUP:])
+            alone, together = min(one), min(every)
             self.one = alone <= together * ONE_THREAD_SLACK or (
                 alone - together <= ONE_THREAD_SLACK_NS and alone < together * ALL_THREADS_GAIN
             )

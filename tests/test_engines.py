@@ -191,7 +191,7 @@ def test_an_unloaded_models_sessions_and_threads_go_with_it() -> None:
     assert after <= before, f"{after - before} threads more after 5 loads and unloads"
 
 
-def test_one_thread_is_chosen_only_when_it_runs_as_fast() -> None:
+def test_one_thread_is_chosen_only_when_it_runs_as_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread choice of a set of shapes: the first trial runs take all the engine's
     threads (the warm-up's not counted), the next ones one thread; one thread is kept
     unless all threads' fastest run beats its fastest by more than the slack, relative
@@ -205,6 +205,7 @@ def test_one_thread_is_chosen_only_when_it_runs_as_fast() -> None:
         _Threads,
     )
 
+    monkeypatch.setattr("driver_sim.fast.TRIAL_SETTLE_NS", 0)  # settled by runs alone
     us = 1000
     slack = round(1000 * us * ONE_THREAD_SLACK)  # all threads' fastest: 1 ms
     cases = [  # (one thread's fastest run, all threads' fastest, one chosen)
@@ -229,6 +230,28 @@ def test_one_thread_is_chosen_only_when_it_runs_as_fast() -> None:
             choice.took(1, one_ns + one_ns // 2 * (n % 2))
         assert choice.one is chosen
         assert choice.pick(4) == (1 if chosen else 4)
+
+
+def test_a_trial_waits_for_the_host_to_settle_and_long_runs_keep_all_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs in the first TRIAL_SETTLE_NS are not timed (what loading left behind takes a
+    core from them); runs longer than TRIAL_LONGEST_NS on all threads keep them, with no
+    run on one thread."""
+    from driver_sim.fast import TRIAL_LONGEST_NS, TRIAL_RUNS, TRIAL_WARMUP, _Threads
+
+    clock = [0]
+    monkeypatch.setattr("driver_sim.fast.time.monotonic_ns", lambda: clock[0])
+    choice = _Threads()
+    for _ in range(10 * TRIAL_WARMUP):  # many runs, but within the settling time
+        choice.took(2, 1000)
+        clock[0] += 1000
+    assert choice.pick(2) == 2 and choice._took == ([], [])
+    clock[0] += 10**9
+    for _ in range(TRIAL_RUNS):
+        assert choice.pick(2) == 2 and choice.one is None
+        choice.took(2, TRIAL_LONGEST_NS + 1)
+    assert choice.one is False and choice.pick(2) == 2
 
 
 def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> None:
