@@ -21,9 +21,9 @@ program that sleeps the moment its run ends (IN_RUNS), made in the background th
 time it is wanted. Measured on 2 cores, 4 models of a small CNN called in turn: 1.25 ms a
 call with spinning after every run, 0.76 ms without, 0.62-0.78 ms for one model alone.
 
-The engine's threads go only where they pay: each set of input shapes of a program is run
-on all of them and on one over its first runs, and keeps one when that is as fast (a graph
-too small or too sequential to split; see `_Threads`).
+The engine's threads go only where they pay: each set of input shapes of a program whose
+runs are short is run on all of them and on one over its first runs, and keeps one unless
+all are clearly faster (a graph too small or too sequential to split; see `_Threads`).
 
 A program runs on the reference kernels when its shapes cannot be told from its input
 shapes (an op whose output shape depends on values computed from the inputs, such as
@@ -89,8 +89,8 @@ _last_run = 0  # id() of the program whose run began last in this process (see t
 TRIAL_SETTLE_NS = 500_000_000
 TRIAL_WARMUP = 8
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
-# Runs this long keep all threads untried: the spinning after a run costs them little, a
-# session more of their weights much (and they split well, but for long recurrences).
+# Runs this long keep all threads untried: the spinning after such a run costs little
+# beside it, and a one-thread session would hold the program's weights once more.
 TRIAL_LONGEST_NS = 2_000_000
 # All threads are kept when their fastest run beats one thread's by more than 3% and by
 # more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt), or
