@@ -90,8 +90,10 @@ TRIAL_SETTLE_NS = 500_000_000
 TRIAL_WARMUP = 8
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
 # Runs this long keep all threads untried: the spinning after such a run costs little
-# beside it, and a one-thread session would hold the program's weights once more.
+# beside it, and a one-thread session would hold the program's weights once more. So do
+# programs of weights this large (an embedding table's lookups are short runs).
 TRIAL_LONGEST_NS = 2_000_000
+TRIAL_MOST_WEIGHTS = 64 << 20
 # All threads are kept when their fastest run beats one thread's by more than 3% and by
 # more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt), or
 # by a quarter: the other threads must earn the cores they take, and spin on between runs.
@@ -112,7 +114,8 @@ class _Threads:
     progress): once settled (TRIAL_SETTLE_NS and TRIAL_WARMUP runs), TRIAL_RUNS on all
     threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS on one (on a session of
     one thread, made in the background meanwhile); and it compares the fastest run of each
-    way (the host's noise only ever adds time)."""
+    way (the host's noise only ever adds time). A program of weights over
+    TRIAL_MOST_WEIGHTS keeps all threads untried."""
 
     def __init__(self) -> None:
         self.one: bool | None = None  # the choice, once made
@@ -193,6 +196,8 @@ class FastProgram:
         # not free them as the program is unloaded.
         self._loaded = weakref.ref(loaded)
         self.threads = threads
+        weights = sum(np.asarray(w).nbytes for w in loaded.program.weights.values())
+        self._tried = weights <= TRIAL_MOST_WEIGHTS  # its threads chosen by trial (_Threads)
         self.spinning = spinning
         self.opset = opset
         # What a run adds to the NC's counters, per input shapes (kept by the NC).
@@ -237,7 +242,7 @@ class FastProgram:
         most = blas.run_starts(self.threads)
         try:
             arrays = (*map(id, ins), *map(id, outs))
-            chooser = self._threads_of.get(arrays) if most > 1 else None
+            chooser = self._threads_of.get(arrays) if most > 1 and self._tried else None
             threads = most if chooser is None else chooser.pick(most)
             kind = (threads, self._spinning(threads))
             key = (*kind, *arrays)

@@ -336,3 +336,27 @@ def test_choosing_all_threads_drops_the_trials_one_thread_session() -> None:
     assert not [kind for _, kind in fast._sessions if kind[0] == 1]
     fast.run({"x": x}, {"y": y})
     np.testing.assert_allclose(y, x @ program.weights["w"], rtol=1e-5)
+
+
+def test_a_program_of_large_weights_keeps_all_threads_untried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No trial (so no second session of its weights) for a program whose weights pass
+    TRIAL_MOST_WEIGHTS: its runs are bound on all threads, with no thread choice."""
+    monkeypatch.setattr("driver_sim.fast.TRIAL_MOST_WEIGHTS", 8 * 4 - 1)  # under one (8, 4)
+    program = driver_sim.NcProgram(
+        [driver_sim.Instr("MatMul", ("x", "w"), ("y",))],
+        {"w": np.ones((8, 4), np.float32)},
+        ["x"],
+        ["y"],
+    )
+    loaded = driver_sim.load_program("test", program)  # (the fast form holds it weakly)
+    fast = FastProgram.of(loaded, threads=2, opset=None)
+    assert fast is not None
+    x, y = np.ones((2, 8), np.float32), np.empty((2, 4), np.float32)
+    for _ in range(3):
+        fast.run({"x": x}, {"y": y})
+    np.testing.assert_array_equal(y, np.full((2, 4), 8, np.float32))
+    assert fast._bound and all(key[0] == 2 for key in fast._bound)
+    assert fast._threads_of.get(tuple(id(a) for a in (x, y))) is not None  # bound, and
+    assert all(choice._seen == 0 for choice in fast._threads_for.values())  # never tried
