@@ -677,7 +677,8 @@ def test_the_http_front_end_listens_where_it_is_told(module_work: Path, repo: Re
             assert triton.is_model_ready(MLP)
         finally:
             triton.close()
-        assert proc.stop() == 0
+        code = proc.stop()
+        assert code == 0, f"exit code {code}; the daemon's log ends:\n{proc.log()[-4000:]}"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=5)
 
