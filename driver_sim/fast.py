@@ -35,8 +35,8 @@ graph it makes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import ctypes.util
 import functools
 import threading
 import time
@@ -371,11 +371,9 @@ def _give_back_freed_memory() -> None:
     """Return the C heap's free pages to the system (glibc's malloc_trim): a dropped
     session's memory otherwise stays in the process's RSS (ResNet-18's one-thread session:
     RSS 498 MiB after its drop, 302 after this). Elsewhere, nothing."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    # the process's own symbols: find_library("c") would run ldconfig, a child process
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _exchangeable(arrays: Sequence[Any]) -> bool:
