@@ -309,16 +309,19 @@ class FastProgram:
         """A trial chose all threads: the one-thread sessions go, with their bindings (a
         session holds the weights once more: ResNet-18's, 200 MiB), unless runs of other
         shapes take or may take one thread. NC runs side by side make them again when they
-        want them."""
+        want them. The heap is trimmed only when a session went (a trial of long runs made
+        none, and the daemon keeps its freed heap for its requests)."""
         with self._lock:
             if any(choice.one is not False for choice in self._threads_for.values()):
                 return
-            for made in [made for made in self._sessions if made[1][0] == 1]:
+            dropped = [made for made in self._sessions if made[1][0] == 1]
+            for made in dropped:
                 del self._sessions[made]
                 self._building.discard(made)
             for bound in [bound for bound in self._bound if bound[0] == 1]:
                 del self._bound[bound]
-        threading.Thread(target=_give_back_freed_memory, daemon=True).start()
+        if dropped:
+            threading.Thread(target=_give_back_freed_memory, daemon=True).start()
 
     def _spinning(self, threads: int) -> str:
         """How this run's threads wait once it ends: as the engine says, but not spinning
