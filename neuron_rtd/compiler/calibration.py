@@ -27,8 +27,13 @@ from neuron_rtd.arguments import unreadable
 from neuron_rtd.compiler.quantize import CalibrationError, ModelInput, Sample, read_npz_samples
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import as_input
-from neuron_rtd.neff.casting import safe_cast
-from neuron_rtd.records.features import DecodeError, FeatureSpec, decode_record, fed_inputs
+from neuron_rtd.records.features import (
+    DecodeError,
+    FeatureSpec,
+    check_cast,
+    decode_record,
+    fed_inputs,
+)
 from neuron_rtd.records.tfrecord import CorruptRecord, RecordTooLarge, read_file
 
 
@@ -169,13 +174,7 @@ def feeds_for(specs: Sequence[FeatureSpec], inputs: Sequence[ModelInput]) -> lis
     feeds = []
     for model_input in inputs:
         spec = fed[model_input.name]
-        if not (spec.cast or safe_cast(spec.dtype, model_input.dtype)):
-            raise CalibrationError(
-                f"--feature {spec.name}: {spec.dtype.name} for the model's input "
-                f"{model_input.describe()}, which cannot hold every {spec.dtype.name} value: "
-                f"declare the feature {model_input.dtype.name} (the records' values are "
-                "checked as they are decoded) or pass --cast for numpy's unsafe cast"
-            )
+        check_cast(spec, model_input.dtype, model_input.describe(), CalibrationError)
         feeds.append(_Feed(spec, model_input, _batch_of_one(spec, model_input)))
     return feeds
 

@@ -138,6 +138,24 @@ def fed_inputs(
     return fed
 
 
+def check_cast(
+    spec: FeatureSpec,
+    dtype: np.dtype,
+    described: str,
+    error: type[ValueError] = SpecMismatch,
+) -> None:
+    """That `spec`'s values fit the model's input of `dtype` (`described` for the message)
+    with no loss, or that the spec asks for numpy's unsafe cast; `error` saying what to
+    declare instead."""
+    if not (spec.cast or safe_cast(spec.dtype, dtype)):
+        raise error(
+            f"--feature {spec.name}: {spec.dtype.name} for the model's input {described}, "
+            f"which cannot hold every {spec.dtype.name} value: declare the feature "
+            f"{dtype.name} (the records' values are checked as they are decoded) or pass "
+            "--cast for numpy's unsafe cast"
+        )
+
+
 def check_specs(
     specs: Sequence[FeatureSpec], inputs: Sequence[TensorSpec], batch: int | None = None
 ) -> int:
@@ -153,14 +171,7 @@ def check_specs(
                 f"--feature {spec.name}: the model's input {tensor.name!r} is a scalar, "
                 "with no batch axis to stream records along"
             )
-        if not (spec.cast or safe_cast(spec.dtype, tensor.dtype)):
-            raise SpecMismatch(
-                f"--feature {spec.name}: {spec.dtype.name} for the model's input "
-                f"{tensor.name!r}, {tensor.dtype.name}, which cannot hold every "
-                f"{spec.dtype.name} value: declare the feature {tensor.dtype.name} (the "
-                "records' values are checked as they are decoded) or pass --cast for numpy's "
-                "unsafe cast"
-            )
+        check_cast(spec, tensor.dtype, f"{tensor.name!r}, {tensor.dtype.name}")
         if not _fits(spec.shape, tensor):
             record = ",".join(
                 (f"<={dim}" if dim else "any") if axis in tensor.varying_axes else str(dim)
