@@ -38,7 +38,7 @@ from neuron_rtd.runtime import (
     acquire_sim,
     session_tag,
 )
-from neuron_rtd.runtime.model import all_finite
+from neuron_rtd.runtime.model import _checked_form, all_finite
 
 
 @pytest.fixture
@@ -295,6 +295,29 @@ def test_all_finite_finds_any_nan_or_inf(dtype: str) -> None:
     for pair in ([np.inf, -np.inf], [np.nan, 1.0], [np.inf, np.inf]):
         few[2:4] = np.array(pair, dtype)
         assert not all_finite(few)
+    # several outputs at once (one errstate for all): any one spoiled spoils the answer
+    assert all_finite(values, values[:10], values[:300], np.full(400, np.finfo(dtype).max, dtype))
+    for worse in (few, spoiled, spoiled[-300:], spoiled[1::2]):  # (spoiled at its end)
+        assert not all_finite(values, worse) and not all_finite(worse, values[:10])
+
+
+def test_all_finite_reads_float_outputs_as_checked() -> None:
+    """The forms `_numerical_code` keeps of a model's float outputs: a handful of values
+    as a memoryview, more as a flat array; a NaN or Inf anywhere in any of them counts."""
+    outputs: list[np.ndarray] = [
+        np.ones((2, 3), np.float32),
+        np.ones((4, 100), np.float64),
+        np.ones(8, np.float16),
+    ]
+    forms = [_checked_form(o) for o in outputs]
+    assert type(forms[0]) is memoryview and forms[1].shape == (400,)
+    assert all_finite(*forms)
+    for output in outputs:
+        for bad in (np.nan, np.inf):
+            output.reshape(-1)[-1] = bad
+            assert not all_finite(*forms)
+            output.reshape(-1)[-1] = 1
+    assert all_finite(*forms)
 
 
 def test_an_unloaded_models_cookies_keep_only_their_answer(runtime: Runtime) -> None:

@@ -498,10 +498,7 @@ class LoadedModel:
         else:
             slot = job.variant.slots[job.slot]
             values = [cut(np.asarray(slot[t.name]), t, job.sizes) for t in self._float_outputs]
-        for value in values:
-            if not (finite_sum(value.tolist()) if type(value) is memoryview else all_finite(value)):
-                return _NUM_ERR
-        return _OK
+        return _OK if all_finite(*values) else _NUM_ERR
 
     def _check_runnable(self) -> None:
         if self.state is ModelState.READY:
@@ -528,27 +525,41 @@ def _plain_outputs(variant: Variant, neff: Neff) -> list[dict[str, np.ndarray]] 
 def _checked_form(output: np.ndarray) -> np.ndarray | memoryview[float]:
     """A float output as `_numerical_code` checks it: a handful of float32 or float64
     values in place as a memoryview, whose floats Python reads with no call into numpy
-    (slow on the caches a run has just had); else the array itself (`all_finite`)."""
+    (slow on the caches a run has just had); else the array itself, flat when that needs
+    no copy (`all_finite`)."""
     small = 0 < output.size <= _FEW  # (a memoryview of no elements cannot be cast)
     if small and output.flags.c_contiguous and output.dtype in _BLAS_FLOATS:
         items = output.data.cast("B")  # (the dtype is in the host's byte order)
         return items.cast("f") if output.dtype == np.float32 else items.cast("d")
-    return output
+    return output.reshape(-1) if output.flags.c_contiguous else output
 
 
-def all_finite(value: np.ndarray) -> bool:
-    """Whether a float array holds no NaN or Inf. Its dot product with itself is finite
-    only if every element is (a NaN or Inf makes it NaN or Inf), and BLAS reads the array
-    faster than `isfinite` can; a non-finite dot product (also from squares that overflow)
-    is settled elementwise."""
-    if value.size <= _FEW:
-        return finite_sum(value.reshape(-1).tolist())
-    if value.dtype in _BLAS_FLOATS and value.size > 1024:
-        flat = value.reshape(-1)
+def all_finite(*values: np.ndarray | memoryview[float]) -> bool:
+    """Whether float arrays (or memoryviews of a handful of floats, `_checked_form`) hold
+    no NaN or Inf. A handful of values is summed in Python (`finite_sum`). A float32 or
+    float64 array's dot product with itself is finite only if every element is (a NaN or
+    Inf makes it NaN or Inf), and BLAS reads the array faster than `isfinite` can; a
+    non-finite dot product (also from squares that overflow) is settled elementwise. The
+    dot products of all the arrays share one `errstate` (entering it costs as much as a
+    dot product of a few thousand values)."""
+    dotted = []
+    for value in values:
+        if type(value) is memoryview:
+            if not finite_sum(value.tolist()):
+                return False
+        elif value.size <= _FEW:
+            if not finite_sum(value.reshape(-1).tolist()):
+                return False
+        elif value.dtype in _BLAS_FLOATS:
+            dotted.append(value.reshape(-1))
+        elif not np.isfinite(value).all():
+            return False
+    if dotted:
         with np.errstate(all="ignore"):
-            if np.isfinite(np.dot(flat, flat)):
-                return True
-    return bool(np.isfinite(value).all())
+            for flat in dotted:
+                if not math.isfinite(flat.dot(flat)) and not np.isfinite(flat).all():
+                    return False
+    return True
 
 
 def finite_sum(values: Sequence[float]) -> bool:
