@@ -100,6 +100,13 @@ TRIAL_MOST_WEIGHTS = 64 << 20
 ONE_THREAD_SLACK = 1.03
 ONE_THREAD_SLACK_NS = 20_000
 ALL_THREADS_GAIN = 1.25
+# One thread, once chosen, is tried again against all threads after RETRY_FIRST_NS of the
+# program's runs, then after twice as long each time it wins, up to RETRY_LONGEST_NS: a
+# trial run while the host was busy (another process, or other NCs, on the other cores)
+# finds all threads no faster, and that choice must not outlive the load. A choice of all
+# threads stands (the other threads cost CPU, not time).
+RETRY_FIRST_NS = 2_000_000_000
+RETRY_LONGEST_NS = 64_000_000_000
 
 
 class _Threads:
@@ -111,23 +118,31 @@ class _Threads:
     one, and answered sooner.
 
     The trial times bound runs that had the engine to themselves (no other NC run in
-    progress): once settled (TRIAL_SETTLE_NS and TRIAL_WARMUP runs), TRIAL_RUNS on all
-    threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS on one (on a session of
-    one thread, made in the background meanwhile); and it compares the fastest run of each
-    way (the host's noise only ever adds time). A program of weights over
-    TRIAL_MOST_WEIGHTS keeps all threads untried."""
+    progress): once settled (TRIAL_SETTLE_NS, the first trial only, and TRIAL_WARMUP
+    runs), TRIAL_RUNS on all threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS
+    on one (on a session of one thread, made in the background meanwhile); and it
+    compares the fastest run of each way (the host's noise only ever adds time). A
+    program of weights over TRIAL_MOST_WEIGHTS keeps all threads untried. One thread,
+    once chosen, is tried again later (RETRY_FIRST_NS)."""
 
     def __init__(self) -> None:
         self.one: bool | None = None  # the choice, once made
         self._took: tuple[list[int], list[int]] = ([], [])  # ns a run: all threads, one
         self._first = 0  # when the first trial run ended (monotonic ns)
         self._seen = 0  # trial runs on all threads so far, settling ones too
+        self._settle = TRIAL_SETTLE_NS  # the first trial's; a later one's is none
+        self._again = 0  # when one thread, chosen, is tried again (monotonic ns)
+        self._retry = RETRY_FIRST_NS  # how long after choosing one thread that is
 
     def pick(self, most: int) -> int:
         """The threads of a run that may take `most` (> 1)."""
-        if self.one is None:
+        one = self.one
+        if one is None:
             return most if len(self._took[0]) < TRIAL_RUNS else 1
-        return 1 if self.one else most
+        if one and time.monotonic_ns() >= self._again:
+            self._try_again()
+            return most
+        return 1 if one else most
 
     def took(self, threads: int, ns: int) -> None:
         """A trial run on `threads` took `ns`."""
@@ -138,7 +153,7 @@ class _Threads:
             now = time.monotonic_ns()
             self._first = self._first or now
             self._seen += 1
-            if self._seen > TRIAL_WARMUP and now - self._first >= TRIAL_SETTLE_NS:
+            if self._seen > TRIAL_WARMUP and now - self._first >= self._settle:
                 every.append(ns)
             if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS:
                 self.one = False
@@ -147,6 +162,16 @@ class _Threads:
             self.one = alone <= together * ONE_THREAD_SLACK or (
                 alone - together <= ONE_THREAD_SLACK_NS and alone < together * ALL_THREADS_GAIN
             )
+            if self.one:
+                self._again = time.monotonic_ns() + self._retry
+                self._retry = min(2 * self._retry, RETRY_LONGEST_NS)
+
+    def _try_again(self) -> None:
+        """Start another trial of this choice of one thread (the sessions of both kinds
+        are there, and warm)."""
+        self._took = ([], [])
+        self._first = self._seen = self._settle = 0
+        self.one = None
 
 
 @dataclass(frozen=True)

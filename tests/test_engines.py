@@ -254,6 +254,43 @@ def test_a_trial_waits_for_the_host_to_settle_and_long_runs_keep_all_threads(
     assert choice.one is False and choice.pick(2) == 2
 
 
+def test_one_thread_is_tried_again_later_and_gives_way_when_all_threads_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A choice of one thread made while the host was busy must not stand for good: it is
+    tried again RETRY_FIRST_NS later (warm-up runs, no settling time), then after twice as
+    long each time one thread wins again, and all threads take over when they win."""
+    from driver_sim.fast import RETRY_FIRST_NS, TRIAL_RUNS, TRIAL_WARMUP, _Threads
+
+    monkeypatch.setattr("driver_sim.fast.TRIAL_SETTLE_NS", 0)
+    clock = [10**12]
+    monkeypatch.setattr("driver_sim.fast.time.monotonic_ns", lambda: clock[0])
+    us = 1000
+
+    def trial(choice: _Threads, all_ns: int, one_ns: int) -> None:
+        for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
+            assert choice.pick(2) == 2 and choice.one is None
+            choice.took(2, all_ns)
+        for _ in range(TRIAL_RUNS):
+            assert choice.pick(2) == 1 and choice.one is None
+            choice.took(1, one_ns)
+
+    choice = _Threads()
+    trial(choice, all_ns=400 * us, one_ns=400 * us)  # all threads slowed by a busy host
+    assert choice.one is True
+    for wait in (RETRY_FIRST_NS, 2 * RETRY_FIRST_NS):
+        clock[0] += wait - 1
+        assert choice.pick(2) == 1 and choice.one is True  # not yet
+        clock[0] += 1
+        trial(choice, all_ns=400 * us, one_ns=400 * us)  # still no faster: one again
+        assert choice.one is True
+    clock[0] += 4 * RETRY_FIRST_NS
+    trial(choice, all_ns=200 * us, one_ns=400 * us)  # the host is quiet now
+    assert choice.one is False
+    clock[0] += 100 * RETRY_FIRST_NS
+    assert choice.pick(2) == 2 and choice.one is False  # all threads stand
+
+
 def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> None:
     """Through the trial (all threads, then one, on a session made in the background) to
     the choice: every run writes the same bits, and the runs after the choice are bound
