@@ -1,5 +1,7 @@
 """The PyTorch plugin's cost: a traced module's call against `Client.infer` of the same
-NEFF with the same inputs (the plugin's own overhead: structure, checks, tensor views),
+NEFF with the same inputs (the plugin's own overhead: structure, checks, tensor views) on
+the very model the module loaded (the same client, NCG and NC: a copy loaded elsewhere
+runs on an NC of its own, whose thread choice may differ),
 against eager PyTorch on the same number of threads as an NC computes with; and
 DataParallel over 4 NCGs at batch 32 against one NCG.
 
@@ -26,7 +28,6 @@ from torch import nn
 
 import neuron_rtd.torch as neuron
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.client import Client
 
 
 class ResidualCNN(nn.Module):
@@ -88,18 +89,19 @@ def report(times: dict[str, list[float]], base: str) -> None:
 def overhead(net: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
     """The traced module against Client.infer of its NEFF and against eager PyTorch."""
     traced = neuron.trace(net, x)
-    with Client() as client:
-        model = client.load(traced.neff.numpy().tobytes())
-        torch.set_num_threads(args.threads)
-        feeds = {"input0": x.numpy()}
-        sides = {
-            "traced module (neuron_rtd.torch)": lambda: traced(x),
-            "Client.infer, same NEFF": lambda: model.infer(feeds),
-            f"eager PyTorch, {args.threads} thread(s)": lambda: net(x),
-        }
-        print(f"batch 1, {args.calls} calls per side in {args.rounds} rounds:")
-        with torch.no_grad():
-            report(alternate(sides, args.calls, args.rounds), "Client.infer, same NEFF")
+    traced(x)  # loaded now, through the plugin's own Client
+    model = traced.loaded.model
+    assert model is not None
+    torch.set_num_threads(args.threads)
+    feeds = {"input0": x.numpy()}
+    sides = {
+        "traced module (neuron_rtd.torch)": lambda: traced(x),
+        "Client.infer, same loaded NEFF": lambda: model.infer(feeds),
+        f"eager PyTorch, {args.threads} thread(s)": lambda: net(x),
+    }
+    print(f"batch 1, {args.calls} calls per side in {args.rounds} rounds:")
+    with torch.no_grad():
+        report(alternate(sides, args.calls, args.rounds), "Client.infer, same loaded NEFF")
 
 
 def data_parallel(net: nn.Module, args: argparse.Namespace) -> None:
