@@ -640,6 +640,32 @@ def test_a_restarted_daemon_gets_a_new_session(work: Path, mlp: SampleModel) -> 
             assert len(stub.list_egs(pb.empty()).eg_info) == 0  # tied to the new session
 
 
+def test_a_session_without_a_ticket_is_said_only_once_it_is_open(
+    work: Path, mlp: SampleModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon whose peer socket cannot give a ticket still gets a session, said once
+    it is open ("session opened unidentified"); a daemon gone is only the error."""
+    proc = DaemonProcess(sim_root=work / "sim")
+    with proc, Client(proc.address) as client:
+        os.unlink(proc.socket_path + ".peer")  # the ticket cannot be had; the rest works
+        with caplog.at_level("WARNING", logger="neuron_rtd.client"):
+            model = client.load(mlp.neff)
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and said[0].startswith("session opened unidentified: ")
+        x = mlp.random_inputs(1)["x"]
+        assert_probs(model(x=x), mlp, x)
+        assert proc.proc is not None
+        proc.proc.kill()
+        proc.stop()
+        caplog.clear()
+        with (
+            caplog.at_level("WARNING", logger="neuron_rtd.client"),
+            pytest.raises(NrtConnectionError),
+        ):
+            client.load(mlp.neff)
+        assert not [r for r in caplog.records if "unidentified" in r.getMessage()]
+
+
 def test_more_models_than_groups_take_turns(
     daemon: DaemonProcess, stub: Any, mlp: SampleModel, mlp2: SampleModel
 ) -> None:

@@ -256,25 +256,26 @@ class Connection:
             raise ClientClosed
         if self.session is not None and not self.session.ended:
             return False
-        peer = self._ticket()
+        peer, unidentified = self._ticket()
         with transport_errors("session_monitor", self.address, self.timeout_s):
             self.session = Session(
                 self.channel, timeout_s=self.timeout_s, ticket=peer, retry=self.retry
             )
+        if unidentified is not None:  # said once the session is open (a daemon gone says so)
+            log.warning("session opened unidentified: %s", unidentified)
         self.answered = True
         return True
 
-    def _ticket(self) -> int | None:
+    def _ticket(self) -> tuple[int | None, NrtClientError | None]:
         """A ticket that makes the session this user's (the daemon counts sessions per
-        user); None where the daemon has no peer socket, or it cannot give one."""
+        user); None where the daemon has no peer socket, or (with why) it cannot give one."""
         path = self.peer_socket()
         if not path:
-            return None
+            return None, None
         try:
-            return ticket(path)
+            return ticket(path), None
         except NrtClientError as exc:
-            log.warning("session opened unidentified: %s", exc)
-            return None
+            return None, exc
 
     def session_id(self) -> int:
         if not self.use_session:
