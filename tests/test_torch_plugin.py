@@ -302,7 +302,7 @@ def test_dynamic_batch_traced_at_one_takes_any_batch(daemon: DaemonProcess) -> N
         compiler_args=["--dynamic-batch", "1:4"],
     )
     assert traced.package.batch_limit == 4
-    for batch in (1, 3, 8):  # 8: two runs of 4, joined
+    for batch in (1, 3, 8, 0):  # 8: two runs of 4, joined; 0: empty, as eager
         x = torch.randn(batch, 3, 12, 12)
         same(traced(x), eager(module, x))
     with pytest.raises(neuron.InputMismatch, match=r"float32 \(N, 3, 12, 12\) for any batch"):

@@ -192,10 +192,7 @@ class Package:
     def _other_batch(self, shape: tuple[int, ...], traced: tuple[int, ...]) -> bool:
         """`shape` is `traced` but for its batch, and this NEFF takes any batch."""
         return (
-            self.batch_limit is not None
-            and len(shape) == len(traced)
-            and shape[1:] == traced[1:]
-            and shape[0] >= 1
+            self.batch_limit is not None and len(shape) == len(traced) and shape[1:] == traced[1:]
         )
 
     def _array_of(self, index: int, tensor: torch.Tensor, spec: TensorSpec) -> np.ndarray:
@@ -230,7 +227,9 @@ class Loaded:
         """The NEFF run on `tensors` (checked against its inputs): its outputs."""
         arrays = self.package.arrays(tensors)
         limit = self.package.batch_limit
-        if limit is None or arrays[0].shape[0] <= limit:  # (a batched NEFF has inputs)
+        if limit is not None and arrays[0].shape[0] == 0:  # an empty batch: as eager, empty
+            outputs = [np.empty((0, *t.shape[1:]), t.dtype) for t in self.package.outputs]
+        elif limit is None or arrays[0].shape[0] <= limit:  # (a batched NEFF has inputs)
             outputs = self._infer(arrays)
         else:  # in parts of the largest bucket, the last one smaller
             starts = range(0, arrays[0].shape[0], limit)
