@@ -684,6 +684,30 @@ def test_stop_lets_a_request_under_way_finish_then_refuses(served: Served) -> No
     server.stop()  # idempotent
 
 
+def test_stop_after_waitress_closed_its_listener_itself(served: Served) -> None:
+    """waitress closes a listener that fails (`handle_close`): the stop after it still
+    wakes the I/O thread, closes what is open and ends it, with no exception."""
+    server = HttpServer(served.serving, "127.0.0.1:0")
+    server.start()
+    port = server.port
+    assert raw(port, "GET", "/v2/health/live").status == 200
+    listener, loop = server._listener, server._loop
+    assert listener is not None and loop is not None
+    closed = threading.Event()
+
+    def fail() -> None:  # in the I/O thread, as an error in the listener closes it
+        listener.handle_close()
+        closed.set()
+
+    listener.call_in_loop(fail)
+    assert closed.wait(5)
+    started = time.monotonic()
+    server.stop()  # raised EBADF here when waitress's close had closed the trigger too
+    assert time.monotonic() - started < 3 and not loop.is_alive()
+    with pytest.raises(OSError):
+        raw(port, "GET", "/v2/health/live")
+
+
 def test_keep_alive_connections_are_reused(served: Served) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=10)
     try:

@@ -496,14 +496,26 @@ class _Listener(TcpWSGIServer):
     def port(self) -> int:
         return int(cast(Any, self).effective_port)
 
-    def call_in_loop(self, thunk: Callable[[], None]) -> None:
-        """`thunk` run by the I/O thread, which it wakes."""
-        cast(Any, self).trigger.pull_trigger(thunk)
+    def close(self) -> None:
+        """The listening socket closed; the trigger stays open until `close_connections`
+        (waitress's own `close` closes both, on an error in the listener say, and a stop
+        under way then had no way left to wake the I/O thread: EBADF, seen as a thread's
+        exception in a test and, once, as the daemon's exit code 1 on SIGTERM)."""
+        wasyncore.dispatcher.close(self)
+
+    def call_in_loop(self, thunk: Callable[[], None]) -> bool:
+        """`thunk` run by the I/O thread, which it wakes; False when that thread is gone
+        (its trigger closed: nothing is left for it to do)."""
+        try:
+            cast(Any, self).trigger.pull_trigger(thunk)
+        except OSError:
+            return False
+        return True
 
     def stop_accepting(self) -> None:
         """The listening socket closed (in the I/O thread)."""
         self.accepting = False
-        wasyncore.dispatcher.close(self)
+        self.close()
 
     def close_connections(self) -> None:
         """Every connection closed once what it has to send is sent, and the trigger: the
