@@ -147,9 +147,22 @@ class EchoServer:
 
 
 # --- the daemon ------------------------------------------------------------------------
+class PresentSession(grpc.UnaryUnaryClientInterceptor):
+    """Every unary call presents `client`'s session (gRPC metadata `nrt-session-id`), as
+    the client's own calls do: the daemon names the shared memory a session mapped only to
+    calls that present it."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = (*(details.metadata or ()), *self.client.connection.metadata)
+        return continuation(details._replace(metadata=metadata), request)
+
+
 class Daemon:
     """A fresh daemon serving one device, and a client of it; `stub` makes the raw calls
-    that the benches time."""
+    that the benches time (presenting the client's session)."""
 
     def __init__(self, work: Path, name: str, env: dict[str, str] | None = None) -> None:
         self.proc = DaemonProcess(
@@ -161,8 +174,8 @@ class Daemon:
         ).start()
         self.address = self.proc.address
         self.client = Client(self.address, shm=False)
-        self.channel = self.client.channel
-        self.stub: Any = self.client.stub
+        self.channel = grpc.intercept_channel(self.client.channel, PresentSession(self.client))
+        self.stub: Any = pb_grpc.nmgr_v1Stub(self.channel)
 
     def load(self, neff: bytes, *, ninfer: int, timeout_s: int = 60, eg: int | None = None) -> int:
         """Load `neff` (on NCG `eg`, stopped; else on an implicit NCG, started)."""
