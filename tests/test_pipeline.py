@@ -150,9 +150,15 @@ def test_stop_cancels_posted_inferences(local: LocalRuntime, four_stages: Sample
     assert local.runtime.model(model.id).in_flight == 0
 
 
-def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
+def test_nc_runs_side_by_side_share_the_blas_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs in progress share the BLAS threads; the fast engine's cores are shared
+    by the most runs in progress at once within the last OVERLAP_MEMORY_S (a run alone
+    between two that took turns side by side does not take them all)."""
     from driver_sim import blas
 
+    clock = [1000.0]
+    monkeypatch.setattr("driver_sim.blas.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("driver_sim.blas._peak_until", 0.0)
     most = blas.threads()
     assert blas.run_starts(4) == 4  # one run alone has them all
     assert blas.threads() == most
@@ -160,6 +166,13 @@ def test_nc_runs_side_by_side_share_the_blas_threads() -> None:
     assert blas.threads() == max(1, most // 2)
     blas.run_ends()
     assert blas.threads() == most
+    blas.run_ends()
+    clock[0] += blas.OVERLAP_MEMORY_S / 2
+    assert blas.run_starts(4) == 2  # alone, but two ran at once a moment ago
+    assert blas.threads() == most
+    blas.run_ends()
+    clock[0] += blas.OVERLAP_MEMORY_S
+    assert blas.run_starts(4) == 4  # alone for a while: all of them again
     blas.run_ends()
 
 
