@@ -213,12 +213,18 @@ def test_a_killed_run_resumes_to_exactly_the_full_output(
         )
         checkpoint = out / ".checkpoint.json"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and run.poll() is None:
             if checkpoint.exists() and len(json.loads(checkpoint.read_text())["done"]) >= 2:
                 break
             time.sleep(0.05)
+        ended = run.poll()  # None: still running, as it must be to be stopped mid-run
         os.kill(run.pid, stop)
         _, err = run.communicate(timeout=60)
+        assert ended is None and checkpoint.exists(), (
+            (f"neuron-batch ended by itself, exit {ended}" if ended is not None else "")
+            + ("; no unit done in 120 s" if not checkpoint.exists() else "")
+            + f"\n{err.decode(errors='replace')[-3000:]}\ndaemon log:\n{daemon.log()[-3000:]}"
+        )
         if stop != signal.SIGKILL:
             assert run.returncode == 128 + stop, err
             assert f"stopped by {stop.name}".encode() in err and b"--resume" in err, err
