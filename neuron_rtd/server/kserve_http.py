@@ -18,6 +18,7 @@ anything unexpected 500 with a one-line message, its traceback in the daemon's l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import http
@@ -503,14 +504,11 @@ class _Listener(TcpWSGIServer):
         exception in a test and, once, as the daemon's exit code 1 on SIGTERM)."""
         wasyncore.dispatcher.close(self)
 
-    def call_in_loop(self, thunk: Callable[[], None]) -> bool:
-        """`thunk` run by the I/O thread, which it wakes; False when that thread is gone
+    def call_in_loop(self, thunk: Callable[[], None]) -> None:
+        """`thunk` run by the I/O thread, which it wakes; not run when that thread is gone
         (its trigger closed: nothing is left for it to do)."""
-        try:
+        with contextlib.suppress(OSError):
             cast(Any, self).trigger.pull_trigger(thunk)
-        except OSError:
-            return False
-        return True
 
     def stop_accepting(self) -> None:
         """The listening socket closed (in the I/O thread)."""
