@@ -1,14 +1,16 @@
 """The baseline of the benches: a bare gRPC server whose one method answers the request's
-own bytes, on the same kind of socket and with as many threads as the daemon."""
+own bytes, on the same kind of socket and with the daemon's call threads (its pool, of
+the daemon's default size)."""
 
 from __future__ import annotations
 
 import socket
-from concurrent import futures
 
 import grpc
 
+from neuron_rtd.daemon.config import DaemonConfig
 from neuron_rtd.proto import CHANNEL_OPTIONS
+from neuron_rtd.server.pool import server_pool
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"
@@ -38,7 +40,7 @@ def serve_echo(address: str) -> None:
     handler = grpc.method_handlers_generic_handler(
         ECHO_SERVICE, {"echo": grpc.unary_unary_rpc_method_handler(echo)}
     )
-    server = grpc.server(futures.ThreadPoolExecutor(16), options=CHANNEL_OPTIONS)
+    server = grpc.server(server_pool(DaemonConfig().server_threads), options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(address)
     server.start()

@@ -15,7 +15,6 @@ import select
 import signal
 import socket
 import sys
-from concurrent import futures
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -49,6 +48,7 @@ from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
 from neuron_rtd.server import Health, PeerSocket, ServicerSet, Tickets, add_servicers
+from neuron_rtd.server.pool import server_pool
 from neuron_rtd.serving.api import ServingError
 from neuron_rtd.serving.service import Serving
 from neuron_rtd.typed_json import ConfigError
@@ -333,7 +333,7 @@ class Daemon:
         # before the gRPC server and the peer socket: a refusal leaves neither behind
         self.serving = self._start_serving(runtime)
         server = grpc.server(
-            futures.ThreadPoolExecutor(config.server_threads, thread_name_prefix="nmgr"),
+            server_pool(config.server_threads, "nmgr"),
             options=[
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),

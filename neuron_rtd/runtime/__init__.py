@@ -39,6 +39,7 @@ from neuron_rtd.runtime.driver import (
     acquire_sim,
     nc_engine,
     nc_spinning,
+    usable_cpus,
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
@@ -101,4 +102,5 @@ __all__ = [
     "nc_spinning",
     "parse_version",
     "session_tag",
+    "usable_cpus",
 ]

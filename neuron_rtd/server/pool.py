@@ -1,0 +1,151 @@
+"""The gRPC server's call threads (`CallPool`): a few calls run at once, more only while
+some block.
+
+grpcio's synchronous server runs each call on a thread of the pool it is given, and its
+own Python (the call's receive, its status, the completion queue's thread that hands
+calls out) shares one GIL with them. Every call in progress is a thread wanting the GIL
+at each of those steps, so past a few calls at once the threads spend the GIL handing it
+to each other. Measured on 2 cores, 8 clients calling a small model: 1500-1970 calls/s on
+a plain pool of 16 threads, 2500-2800 on one of 4; the bare gRPC echo likewise
+3080-3820 on 16, 3820-4750 on 4, 5050-5230 on 2.
+
+A pool of few threads, though, would leave calls waiting behind calls that only wait
+(an `infer_wait` for a deep queue, a long inference): so a call that has run for
+BLOCKED_AFTER_S no longer counts against the calls that may run at once, and a waiting
+call then starts, on a thread the pool adds (up to its most). Threads beyond what runs
+end after IDLE_EXIT_S with nothing to take.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, cast
+
+from neuron_rtd.runtime import usable_cpus
+
+# A call running this long is taken to be waiting, not computing: another may start. Not
+# much less: under load a computing call takes a few ms (8 clients of a small model: 3-4 ms
+# a call at p50), and at 5 ms the pool took calls slowed by the GIL for blocked ones, ran
+# more at once, slowed them further, and served fewer than a plain pool of 16 threads.
+BLOCKED_AFTER_S = 0.05
+IDLE_EXIT_S = 5.0  # a thread beyond the calls that may run at once, idle this long, ends
+
+
+def server_pool(threads: int, name: str = "call") -> futures.ThreadPoolExecutor:
+    """The pool of a gRPC server of at most `threads` call threads: two calls running at
+    once per usable core (a call also waits, on its client and on its NC). Typed as
+    grpcio's stubs name a server's pool; grpcio only submits calls to it."""
+    pool = CallPool(min(2 * usable_cpus(), threads), threads, name=name)
+    return cast(futures.ThreadPoolExecutor, pool)
+
+
+class CallPool(futures.Executor):
+    """Runs submitted calls on up to `most` threads, at most `running` of them at once
+    unless some have run for BLOCKED_AFTER_S (see the module doc)."""
+
+    def __init__(self, running: int, most: int, *, name: str = "call") -> None:
+        if not 1 <= running <= most:
+            raise ValueError(f"running ({running}) must be 1..most ({most})")
+        self.running = running
+        self.most = most
+        self._name = name
+        self._queue: collections.deque[tuple[futures.Future[Any], Callable[[], Any]]] = (
+            collections.deque()
+        )
+        self._started: dict[int, float] = {}  # thread id -> when its call started
+        self._cond = threading.Condition(threading.Lock())
+        self._threads = 0
+        self._idle = 0
+        self._watching = False  # an idle thread waits for a computing call to block
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        future: futures.Future[Any] = futures.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("cannot run new calls after shutdown")
+            self._queue.append((future, lambda: fn(*args, **kwargs)))
+            if self._idle and self._computing(time.monotonic()) < self.running:
+                self._cond.notify()  # it may start now
+            else:
+                self._watch()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._cond:
+            self._closed = True
+            if cancel_futures:
+                while self._queue:
+                    self._queue.popleft()[0].cancel()
+            self._cond.notify_all()
+
+    def _watch(self) -> None:
+        """Someone to start the queue's first call once it may (under the lock): an idle
+        thread that watches, else one woken or made to (within `most`)."""
+        if self._watching:
+            return
+        if self._idle:
+            self._cond.notify()
+        elif self._threads < self.most:
+            self._threads += 1
+            threading.Thread(
+                target=self._work, name=f"{self._name}_{self._threads}", daemon=True
+            ).start()
+
+    def _computing(self, now: float) -> int:
+        """Calls running that started under BLOCKED_AFTER_S ago (called under the lock)."""
+        since = now - BLOCKED_AFTER_S
+        return sum(1 for started in self._started.values() if started > since)
+
+    def _next(self, me: int) -> tuple[futures.Future[Any], Callable[[], Any]] | None:
+        """The next call this thread runs, once it may start (its start noted), or None
+        when the thread is to end. One idle thread watches a waiting queue: it wakes when
+        the oldest computing call would count as blocked."""
+        with self._cond:
+            self._started.pop(me, None)  # its last call has ended
+            idle_since = time.monotonic()
+            while True:
+                now = time.monotonic()
+                since = now - BLOCKED_AFTER_S
+                computing = [t for t in self._started.values() if t > since]
+                if self._queue and len(computing) < self.running:
+                    self._started[me] = now
+                    item = self._queue.popleft()
+                    if self._queue:
+                        self._watch()
+                    return item
+                if self._closed and not self._queue:
+                    break
+                watch = bool(self._queue) and not self._watching
+                timeout: float | None = None
+                if watch:
+                    timeout = min(computing) + BLOCKED_AFTER_S - now
+                elif self._threads > self.running:
+                    if now - idle_since >= IDLE_EXIT_S:
+                        break
+                    timeout = idle_since + IDLE_EXIT_S - now
+                self._idle += 1
+                self._watching |= watch
+                self._cond.wait(timeout)
+                self._idle -= 1
+                if watch:
+                    self._watching = False
+            self._threads -= 1
+            return None
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        while (item := self._next(me)) is not None:
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del item, future, call

@@ -1,0 +1,122 @@
+"""The gRPC server's call pool (`neuron_rtd/server/pool.py`): calls run and answer, at
+most `running` compute at once, calls that block let waiting ones start, threads beyond
+that end when idle, and shutdown refuses new calls."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent import futures
+
+import pytest
+
+from neuron_rtd.server import pool as pool_module
+from neuron_rtd.server.pool import CallPool, server_pool
+
+WAIT_S = 10.0  # a bound on what must happen at once, on a loaded machine
+
+
+def _threads(prefix: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith(prefix))
+
+
+def test_calls_answer_their_results_and_exceptions() -> None:
+    pool = CallPool(2, 4, name="answers")
+    assert pool.submit(lambda a, b: a + b, 2, b=3).result(WAIT_S) == 5
+
+    def fail() -> None:
+        raise KeyError("no such model")
+
+    with pytest.raises(KeyError, match="no such model"):
+        pool.submit(fail).result(WAIT_S)
+    assert pool.submit(str, 7).result(WAIT_S) == "7"  # the pool goes on after a failure
+    pool.shutdown()
+
+
+def test_at_most_running_calls_compute_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "BLOCKED_AFTER_S", 60.0)  # no call counts as blocked
+    pool = CallPool(2, 8, name="bounded")
+    lock = threading.Lock()
+    now = [0]
+    most = [0]
+
+    def call() -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.01)
+        with lock:
+            now[0] -= 1
+
+    done = [pool.submit(call) for _ in range(12)]
+    futures.wait(done, timeout=WAIT_S)
+    assert all(f.done() and f.exception() is None for f in done)
+    assert most[0] == 2
+    pool.shutdown()
+
+
+def test_calls_that_block_let_waiting_calls_start() -> None:
+    pool = CallPool(1, 4, name="blocking")
+    release = threading.Event()
+    blocked = [pool.submit(release.wait, WAIT_S) for _ in range(2)]
+    quick = pool.submit(lambda: "answered")
+    # the blocked calls hold their threads; the third starts once they count as blocked
+    assert quick.result(WAIT_S) == "answered"
+    assert not any(f.done() for f in blocked)
+    release.set()
+    assert all(f.result(WAIT_S) for f in blocked)
+    pool.shutdown()
+
+
+def test_threads_beyond_the_running_calls_end_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.05)
+    pool = CallPool(1, 4, name="idlers")
+    release = threading.Event()
+    blocked = [pool.submit(release.wait, WAIT_S) for _ in range(3)]
+    deadline = time.monotonic() + WAIT_S
+    while _threads("idlers_") < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads("idlers_") == 3
+    release.set()
+    futures.wait(blocked, timeout=WAIT_S)
+    while _threads("idlers_") > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads("idlers_") == 1  # the one that may always run stays
+    assert pool.submit(lambda: 1).result(WAIT_S) == 1
+    pool.shutdown()
+
+
+def test_shutdown_refuses_new_calls_and_can_cancel_waiting_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "BLOCKED_AFTER_S", 60.0)
+    pool = CallPool(1, 2, name="closing")
+    release, started = threading.Event(), threading.Event()
+
+    def call() -> bool:
+        started.set()
+        return release.wait(WAIT_S)
+
+    running = pool.submit(call)
+    assert started.wait(WAIT_S)
+    waiting = pool.submit(lambda: "never")
+    pool.shutdown(cancel_futures=True)
+    assert waiting.cancelled()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: None)
+    release.set()
+    assert running.result(WAIT_S) is True
+    deadline = time.monotonic() + WAIT_S
+    while _threads("closing_") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads("closing_") == 0
+
+
+def test_the_server_pool_runs_two_calls_per_core_within_its_threads() -> None:
+    pool = server_pool(3, "sized")
+    assert isinstance(pool, CallPool)
+    assert (pool.running, pool.most) == (min(2 * len(os.sched_getaffinity(0)), 3), 3)
+    with pytest.raises(ValueError, match=r"must be 1\.\.most"):
+        CallPool(0, 4)
+    pool.shutdown()
