@@ -4,8 +4,10 @@ adjustment methods."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +174,33 @@ def test_hardware_error_fails_the_model_until_started(
     assert "Resetting device(s) 0000:00:1c.0 after a hardware error" in daemon.log()
     # counted once in the device's health counters, which the reset kept
     assert getattr(device0_health(channel), counter) == counted + 1
+
+
+def test_calls_waiting_on_inferences_leave_the_daemon_serving(
+    stub: Any, two_stage: SampleModel, slow_ncs: Any
+) -> None:
+    """More infer_waits blocked than the server runs calls at once (two per core): a
+    call after them is served at once, not when a wait ends (`neuron_rtd/server/pool.py`).
+    Fewer than the server's most threads (16), which all blocked calls may hold."""
+    waits = min(2 * len(os.sched_getaffinity(0)) + 1, 12)
+    model = load(stub, two_stage.neff, ninfer=waits, timeout=30).h_nn.id
+    x = two_stage.random_inputs(seed=1)
+    assert infer(stub, model, x).status.code == Nerr.OK  # warm
+    slow_ncs(2000)  # the first inference ends 4 s from now (2 steps)
+    cookies = [post(stub, model, x).cookie for _ in range(waits)]
+    with futures.ThreadPoolExecutor(waits) as pool:
+        blocked = [pool.submit(wait, stub, c) for c in cookies]
+        time.sleep(0.5)  # every wait is in the daemon now
+        began = time.monotonic()
+        version = stub.get_version(pb.get_version_request(framework_name="test"))
+        took = time.monotonic() - began
+        pending = sum(not f.done() for f in blocked)
+        assert stub.unload(pb.unload_request(h_nn=pb.h_nn(id=model))).status.code == Nerr.OK
+        codes = {f.result(timeout=30).status.code for f in blocked}
+    assert version.runtime_version.full_version
+    assert pending == waits, pending
+    assert took < 1.5, took  # 50 ms while the waits count as blocked, with room for CI
+    assert codes <= {Nerr.OK, Nerr.INFER_CANCELLED}, codes
 
 
 # --- counters and metrics -------------------------------------------------------------
