@@ -406,6 +406,39 @@ def test_sync_infers_take_the_fast_lane_and_answer_as_grpc(
             assert str(on_grpc.value) == str(on_lane.value)
 
 
+def test_a_slot_sends_its_request_again(
+    daemon: DaemonProcess, mlp: SampleModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot keeps the request that names only its objects: a next call with the same
+    inputs sends that very request, and the lane's message of it is made once. A call
+    whose input goes inline (a size the NEFF does not take) makes a request of its own,
+    and the kept one serves the call after it."""
+    sent: list[Any] = []
+    infer = Lanes.infer
+
+    def recorded(lanes: Lanes, request: Any, *args: Any) -> Any:
+        sent.append(request)
+        return infer(lanes, request, *args)
+
+    monkeypatch.setattr(Lanes, "infer", recorded)
+    with Client(daemon.address, shm=True) as client:
+        model = client.load(mlp.neff)
+        for seed in range(3):
+            x = mlp.random_inputs(seed)["x"]
+            assert_probs(model(x=x), mlp, x)
+        with pytest.raises(NrtClientError) as info:
+            model(x=np.zeros((3, 16), np.float32))
+        assert info.value.nerr == Nerr.INFER_BAD_INPUT
+        x = mlp.random_inputs(7)["x"]
+        assert_probs(model(x=x), mlp, x)
+        kept = sent[0]
+        assert [r is kept for r in sent] == [True, True, True, False, True]
+        assert sent[3].ifmap[0].WhichOneof("data") == "buf"  # inline, for the daemon to refuse
+        lanes = client.connection._lanes
+        assert lanes is not None
+        assert [entry[0] for entry in lanes._messages.values()].count(kept) == 1
+
+
 def test_an_infer_past_its_timeout_on_the_lane_is_a_timeout(
     daemon: DaemonProcess, mlp: SampleModel, slow_ncs: Callable[[int], None]
 ) -> None:

@@ -26,6 +26,8 @@ from neuron_rtd.proto import ext_pb, pb
 MAX_MESSAGE = 64 << 10  # the daemon's bound on a peer message, either way
 IDLE_KEPT = 8  # idle lanes kept per client (more threads calling at once close theirs)
 RETRY_AFTER_S = 1.0  # after the daemon refused a lane or none could be opened
+MESSAGES_KEPT = 256  # requests' messages kept (a model's slots' requests, see `_message`)
+KEPT_MESSAGE_BYTES = 1024  # the largest kept: a request of shm names is a few hundred bytes
 
 
 class LaneTimeout(Exception):
@@ -41,6 +43,7 @@ class Lanes:
         self._idle: list[socket.socket] = []
         self._pid = os.getpid()
         self._off_until = 0.0  # no lane tried before then (monotonic)
+        self._messages: dict[int, tuple[pb.infer_request, int, bytes]] = {}  # `_message`
 
     def infer(
         self, request: pb.infer_request, session_id: int, timeout_s: float | None
@@ -48,11 +51,7 @@ class Lanes:
         """The daemon's answer to `request` (its status unchecked), or None when the lane
         did not answer: then nothing ran, or the daemon went away meanwhile, as a gRPC
         call would have found it. LaneTimeout past `timeout_s` (None: no bound)."""
-        message = ext_pb.peer_request(
-            infer=ext_pb.peer_infer_request(
-                session_id=session_id, infer_request=request.SerializeToString()
-            )
-        ).SerializeToString()
+        message = self._message(request, session_id)
         if len(message) > MAX_MESSAGE:
             return None
         lane = self._sent(message, timeout_s)
@@ -76,6 +75,25 @@ class Lanes:
             return None
         self._give_back(lane)
         return pb.infer_response.FromString(answer.infer_response)
+
+    def _message(self, request: pb.infer_request, session_id: int) -> bytes:
+        """The lane's message of `request` in session `session_id`: made once for a request
+        sent again (a model's slot keeps its request: `Model._request`). Keyed by the
+        request's id, the request kept with it, so that the id names it while it is kept;
+        only small ones are kept (a request with inputs inline is made anew each call)."""
+        kept = self._messages.get(id(request))
+        if kept is not None and kept[0] is request and kept[1] == session_id:
+            return kept[2]
+        message: bytes = ext_pb.peer_request(
+            infer=ext_pb.peer_infer_request(
+                session_id=session_id, infer_request=request.SerializeToString()
+            )
+        ).SerializeToString()
+        if len(message) <= KEPT_MESSAGE_BYTES:  # one naming shared memory, not inline bytes
+            if len(self._messages) >= MESSAGES_KEPT:
+                self._messages.clear()
+            self._messages[id(request)] = (request, session_id, message)
+        return message
 
     def _sent(self, message: bytes, timeout_s: float | None) -> socket.socket | None:
         """A lane `message` was sent on (None: none could take it): a kept one, else a new
