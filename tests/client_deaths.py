@@ -73,9 +73,10 @@ def client(address: str, neff: bytes, shm_path: str, x_bytes: int) -> None:
 
 
 def fill_pool(address: str, count: int) -> None:
-    """Grow the daemon's gRPC worker pool to `count` threads, its most (each session stream
-    holds a worker while it is open): `count` streams opened at once, then ended. A pool
-    at its most grows no more, so that any thread more afterwards is one left behind."""
+    """Grow the daemon's gRPC call pool (`neuron_rtd/server/pool.py`): `count` session
+    streams opened at once, then ended. Its threads beyond the calls it runs at once end
+    after `IDLE_EXIT_S` idle, well within `settled`'s wait: a thread more after that is
+    one left behind."""
     gate = threading.Event()
 
     def monitor() -> Any:
@@ -147,7 +148,7 @@ class Snapshot:
 
 def settled(before: Snapshot, after: Snapshot) -> bool:
     """Nothing left of the clients: the same NCGs and DRAM, no more fds (gRPC may keep one
-    more for good) and no more threads (the worker pool is at its most before; gRPC's own
+    more for good) and no more threads (the call pool's idle threads have ended; gRPC's own
     native threads may come and go by one or two; a thread left per client would show as
     dozens)."""
     return (
@@ -206,8 +207,8 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
 
     try:
         # A first wave, not counted, starts what stays for good (pools of the models'
-        # runs, shm readers), and gRPC's worker pool is grown to its most, so that what
-        # stays after the counted waves is a leak, however busy this host is.
+        # runs, shm readers), and gRPC's call pool is grown, so that what stays after the
+        # counted waves and the settle wait is a leak, however busy this host is.
         wave(parallel)
         fill_pool(address, DaemonConfig.server_threads)
         time.sleep(1.0)
