@@ -394,13 +394,24 @@ def test_the_ncs_threads_sleep_between_inferences(work: Path, spinning: str) -> 
         model = client.load(sample.neff)
         x = sample.random_inputs(seed=1)["x"]
         model(x=x)
-        start, before = time.monotonic(), _cpu_seconds(daemon.pid)
-        calls = 0
-        while time.monotonic() - start < 1.0:
-            model(x=x)
-            calls += 1
-            time.sleep(0.02)
-        busy = (_cpu_seconds(daemon.pid) - before) / (time.monotonic() - start)
+
+        def every_20_ms() -> tuple[int, float]:
+            """One second of a call every 20 ms: the calls, the daemon's cores busy."""
+            start, before = time.monotonic(), _cpu_seconds(daemon.pid)
+            calls = 0
+            while time.monotonic() - start < 1.0:
+                model(x=x)
+                calls += 1
+                time.sleep(0.02)
+            return calls, (_cpu_seconds(daemon.pid) - before) / (time.monotonic() - start)
+
+        calls, busy = every_20_ms()
+        # Only a run on more than one thread has threads to spin after it. On a host
+        # busy with other work the engine's trial can find one thread as fast, and tries
+        # again 2 s later, then 4 s after that, ... (`driver_sim/fast.py`): up to 15 s.
+        deadline = time.monotonic() + 15
+        while spinning == "always" and busy <= 0.6 and time.monotonic() < deadline:
+            calls, busy = every_20_ms()
         time.sleep(0.2)
         before = _cpu_seconds(daemon.pid)
         time.sleep(1.0)
