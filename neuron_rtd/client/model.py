@@ -358,7 +358,7 @@ class Model:
             else:  # a size the NEFF does not take: inline, for the daemon's own error
                 ifmap.append((name, array.tobytes()))
         names = tuple(name for name, _ in ifmap)
-        in_slot = slot is not None and all(type(place) is not bytes for _, place in ifmap)
+        in_slot = slot is not None and not any(isinstance(place, bytes) for _, place in ifmap)
         if in_slot and slot is not None and slot.request is not None and slot.request[0] == names:
             return slot.request[1]
         request = pb.infer_request(h_nn=pb.h_nn(id=self.id))

@@ -69,7 +69,7 @@ class CallPool(futures.Executor):
             if self._closed:
                 raise RuntimeError("cannot run new calls after shutdown")
             self._queue.append((future, lambda: fn(*args, **kwargs)))
-            if self._idle and self._computing(time.monotonic()) < self.running:
+            if self._idle and len(self._computing(time.monotonic())) < self.running:
                 self._cond.notify()  # it may start now
             else:
                 self._watch()
@@ -96,10 +96,11 @@ class CallPool(futures.Executor):
                 target=self._work, name=f"{self._name}_{self._threads}", daemon=True
             ).start()
 
-    def _computing(self, now: float) -> int:
-        """Calls running that started under BLOCKED_AFTER_S ago (called under the lock)."""
+    def _computing(self, now: float) -> list[float]:
+        """When the calls running that started under BLOCKED_AFTER_S ago started (called
+        under the lock)."""
         since = now - BLOCKED_AFTER_S
-        return sum(1 for started in self._started.values() if started > since)
+        return [started for started in self._started.values() if started > since]
 
     def _next(self, me: int) -> tuple[futures.Future[Any], Callable[[], Any]] | None:
         """The next call this thread runs, once it may start (its start noted), or None
@@ -110,8 +111,7 @@ class CallPool(futures.Executor):
             idle_since = time.monotonic()
             while True:
                 now = time.monotonic()
-                since = now - BLOCKED_AFTER_S
-                computing = [t for t in self._started.values() if t > since]
+                computing = self._computing(now)
                 if self._queue and len(computing) < self.running:
                     self._started[me] = now
                     item = self._queue.popleft()
