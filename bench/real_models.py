@@ -1,7 +1,7 @@
 """Models as PyTorch users export them (ResNet-18, MobileNetV2, EfficientNet-B0, DeepLabV3
-on MobileNetV3-Large, a Transformer encoder, LSTM/GRU/bidirectional LSTM, and small models
-under a millisecond) through the daemon, in process and on onnxruntime, side by side in
-one run.
+on MobileNetV3-Large, a Transformer encoder, LSTM/GRU/bidirectional LSTM/RNN, ConvNeXt,
+ShuffleNetV2, DenseNet, a GPT-style decoder, a speech net, a UNet, and small models under a
+millisecond) through the daemon, in process and on onnxruntime, side by side in one run.
 
     python bench/real_models.py [--cases resnet18,lstm,...] [--rounds 3] [--budget 0.5]
                                 [--quick] [--threads N] [--engine fast|reference]
@@ -31,7 +31,8 @@ model gives both, the ratios daemon / (onnxruntime + floor) and in-process / onn
 and the check: cosine and max abs error of the daemon's (and the in-process) outputs
 against onnxruntime's, from each side's first call. It also says how much CPU the
 machine's other processes took meanwhile (/proc/stat less this process and its two
-servers): a busy machine slows the sides unequally, a spinning pool most of all.
+servers) and, on a virtual machine, how much the host stole from its CPUs (/proc/stat's
+steal): a busy machine slows the sides unequally, a spinning pool most of all.
 
 Models stay loaded until the end; then, all of them idle, the daemon's CPU time over
 3 s (/proc/PID/stat) and this process's (the onnxruntime sessions dropped, the
@@ -87,6 +88,7 @@ ECHO_PAYLOAD = bytes(64)  # the floor's small message
 IDLE_S = 3.0
 OPSET = 17
 SEED = 0
+TOKENS = 100  # integer inputs are ids below this: valid for any vocabulary at least as large
 
 # name -> what it is (bench/torch_nets.py:NETS builds them; listed here so a cached model
 # needs no torch)
@@ -102,6 +104,14 @@ CASES = {
     "mlp": "Linear 1024-2048, ReLU, Linear 2048-512, 32x1024",
     "tiny_mlp": "Linear 16-16, ReLU, Linear 16-16, 1x16",
     "small_cnn": "CIFAR-size CNN (5 convs), 1x3x32x32",
+    "convnext": "ConvNeXt layout (depthwise 7x7, LayerNorm, GELU, layer scale), 1x3x128x128",
+    "shufflenet_v2": "ShuffleNetV2 1.0x (channel split, concat, shuffle), 1x3x224x224",
+    "densenet": "DenseNet-121's first two dense blocks (a concat per layer), 1x3x128x128",
+    "decoder": "GPT-style decoder 2 blocks (embedding, causal mask, pre-norm), 1x32 token ids",
+    "speech": "Conv1d front end + bidirectional GRU + log_softmax, 1x40x100",
+    "unet": "three-level UNet (ConvTranspose, bilinear upsample, skip concat), 1x3x64x64",
+    "lenet5": "LeNet-5 (tanh, average pooling), 1x1x28x28",
+    "rnn": "RNN(32, 64, num_layers=2, relu), 1x50x32",
 }
 
 
@@ -126,6 +136,7 @@ class Figures:
     check: dict[str, float]
     io_bytes: tuple[int, int]
     others_pct: float  # other processes' CPU during the rounds, percent of one core
+    stolen_pct: float  # the CPU time the host stole meanwhile, percent of one core
 
     def p50(self, side: str) -> float:
         """The best of the rounds' medians."""
@@ -169,6 +180,7 @@ class Figures:
             "in_process_over_ort": self.local_ratio(),
             "check": self.check,
             "other_processes_cpu_pct": self.others_pct,
+            "stolen_cpu_pct": self.stolen_pct,
         }
 
 
@@ -206,7 +218,8 @@ def compile_case(name: str, cache: Path) -> Compiled:
 
 
 def seeded_inputs(model: onnx.ModelProto, seed: int = SEED) -> dict[str, np.ndarray]:
-    """Normal noise for each graph input, of its (fixed) shape and type."""
+    """Normal noise for each float graph input, of its (fixed) shape and type; for an
+    integer one (token ids, indices) integers in [0, TOKENS)."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
     feeds = {}
@@ -216,7 +229,10 @@ def seeded_inputs(model: onnx.ModelProto, seed: int = SEED) -> dict[str, np.ndar
         tensor = value.type.tensor_type
         shape = [d.dim_value for d in tensor.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            feeds[value.name] = rng.integers(0, TOKENS, shape).astype(dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
 
@@ -246,30 +262,40 @@ def floor_call(echo: Callable[[bytes], bytes], in_bytes: int, out_bytes: int) ->
     return call
 
 
-def machine_busy_s() -> float:
-    """CPU seconds all processes of the machine have used since boot (/proc/stat)."""
-    user, nice, system, _idle, _iowait, irq, softirq = map(
-        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+def machine_busy_s() -> tuple[float, float]:
+    """CPU seconds all processes of the machine have used since boot, and the seconds the
+    hypervisor ran something else on its virtual CPUs (steal) (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
     )
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 class OthersMeter:
-    """What the machine's other processes take while the bench runs: the machine's busy
-    CPU time less this process's and its servers' (`pids`), as percent of one core.
-    Calls on a loaded machine are slower, spinning pools most of all."""
+    """What others take while the bench runs, as percent of one core: the machine's other
+    processes (its busy CPU time less this process's and its servers', `pids`), and on a
+    virtual machine the host (the time its CPUs were stolen). Calls on a loaded machine are
+    slower, those on more than one thread most of all: a stolen CPU leaves a two-thread run
+    waiting for its second half."""
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = [os.getpid(), *pids]
         self.start = self._sample()
 
-    def _sample(self) -> tuple[float, float, float]:
+    def _sample(self) -> tuple[float, float, float, float]:
         ours = sum(cpu_seconds(pid) for pid in self.pids)
-        return time.perf_counter(), machine_busy_s(), ours
+        return (time.perf_counter(), *machine_busy_s(), ours)
 
     def percent(self) -> float:
-        (t0, busy0, ours0), (t1, busy1, ours1) = self.start, self._sample()
+        """The other processes' share."""
+        (t0, busy0, _, ours0), (t1, busy1, _, ours1) = self.start, self._sample()
         return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0) * 100
+
+    def stolen(self) -> float:
+        """The host's share (steal)."""
+        (t0, _, steal0, _), (t1, _, steal1, _) = self.start, self._sample()
+        return (steal1 - steal0) / (t1 - t0) * 100
 
 
 @dataclasses.dataclass
@@ -327,7 +353,9 @@ class Bench:
             "in_process_cosine": local_cos,
             "in_process_max_abs_err": local_err,
         }
-        return Figures(compiled.name, compiled, rounds, check, io_bytes, others.percent())
+        return Figures(
+            compiled.name, compiled, rounds, check, io_bytes, others.percent(), others.stolen()
+        )
 
 
 # --- reports ----------------------------------------------------------------------------
@@ -352,7 +380,11 @@ def print_figures(fig: Figures) -> None:
         f"{c['daemon_max_abs_err']:.3g}; in-process cosine {c['in_process_cosine']:.7f} "
         f"max|err| {c['in_process_max_abs_err']:.3g}"
     )
-    print(f"  other processes on the machine: {fig.others_pct:.0f}% of a core", flush=True)
+    print(
+        f"  other processes on the machine: {fig.others_pct:.0f}% of a core; "
+        f"stolen by the host: {fig.stolen_pct:.0f}%",
+        flush=True,
+    )
 
 
 def print_overview(results: list[Figures]) -> None:
@@ -367,6 +399,7 @@ def print_overview(results: list[Figures]) -> None:
         ("in-proc/ort", 13),
         ("cosine", 11),
         ("others", 8),
+        ("stolen", 8),
     )
     print_row([title for title, _ in columns], columns)
     for fig in results:
@@ -378,11 +411,13 @@ def print_overview(results: list[Figures]) -> None:
             f"{fig.local_ratio():.2f}x",
             f"{fig.check['daemon_cosine']:.7f}",
             f"{fig.others_pct:.0f}%",
+            f"{fig.stolen_pct:.0f}%",
         )
         print_row(cells, columns)
     print(
         "(p50 in ms: the best round's median; others: the CPU the machine's other processes "
-        "took during the model's rounds, in % of one core)"
+        "took during the model's rounds, stolen: the CPU time the host took from this virtual "
+        "machine meanwhile, both in % of one core)"
     )
 
 
@@ -555,9 +590,15 @@ def run_all(
             print_figures(fig)
             results.append(fig)
             gc.collect()  # the case's onnxruntime session, and its pool, go
-        others_pct = whole_run.percent()
+        others_pct, stolen_pct = whole_run.percent(), whole_run.stolen()
         idle = idle_cost(daemon.pid)
-    return results, {"instance": instance, "other_processes_cpu_pct": others_pct, "idle": idle}
+    run = {
+        "instance": instance,
+        "other_processes_cpu_pct": others_pct,
+        "stolen_cpu_pct": stolen_pct,
+        "idle": idle,
+    }
+    return results, run
 
 
 def print_summary(results: list[Figures], run: dict[str, Any]) -> dict[str, Any]:
@@ -574,7 +615,8 @@ def print_summary(results: list[Figures], run: dict[str, Any]) -> dict[str, Any]
     )
     print(
         f"other processes on the machine during the rounds: "
-        f"{run['other_processes_cpu_pct']:.0f}% of a core"
+        f"{run['other_processes_cpu_pct']:.0f}% of a core; stolen by the host: "
+        f"{run['stolen_cpu_pct']:.0f}%"
     )
     if not results:
         return {}

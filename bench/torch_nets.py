@@ -321,6 +321,226 @@ def transformer_encoder() -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
 
 
+# --- other families: layer norm and GELU, channel shuffles, concatenation, a decoder ----
+class LayerNorm2d(nn.Module):
+    """LayerNorm over the channels of an NCHW tensor (ConvNeXt's, as PyTorch users write it:
+    permute to channels-last and back)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, LayerNorm, Linear 4x up, GELU, Linear down, layer scale, residual."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+        self.up = nn.Linear(channels, 4 * channels)
+        self.down = nn.Linear(4 * channels, channels)
+        self.scale = nn.Parameter(torch.full((channels,), 0.5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.down(F.gelu(self.up(self.norm(y)))) * self.scale
+        return x + y.permute(0, 3, 1, 2)
+
+
+def convnext_small_input(dims: Sequence[int] = (48, 96, 192, 384), classes: int = 100) -> nn.Module:
+    """ConvNeXt's layout at a quarter of ConvNeXt-T's widths, two blocks a stage: patchify
+    stem (4x4, stride 4), LayerNorm + 2x2 stride-2 conv between stages."""
+    layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0])]
+    for i, width in enumerate(dims):
+        if i:
+            layers += [LayerNorm2d(dims[i - 1]), nn.Conv2d(dims[i - 1], width, 2, 2)]
+        layers += [ConvNeXtBlock(width), ConvNeXtBlock(width)]
+    head = [
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.LayerNorm(dims[-1]),
+        nn.Linear(dims[-1], classes),
+    ]
+    return nn.Sequential(*layers, *head)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2's unit: split the channels (stride 1) or run both branches (stride 2),
+    concatenate, shuffle the two groups."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        half = c_out // 2
+        self.left = (
+            nn.Sequential(
+                conv_bn(c_in, c_in, 3, stride, groups=c_in), conv_bn(c_in, half, act=nn.ReLU)
+            )
+            if stride > 1
+            else nn.Identity()
+        )
+        self.right = nn.Sequential(
+            conv_bn(c_in if stride > 1 else half, half, act=nn.ReLU),
+            conv_bn(half, half, 3, stride, groups=half),
+            conv_bn(half, half, act=nn.ReLU),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.stride == 1:
+            kept, x = x.chunk(2, dim=1)
+            out = torch.cat((kept, self.right(x)), 1)
+        else:
+            out = torch.cat((self.left(x), self.right(x)), 1)
+        n, c, h, w = out.shape
+        return out.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+def shufflenet_v2() -> nn.Module:
+    """ShuffleNetV2 1.0x: stages of 4, 8 and 4 units, 116/232/464 channels."""
+    layers: list[nn.Module] = [conv_bn(3, 24, 3, 2, act=nn.ReLU), nn.MaxPool2d(3, 2, 1)]
+    c_in = 24
+    for c_out, units in ((116, 4), (232, 8), (464, 4)):
+        layers.append(ShuffleUnit(c_in, c_out, 2))
+        layers += [ShuffleUnit(c_out, c_out, 1) for _ in range(units - 1)]
+        c_in = c_out
+    head = [conv_bn(c_in, 1024, act=nn.ReLU), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    return nn.Sequential(*layers, *head, nn.Linear(1024, 1000))
+
+
+class DenseLayer(nn.Module):
+    """DenseNet's layer: BN-ReLU-1x1 (4x growth), BN-ReLU-3x3 (growth), concatenated on."""
+
+    def __init__(self, c_in: int, growth: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(c_in),
+            nn.ReLU(),
+            nn.Conv2d(c_in, 4 * growth, 1, bias=False),
+            nn.BatchNorm2d(4 * growth),
+            nn.ReLU(),
+            nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([x, self.body(x)], 1)
+
+
+def densenet_two_blocks(growth: int = 32) -> nn.Module:
+    """DenseNet-121's stem and first two dense blocks (6 and 12 layers) with their
+    transition, then its head: a concatenation per layer."""
+    layers: list[nn.Module] = [conv_bn(3, 64, 7, 2, act=nn.ReLU), nn.MaxPool2d(3, 2, 1)]
+    c = 64
+    for block, count in enumerate((6, 12)):
+        for _ in range(count):
+            layers.append(DenseLayer(c, growth))
+            c += growth
+        if block == 0:
+            layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False)]
+            layers.append(nn.AvgPool2d(2))
+            c //= 2
+    head = [nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    return nn.Sequential(*layers, *head, nn.Linear(c, 1000))
+
+
+class Decoder(nn.Module):
+    """A GPT-style decoder: token embedding plus learned positions, pre-norm blocks under a
+    causal mask, final LayerNorm, a linear head over the vocabulary."""
+
+    def __init__(
+        self, vocab: int = 1000, width: int = 256, heads: int = 4, blocks: int = 2, seq: int = 32
+    ) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.randn(1, seq, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            width,
+            heads,
+            4 * width,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.blocks = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.tokens(ids) + self.positions
+        return self.head(self.norm(self.blocks(x, mask=self.mask)))
+
+
+class SpeechNet(nn.Module):
+    """A keyword-spotting net: Conv1d front end over 40 filter banks (one strided), a
+    bidirectional GRU, per-frame log-probabilities."""
+
+    def __init__(self, classes: int = 30) -> None:
+        super().__init__()
+        self.front = nn.Sequential(
+            nn.Conv1d(40, 128, 5, padding=2),
+            nn.BatchNorm1d(128),
+            nn.ReLU(),
+            nn.Conv1d(128, 128, 5, stride=2, padding=2),
+            nn.BatchNorm1d(128),
+            nn.ReLU(),
+        )
+        self.rnn = nn.GRU(128, 96, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(192, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, _ = self.rnn(self.front(x).transpose(1, 2))
+        return self.out(y).log_softmax(-1)
+
+
+class SmallUNet(nn.Module):
+    """A three-level UNet: max-pool down, ConvTranspose and bilinear upsampling up, skip
+    connections concatenated."""
+
+    def __init__(self, classes: int = 2) -> None:
+        super().__init__()
+
+        def twice(c_in: int, c_out: int) -> nn.Sequential:
+            return nn.Sequential(
+                conv_bn(c_in, c_out, 3, act=nn.ReLU), conv_bn(c_out, c_out, 3, act=nn.ReLU)
+            )
+
+        self.down1, self.down2, self.bottom = twice(3, 16), twice(16, 32), twice(32, 64)
+        self.up2 = nn.ConvTranspose2d(64, 32, 2, 2)
+        self.dec2, self.dec1 = twice(64, 32), twice(48, 16)
+        self.out = nn.Conv2d(16, classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.down1(x)
+        b = self.down2(F.max_pool2d(a, 2))
+        c = self.bottom(F.max_pool2d(b, 2))
+        d = self.dec2(torch.cat([self.up2(c), b], 1))
+        up = F.interpolate(d, scale_factor=2.0, mode="bilinear", align_corners=False)
+        return self.out(self.dec1(torch.cat([up, a], 1)))
+
+
+def lenet5() -> nn.Sequential:
+    """LeNet-5 as it was: tanh and average pooling, 1x28x28 padded to 32x32 by the first conv."""
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2),
+        nn.Tanh(),
+        nn.AvgPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.Tanh(),
+        nn.AvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(400, 120),
+        nn.Tanh(),
+        nn.Linear(120, 84),
+        nn.Tanh(),
+        nn.Linear(84, 10),
+    )
+
+
 # name -> (the module's maker, its input shapes, its input and output names)
 NETS: dict[str, tuple[Callable[[], nn.Module], tuple[tuple[int, ...], ...], list[str], list[str]]]
 NETS = {
@@ -360,13 +580,28 @@ NETS = {
         ["y"],
     ),
     "small_cnn": (small_cnn, ((1, 3, 32, 32),), ["image"], ["logits"]),
+    "convnext": (convnext_small_input, ((1, 3, 128, 128),), ["image"], ["logits"]),
+    "shufflenet_v2": (shufflenet_v2, ((1, 3, 224, 224),), ["image"], ["logits"]),
+    "densenet": (densenet_two_blocks, ((1, 3, 128, 128),), ["image"], ["logits"]),
+    "decoder": (Decoder, ((1, 32),), ["ids"], ["logits"]),
+    "speech": (SpeechNet, ((1, 40, 100),), ["features"], ["log_probs"]),
+    "unet": (SmallUNet, ((1, 3, 64, 64),), ["image"], ["mask"]),
+    "lenet5": (lenet5, ((1, 1, 28, 28),), ["image"], ["logits"]),
+    "rnn": (
+        lambda: nn.RNN(32, 64, num_layers=2, nonlinearity="relu", batch_first=True),
+        ((1, 50, 32),),
+        ["x"],
+        ["y", "h"],
+    ),
 }
+# Nets whose inputs are token ids (int64 below this vocabulary size), not noise.
+TOKEN_INPUTS = {"decoder": 1000}
 
 
 def calibrate(net: nn.Module, shapes: Sequence[tuple[int, ...]], batch: int = 4) -> None:
     """Random affine parameters for every batch norm, and running statistics from one
     training-mode pass over a random batch, so each normalizes what it sees."""
-    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d | nn.BatchNorm1d)]
     if not norms:
         return
     with torch.no_grad():
@@ -390,7 +625,10 @@ def export(name: str, path: str, seed: int = 0) -> None:
     net = make()
     calibrate(net, shapes)
     net.eval()
-    args = tuple(torch.randn(*shape) for shape in shapes)
+    vocab = TOKEN_INPUTS.get(name)
+    args = tuple(
+        torch.randint(0, vocab, shape) if vocab else torch.randn(*shape) for shape in shapes
+    )
     with warnings.catch_warnings():
         # the TorchScript exporter's deprecation notice, and the RNN batch-size advice
         warnings.simplefilter("ignore")

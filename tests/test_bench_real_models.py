@@ -33,6 +33,7 @@ def test_the_quick_run_prints_every_side_and_the_outputs_agree(tmp_path: Path) -
     cosine = re.search(r"check vs onnxruntime: daemon cosine ([0-9.]+)", out)
     assert cosine is not None and float(cosine.group(1)) > 0.9999
     assert re.search(r"^idle, every model loaded, .*daemon [0-9.]+% of a core", out, re.M)
+    assert re.search(r"^other processes on the machine .*; stolen by the host: \d+%$", out, re.M)
     assert re.search(r"^worst daemon / \(onnxruntime \+ floor\): [0-9.]+x \(tiny_mlp\)", out, re.M)
 
     figures = json.loads(report.read_text())
@@ -41,6 +42,7 @@ def test_the_quick_run_prints_every_side_and_the_outputs_agree(tmp_path: Path) -
     assert all(side["calls"] >= 1 and side["p50_ms"] > 0 for side in model["sides"].values())
     assert model["check"]["daemon_cosine"] > 0.9999
     assert figures["failed"] == {} and figures["idle"]["daemon_pct"] >= 0
+    assert model["stolen_cpu_pct"] >= 0 and figures["stolen_cpu_pct"] >= 0
     assert list(tmp_path.joinpath("onnx").glob("tiny_mlp-opset17-*.onnx"))  # --cache kept it
 
 
