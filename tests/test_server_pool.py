@@ -1,6 +1,6 @@
 """The gRPC server's call pool (`neuron_rtd/server/pool.py`): calls run and answer, at
-most `running` compute at once, calls that block let waiting ones start, threads beyond
-that end when idle, and shutdown refuses new calls."""
+most `running` compute at once, calls that block (or say they wait) let waiting ones
+start, threads beyond that end when idle, and shutdown refuses new calls."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from concurrent import futures
 import pytest
 
 from neuron_rtd.server import pool as pool_module
-from neuron_rtd.server.pool import CallPool, server_pool
+from neuron_rtd.server.pool import CallPool, server_pool, waiting
 
 WAIT_S = 10.0  # a bound on what must happen at once, on a loaded machine
 
@@ -113,10 +113,48 @@ def test_shutdown_refuses_new_calls_and_can_cancel_waiting_ones(
     assert _threads("closing_") == 0
 
 
-def test_the_server_pool_runs_two_calls_per_core_within_its_threads() -> None:
+def test_a_call_that_says_it_waits_lets_a_waiting_call_start_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "BLOCKED_AFTER_S", 60.0)  # no call counts as blocked
+    pool = CallPool(1, 4, name="waits")
+    release, waits, computes = threading.Event(), threading.Event(), threading.Event()
+
+    def call() -> str:
+        with waiting():
+            waits.set()
+            release.wait(3 * WAIT_S)  # longer than the next call is given to answer
+        computes.set()
+        return "waited"
+
+    first = pool.submit(call)
+    assert waits.wait(WAIT_S)
+    # the only call that may compute is waiting: the next one starts
+    try:
+        assert pool.submit(lambda: "answered").result(WAIT_S) == "answered"
+    finally:
+        release.set()
+    assert first.result(WAIT_S) == "waited" and computes.is_set()
+    # and once it computes again it counts: a call it holds up waits for it
+    hold = threading.Event()
+    holding = pool.submit(hold.wait, WAIT_S)
+    queued = pool.submit(lambda: "after")
+    with pytest.raises(futures.TimeoutError):
+        queued.result(0.2)
+    hold.set()
+    assert holding.result(WAIT_S) is True and queued.result(WAIT_S) == "after"
+    pool.shutdown()
+
+
+def test_waiting_off_a_pool_thread_changes_nothing() -> None:
+    with waiting():
+        pass  # the main thread runs no pool's call: nothing to count
+
+
+def test_the_server_pool_computes_one_call_per_core_within_its_threads() -> None:
     pool = server_pool(3, "sized")
     assert isinstance(pool, CallPool)
-    assert (pool.running, pool.most) == (min(2 * len(os.sched_getaffinity(0)), 3), 3)
+    assert (pool.running, pool.most) == (min(len(os.sched_getaffinity(0)), 3), 3)
     with pytest.raises(ValueError, match=r"must be 1\.\.most"):
         CallPool(0, 4)
     pool.shutdown()

@@ -20,6 +20,7 @@ from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import read_load_stream
+from neuron_rtd.server.pool import waiting
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -144,11 +145,9 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.infer_wait_request, context: grpc.ServicerContext
     ) -> pb.infer_response:
         def make() -> pb.infer_response:
-            result = self.runtime.wait(
-                request.cookie,
-                wire.shm_ofmaps(request.shm_ofmap),
-                session=presented_session(context),
-            )
+            outputs, session = wire.shm_ofmaps(request.shm_ofmap), presented_session(context)
+            with waiting():  # for the inference: other calls may compute meanwhile
+                result = self.runtime.wait(request.cookie, outputs, session=session)
             return wire.infer_response(result)
 
         return finish("infer_wait", make, pb.infer_response)

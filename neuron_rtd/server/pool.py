@@ -1,27 +1,30 @@
-"""The gRPC server's call threads (`CallPool`): a few calls run at once, more only while
-some block.
+"""The gRPC server's call threads (`CallPool`): one call computes per core, more run only
+while some wait.
 
 grpcio's synchronous server runs each call on a thread of the pool it is given, and its
 own Python (the call's receive, its status, the completion queue's thread that hands
 calls out) shares one GIL with them. Every call in progress is a thread wanting the GIL
 at each of those steps, so past a few calls at once the threads spend the GIL handing it
-to each other. Measured on 2 cores, 8 clients calling a small model: 1500-1970 calls/s on
-a plain pool of 16 threads, 2500-2800 on one of 4; the bare gRPC echo likewise
-3080-3820 on 16, 3820-4750 on 4, 5050-5230 on 2.
+to each other. Measured on 2 cores, 8 clients calling a small model (MLP 784-128-10,
+`bench/data_plane.py --concurrency`): 1500-1970 calls/s on a plain pool of 16 threads,
+2100-2250 with 4 computing at once, 2940-3440 with 2; the bare gRPC echo on the same
+pools 3080-3820, 3640-3760 and 3660-4820.
 
-A pool of few threads, though, would leave calls waiting behind calls that only wait
-(an `infer_wait` for a deep queue, a long inference): so a call that has run for
-BLOCKED_AFTER_S no longer counts against the calls that may run at once, and a waiting
-call then starts, on a thread the pool adds (up to its most). Threads beyond what runs
-end after IDLE_EXIT_S with nothing to take.
+A pool of few threads, though, would leave calls waiting behind calls that only wait. A
+call says so where it knows (`waiting()`: an `infer_wait` waiting for its inference);
+else a call that has run for BLOCKED_AFTER_S (a sync infer behind others on its NC, a
+long inference, a stream) no longer counts against the calls that may compute at once.
+Either way a waiting call then starts, on a thread the pool adds (up to its most).
+Threads beyond what runs end after IDLE_EXIT_S with nothing to take.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, cast
 
@@ -34,13 +37,32 @@ from neuron_rtd.runtime import usable_cpus
 BLOCKED_AFTER_S = 0.05
 IDLE_EXIT_S = 5.0  # a thread beyond the calls that may run at once, idle this long, ends
 
+_on = threading.local()  # `pool`: the CallPool whose call this thread runs, if any
+
 
 def server_pool(threads: int, name: str = "call") -> futures.ThreadPoolExecutor:
-    """The pool of a gRPC server of at most `threads` call threads: two calls running at
-    once per usable core (a call also waits, on its client and on its NC). Typed as
-    grpcio's stubs name a server's pool; grpcio only submits calls to it."""
-    pool = CallPool(min(2 * usable_cpus(), threads), threads, name=name)
+    """The pool of a gRPC server of at most `threads` call threads: one call computing at
+    once per usable core (see the module doc). Typed as grpcio's stubs name a server's
+    pool; grpcio only submits calls to it."""
+    pool = CallPool(min(usable_cpus(), threads), threads, name=name)
     return cast(futures.ThreadPoolExecutor, pool)
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """The call on this thread waits in the block (for its inference, say), computing
+    nothing: meanwhile it does not count against the calls that may compute at once, and
+    a call waiting to start starts. Anywhere else than a CallPool's thread, a no-op."""
+    pool: CallPool | None = getattr(_on, "pool", None)
+    if pool is None:
+        yield
+        return
+    me = threading.get_ident()
+    pool._waits(me)
+    try:
+        yield
+    finally:
+        pool._computes(me)
 
 
 class CallPool(futures.Executor):
@@ -96,6 +118,20 @@ class CallPool(futures.Executor):
                 target=self._work, name=f"{self._name}_{self._threads}", daemon=True
             ).start()
 
+    def _waits(self, me: int) -> None:
+        """The call of thread `me` waits from now (see `waiting`)."""
+        with self._cond:
+            self._started.pop(me, None)
+            if self._queue and self._idle:
+                self._cond.notify()  # an idle thread starts the first waiting call
+            elif self._queue:
+                self._watch()  # one made to
+
+    def _computes(self, me: int) -> None:
+        """The call of thread `me` computes again, counted from now."""
+        with self._cond:
+            self._started[me] = time.monotonic()
+
     def _computing(self, now: float) -> list[float]:
         """When the calls running that started under BLOCKED_AFTER_S ago started (called
         under the lock)."""
@@ -139,6 +175,7 @@ class CallPool(futures.Executor):
 
     def _work(self) -> None:
         me = threading.get_ident()
+        _on.pool = self
         while (item := self._next(me)) is not None:
             future, call = item
             if future.set_running_or_notify_cancel():
