@@ -28,7 +28,6 @@ from typing import Any
 import grpc
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.daemon.config import DaemonConfig
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
@@ -70,28 +69,6 @@ def client(address: str, neff: bytes, shm_path: str, x_bytes: int) -> None:
         for handle in (model, implicit):
             stub.infer_post(pb.infer_request(h_nn=handle, ifmap=[x]))
         stub.infer(pb.infer_request(h_nn=implicit, ifmap=[x]))
-
-
-def fill_pool(address: str, count: int) -> None:
-    """Grow the daemon's gRPC call pool (`neuron_rtd/server/pool.py`): `count` session
-    streams opened at once, then ended. Its threads beyond the calls it runs at once end
-    after `IDLE_EXIT_S` idle, well within `settled`'s wait: a thread more after that is
-    one left behind."""
-    gate = threading.Event()
-
-    def monitor() -> Any:
-        yield pb.session_monitor_request(framework_name="deaths-fill")
-        gate.wait()
-
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub: Any = pb_grpc.nmgr_session_managerStub(channel)
-        streams = [stub.session_monitor(monitor()) for _ in range(count)]
-        for stream in streams:
-            next(stream)  # answered: its worker is held
-        gate.set()
-        for stream in streams:
-            for _ in stream:  # the daemon ends each stream once its requests end
-                pass
 
 
 @dataclass
@@ -207,10 +184,11 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
 
     try:
         # A first wave, not counted, starts what stays for good (pools of the models'
-        # runs, shm readers), and gRPC's call pool is grown, so that what stays after the
-        # counted waves and the settle wait is a leak, however busy this host is.
+        # runs, shm readers), so that what stays after the counted waves and the settle
+        # wait is a leak, however busy this host is. (The gRPC call pool's threads beyond
+        # those it keeps end after IDLE_EXIT_S idle, the observer's calls going on: its
+        # newest idle thread takes each call.)
         wave(parallel)
-        fill_pool(address, DaemonConfig.server_threads)
         time.sleep(1.0)
         before = Snapshot.of(stub, ext, pid)
         started = time.monotonic()

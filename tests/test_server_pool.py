@@ -1,6 +1,7 @@
 """The gRPC server's call pool (`neuron_rtd/server/pool.py`): calls run and answer, at
 most `running` compute at once, calls that block (or say they wait) let waiting ones
-start, threads beyond that end when idle, and shutdown refuses new calls."""
+start, threads beyond that end when idle (also while calls keep coming), and shutdown
+refuses new calls."""
 
 from __future__ import annotations
 
@@ -84,6 +85,28 @@ def test_threads_beyond_the_running_calls_end_when_idle(monkeypatch: pytest.Monk
         time.sleep(0.01)
     assert _threads("idlers_") == 1  # the one that may always run stays
     assert pool.submit(lambda: 1).result(WAIT_S) == 1
+    pool.shutdown()
+
+
+def test_threads_beyond_the_running_calls_end_under_steady_traffic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.3)
+    pool = CallPool(1, 4, name="steady")
+    release = threading.Event()
+    blocked = [pool.submit(release.wait, WAIT_S) for _ in range(3)]
+    deadline = time.monotonic() + WAIT_S
+    while _threads("steady_") < 4 and time.monotonic() < deadline:
+        pool.submit(lambda: None).result(WAIT_S)
+    assert _threads("steady_") == 4  # grown by the blocked calls
+    release.set()
+    assert all(f.result(WAIT_S) for f in blocked)
+    # a call every 20 ms: the newest idle thread takes each, the others end when idle
+    deadline = time.monotonic() + WAIT_S
+    while _threads("steady_") > 1 and time.monotonic() < deadline:
+        assert pool.submit(lambda: "served").result(WAIT_S) == "served"
+        time.sleep(0.02)
+    assert _threads("steady_") == 1
     pool.shutdown()
 
 

@@ -15,7 +15,8 @@ call says so where it knows (`waiting()`: an `infer_wait` waiting for its infere
 else a call that has run for BLOCKED_AFTER_S (a sync infer behind others on its NC, a
 long inference, a stream) no longer counts against the calls that may compute at once.
 Either way a waiting call then starts, on a thread the pool adds (up to its most).
-Threads beyond what runs end after IDLE_EXIT_S with nothing to take.
+Threads beyond what runs end after IDLE_EXIT_S with nothing to take (the newest idle
+thread takes a call, so under steady traffic the others do idle).
 """
 
 from __future__ import annotations
@@ -65,6 +66,42 @@ def waiting() -> Iterator[None]:
         pool._computes(me)
 
 
+class _Sleepers:
+    """The pool's idle threads, waiting for a call (the pool's `lock` released meanwhile),
+    woken newest first: under steady traffic the same few threads take the calls, and
+    the threads beyond them stay idle long enough to end. (`threading.Condition` wakes the
+    oldest waiter: calls would go round every thread the pool ever grew, and none would be
+    idle for IDLE_EXIT_S while any traffic comes.)"""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self._waiting: list[threading.Lock] = []  # one held lock per thread, newest last
+
+    def wait(self, timeout: float | None) -> None:
+        """Wait (the pool's lock released, held again on return) until woken or `timeout`
+        seconds have passed (None: no bound)."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        self._waiting.append(waiter)
+        self._lock.release()
+        try:
+            woken = waiter.acquire(True, -1 if timeout is None else max(0.0, timeout))
+        finally:
+            self._lock.acquire()
+        if not woken:
+            with contextlib.suppress(ValueError):  # woken just as it timed out: awake anyway
+                self._waiting.remove(waiter)
+
+    def notify(self) -> None:
+        """Wake the newest waiting thread, if any (the pool's lock held)."""
+        if self._waiting:
+            self._waiting.pop().release()
+
+    def notify_all(self) -> None:
+        while self._waiting:
+            self._waiting.pop().release()
+
+
 class CallPool(futures.Executor):
     """Runs submitted calls on up to `most` threads, at most `running` of them at once
     unless some have run for BLOCKED_AFTER_S (see the module doc)."""
@@ -79,7 +116,8 @@ class CallPool(futures.Executor):
             collections.deque()
         )
         self._started: dict[int, float] = {}  # thread id -> when its call started
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._sleepers = _Sleepers(self._lock)  # the idle threads
         self._threads = 0
         self._idle = 0
         self._watching = False  # an idle thread waits for a computing call to block
@@ -87,23 +125,23 @@ class CallPool(futures.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
         future: futures.Future[Any] = futures.Future()
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run new calls after shutdown")
             self._queue.append((future, lambda: fn(*args, **kwargs)))
             if self._idle and len(self._computing(time.monotonic())) < self.running:
-                self._cond.notify()  # it may start now
+                self._sleepers.notify()  # it may start now
             else:
                 self._watch()
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             if cancel_futures:
                 while self._queue:
                     self._queue.popleft()[0].cancel()
-            self._cond.notify_all()
+            self._sleepers.notify_all()
 
     def _watch(self) -> None:
         """Someone to start the queue's first call once it may (under the lock): an idle
@@ -111,7 +149,7 @@ class CallPool(futures.Executor):
         if self._watching:
             return
         if self._idle:
-            self._cond.notify()
+            self._sleepers.notify()
         elif self._threads < self.most:
             self._threads += 1
             threading.Thread(
@@ -120,16 +158,16 @@ class CallPool(futures.Executor):
 
     def _waits(self, me: int) -> None:
         """The call of thread `me` waits from now (see `waiting`)."""
-        with self._cond:
+        with self._lock:
             self._started.pop(me, None)
             if self._queue and self._idle:
-                self._cond.notify()  # an idle thread starts the first waiting call
+                self._sleepers.notify()  # an idle thread starts the first waiting call
             elif self._queue:
                 self._watch()  # one made to
 
     def _computes(self, me: int) -> None:
         """The call of thread `me` computes again, counted from now."""
-        with self._cond:
+        with self._lock:
             self._started[me] = time.monotonic()
 
     def _computing(self, now: float) -> list[float]:
@@ -142,7 +180,7 @@ class CallPool(futures.Executor):
         """The next call this thread runs, once it may start (its start noted), or None
         when the thread is to end. One idle thread watches a waiting queue: it wakes when
         the oldest computing call would count as blocked."""
-        with self._cond:
+        with self._lock:
             self._started.pop(me, None)  # its last call has ended
             idle_since = time.monotonic()
             while True:
@@ -166,7 +204,7 @@ class CallPool(futures.Executor):
                     timeout = idle_since + IDLE_EXIT_S - now
                 self._idle += 1
                 self._watching |= watch
-                self._cond.wait(timeout)
+                self._sleepers.wait(timeout)
                 self._idle -= 1
                 if watch:
                     self._watching = False
