@@ -38,6 +38,7 @@ from driver_sim.presets import (
 )
 from driver_sim.program import Instr, LoadedProgram, NcProgram, load_program
 from driver_sim.stats import HealthCounters, NcCounters
+from driver_sim.turns import spend_waits_in, take_turn
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -80,5 +81,7 @@ __all__ = [
     "fast",
     "load_program",
     "parse_fault_spec",
+    "spend_waits_in",
     "supported_ops",
+    "take_turn",
 ]

@@ -1,6 +1,7 @@
 """A NeuronCore: loads programs and runs them, one at a time, counting the work.
 
-A run executes in the caller's thread under the core's lock. Counters live in the
+A run executes in the caller's thread under the core's lock (a run that finds the core
+busy waits its turn: `driver_sim.turns`). Counters live in the
 device's stats file (see `driver_sim.stats`); a run adds its precomputed totals there
 (`LoadedProgram.cost_of`, as `RunCounts`) plus its measured busy time.
 """
@@ -23,6 +24,7 @@ from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
+from driver_sim.turns import take_turn
 from neuron_rtd.onnxrt import WHILE_BUSY, check_spinning
 
 if TYPE_CHECKING:
@@ -104,7 +106,8 @@ class NeuronCore:
         costed for the recorder (see `run_steps`); the counters count it as any run."""
         if program.owner is not self:
             raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
-        with self.lock:
+        take_turn(self.lock)  # another run in progress: a wait, as the server counts it
+        try:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)
             fast = program.fast if recorder is None else None
@@ -118,6 +121,8 @@ class NeuronCore:
                 if len(fast.counts) < MAX_CACHED_COSTS:
                     fast.counts[key] = counts
             return self._count(counts, start)
+        finally:
+            self.lock.release()
 
     def _run_reference(
         self,

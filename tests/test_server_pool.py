@@ -1,17 +1,20 @@
 """The gRPC server's call pool (`neuron_rtd/server/pool.py`): calls run and answer, at
-most `running` compute at once, calls that block (or say they wait) let waiting ones
-start, threads beyond that end when idle (also while calls keep coming), and shutdown
-refuses new calls."""
+most `running` compute at once, calls that block (or say they wait, or wait their turn
+at a busy NC: `driver_sim.turns`) let waiting ones start, threads beyond that end when
+idle (also while calls keep coming), and shutdown refuses new calls."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 
 import pytest
 
+from driver_sim import turns
 from neuron_rtd.server import pool as pool_module
 from neuron_rtd.server.pool import CallPool, server_pool, waiting
 
@@ -167,6 +170,54 @@ def test_a_call_that_says_it_waits_lets_a_waiting_call_start_at_once(
     hold.set()
     assert holding.result(WAIT_S) is True and queued.result(WAIT_S) == "after"
     pool.shutdown()
+
+
+def test_a_call_waiting_its_turn_at_a_busy_nc_lets_a_waiting_call_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "BLOCKED_AFTER_S", 60.0)  # no call counts as blocked
+    monkeypatch.setattr(turns, "_spent_in", None)  # put back afterwards
+    turns.spend_waits_in(waiting)  # as the daemon does
+    pool = CallPool(1, 4, name="turns")
+    nc = threading.Lock()  # an NC's lock, held by a run in progress
+    nc.acquire()
+    queued = threading.Event()
+
+    def run_on_the_nc() -> str:
+        queued.set()
+        turns.take_turn(nc)  # waits: the run in progress holds the NC
+        nc.release()
+        return "ran"
+
+    first = pool.submit(run_on_the_nc)
+    assert queued.wait(WAIT_S)
+    try:  # the call waiting its turn computes nothing: another starts
+        assert pool.submit(lambda: "answered").result(WAIT_S) == "answered"
+    finally:
+        nc.release()
+    assert first.result(WAIT_S) == "ran"
+    pool.shutdown()
+
+
+def test_a_free_turn_is_taken_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    spent: list[str] = []
+
+    @contextlib.contextmanager
+    def noted() -> Iterator[None]:
+        spent.append("waited")
+        yield
+
+    monkeypatch.setattr(turns, "_spent_in", None)
+    turns.spend_waits_in(noted)
+    lock = threading.Lock()
+    turns.take_turn(lock)  # free: taken at once
+    assert lock.locked() and spent == []
+    releaser = threading.Timer(0.05, lock.release)
+    releaser.start()
+    turns.take_turn(lock)  # busy: waited for, in the way set
+    assert lock.locked() and spent == ["waited"]
+    lock.release()
+    releaser.join()
 
 
 def test_waiting_off_a_pool_thread_changes_nothing() -> None:

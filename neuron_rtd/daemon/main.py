@@ -48,7 +48,7 @@ from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
 from neuron_rtd.server import Health, PeerSocket, ServicerSet, Tickets, add_servicers
-from neuron_rtd.server.pool import server_pool
+from neuron_rtd.server.pool import server_pool, waiting
 from neuron_rtd.serving.api import ServingError
 from neuron_rtd.serving.service import Serving
 from neuron_rtd.typed_json import ConfigError
@@ -332,6 +332,8 @@ class Daemon:
         runtime.init_devices()
         # before the gRPC server and the peer socket: a refusal leaves neither behind
         self.serving = self._start_serving(runtime)
+        # a call waiting its turn at a busy NC computes nothing: it lets another start
+        driver_sim.spend_waits_in(waiting)
         server = grpc.server(
             server_pool(config.server_threads, "nmgr"),
             options=[

@@ -31,6 +31,10 @@ from neuron_rtd.neff import Stage, TensorSpec
 InstrRecord = driver_sim.InstrRecord
 InstrRecorder = driver_sim.InstrRecorder
 
+# Waiting for a turn at what one run uses at a time (an NC, a shared-NC model), counted
+# as the process's server says (`driver_sim.turns`).
+take_turn = driver_sim.take_turn
+
 
 class RunFn(Protocol):
     """A loaded program's run: (inputs, outputs) by tensor name -> the run's NC cycles.

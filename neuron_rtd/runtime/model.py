@@ -54,6 +54,7 @@ from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBufferApi,
     driver_errors,
+    take_turn,
     usable_cpus,
 )
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
@@ -279,8 +280,11 @@ class LoadedModel:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
         try:
             if self.mode is _SHARED:
-                with self._serial:  # shared-NC mode runs one request at a time
+                take_turn(self._serial)  # shared-NC mode runs one request at a time
+                try:
                     self._execute(job)
+                finally:
+                    self._serial.release()
             else:
                 self._execute(job)
         except NrtError as exc:

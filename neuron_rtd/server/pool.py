@@ -11,9 +11,10 @@ to each other. Measured on 2 cores, 8 clients calling a small model (MLP 784-128
 pools 3080-3820, 3640-3760 and 3660-4820.
 
 A pool of few threads, though, would leave calls waiting behind calls that only wait. A
-call says so where it knows (`waiting()`: an `infer_wait` waiting for its inference);
-else a call that has run for BLOCKED_AFTER_S (a sync infer behind others on its NC, a
-long inference, a stream) no longer counts against the calls that may compute at once.
+call says so where it is known (`waiting()`: an `infer_wait` waiting for its inference,
+an inference waiting its turn at a busy NC, `driver_sim.turns`); else a call that has
+run for BLOCKED_AFTER_S (a long inference, a stream) no longer counts against the calls
+that may compute at once.
 Either way a waiting call then starts, on a thread the pool adds (up to its most).
 Threads beyond what runs end after IDLE_EXIT_S with nothing to take (the newest idle
 thread takes a call, so under steady traffic the others do idle).
