@@ -1,19 +1,25 @@
-"""The baseline of the benches: a bare gRPC server whose one method answers the request's
-own bytes, on the same kind of socket and with the daemon's call threads (its pool, of
-the daemon's default size)."""
+"""The baseline of the benches: a bare gRPC server whose method answers the request's own
+bytes, on the same kind of socket and with the daemon's call threads (its pool, of the
+daemon's default size); and beside it a protobuf method of `get_version`'s shape, a
+trivial handler behind gRPC's (de)serializers."""
 
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import grpc
 
 from neuron_rtd.daemon.config import DaemonConfig
-from neuron_rtd.proto import CHANNEL_OPTIONS
+from neuron_rtd.proto import CHANNEL_OPTIONS, pb
 from neuron_rtd.server.pool import server_pool
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"
+# The same server's protobuf call: a get_version_request in, a constant
+# get_version_response out, (de)serialized as gRPC's generated code does: what any
+# handler of the daemon's protobuf API pays before its own work (`get_version`'s floor).
+VERSION_METHOD = f"/{ECHO_SERVICE}/version"
 
 
 def serve_socket_echo(path: str) -> None:
@@ -37,8 +43,21 @@ def serve_echo(address: str) -> None:
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
         return request
 
+    answer = pb.get_version_response()
+
+    def version(request: pb.get_version_request, context: grpc.ServicerContext) -> Any:
+        return answer
+
     handler = grpc.method_handlers_generic_handler(
-        ECHO_SERVICE, {"echo": grpc.unary_unary_rpc_method_handler(echo)}
+        ECHO_SERVICE,
+        {
+            "echo": grpc.unary_unary_rpc_method_handler(echo),
+            "version": grpc.unary_unary_rpc_method_handler(
+                version,
+                request_deserializer=pb.get_version_request.FromString,
+                response_serializer=pb.get_version_response.SerializeToString,
+            ),
+        },
     )
     server = grpc.server(server_pool(DaemonConfig().server_threads), options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers((handler,))

@@ -11,7 +11,10 @@ lane's own floor.
 Calls alternate in rounds so machine noise hits both alike. Prints p50/p99 and the ratio,
 plus the daemon's cheapest call (get_version), which separates the daemon's fixed cost per
 call from the inference's own, and each server's CPU time per call (user + system, from
-/proc), which is what bounds a server's throughput.
+/proc), which is what bounds a server's throughput. The echo server also answers a
+protobuf call of get_version's shape (a trivial handler behind gRPC's (de)serializers, on
+both ends): the floor of any call of the daemon's protobuf API, which the bytes echo
+does not pay.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import grpc
 from echo import (  # bench/echo.py (a script's folder is on its path)
     ECHO_METHOD,
+    VERSION_METHOD,
     serve_echo,
     serve_socket_echo,
 )
@@ -94,8 +98,15 @@ def main() -> int:
         echo_call = echo_ch.unary_unary(
             ECHO_METHOD, request_serializer=None, response_deserializer=None
         )
+        protobuf_call = echo_ch.unary_unary(
+            VERSION_METHOD,
+            request_serializer=pb.get_version_request.SerializeToString,
+            response_deserializer=pb.get_version_response.FromString,
+        )
 
-        cpu: dict[str, float] = dict.fromkeys(("infer", "echo", "version", "lane", "sock"), 0.0)
+        cpu: dict[str, float] = dict.fromkeys(
+            ("infer", "echo", "version", "protobuf", "lane", "sock"), 0.0
+        )
         client = Client(d.address)
         model = client.load(sample.neff)
         array = sample.random_inputs()["x"]
@@ -125,6 +136,7 @@ def main() -> int:
 
         time_calls(infer, 200)  # warm-up each
         time_calls(lambda: echo_call(payload), 200)
+        time_calls(lambda: protobuf_call(pb.get_version_request()), 200)
         time_calls(lambda: model.infer({"x": array}), 200)
         time_calls(echo_on_socket, 200)
         version = pb.get_version_request()
@@ -132,12 +144,16 @@ def main() -> int:
         t_infer: list[float] = []
         t_echo: list[float] = []
         t_version: list[float] = []
+        t_protobuf: list[float] = []
         t_lane: list[float] = []
         t_sock: list[float] = []
         for _ in range(args.rounds):
             t_echo += time_calls(lambda: echo_call(payload), per_round, "echo", echo.pid)
             t_infer += time_calls(infer, per_round, "infer", d.pid)
             t_version += time_calls(lambda: stub.get_version(version), per_round, "version", d.pid)
+            t_protobuf += time_calls(
+                lambda: protobuf_call(version), per_round, "protobuf", echo.pid
+            )
             t_lane += time_calls(lambda: model.infer({"x": array}), per_round, "lane", d.pid)
             t_sock += time_calls(echo_on_socket, per_round, "sock", socket_echo.pid)
         client.close()
@@ -153,6 +169,7 @@ def main() -> int:
     print(f"{'':26}{'p50 ms':>10}{'p99 ms':>10}{'server CPU us/call':>20}")
     rows = [("daemon infer", t_infer, "infer"), ("bare gRPC echo", t_echo, "echo")]
     rows.append(("daemon get_version", t_version, "version"))
+    rows.append(("bare protobuf call", t_protobuf, "protobuf"))
     rows.append(("Client infer (fast lane)", t_lane, "lane"))
     rows.append(("bare unix-socket echo", t_sock, "sock"))
     for label, times, name in rows:
@@ -160,6 +177,12 @@ def main() -> int:
         print(f"{label:26}{p50:10.3f}{p99:10.3f}{cpu[name] / len(times) * 1e6:20.0f}")
     p50_v, p50_l = statistics.median(t_version), statistics.median(t_lane)
     print(f"ratio infer/echo (p50): {p50_i / p50_e:.2f}x; get_version/echo: {p50_v / p50_e:.2f}x")
+    p50_p = statistics.median(t_protobuf)
+    print(
+        f"the protobuf floor: bare protobuf call/echo (p50) {p50_p / p50_e:.2f}x; "
+        f"get_version/bare protobuf call {p50_v / p50_p:.2f}x; infer/bare protobuf call "
+        f"{p50_i / p50_p:.2f}x"
+    )
     print(f"ratio infer/echo (server CPU per call): {cpu['infer'] / cpu['echo']:.2f}x")
     print(
         f"Client infer on the fast lane / gRPC echo (p50): {p50_l / p50_e:.2f}x; "
