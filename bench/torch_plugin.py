@@ -1,9 +1,10 @@
 """The PyTorch plugin's cost: a traced module's call against `Client.infer` of the same
 NEFF with the same inputs (the plugin's own overhead: structure, checks, tensor views) on
 the very model the module loaded (the same client, NCG and NC: a copy loaded elsewhere
-runs on an NC of its own, whose thread choice may differ),
-against eager PyTorch on the same number of threads as an NC computes with; and
-DataParallel over 4 NCGs at batch 32 against one NCG.
+runs on an NC of its own, whose thread choice may differ), beside the least any
+tensor-in, tensor-out call adds to the client's (`tensor.numpy()` of the input and
+`torch.from_numpy` of the output: the floor), against eager PyTorch on the same number of
+threads as an NC computes with; and DataParallel over 4 NCGs at batch 32 against one NCG.
 
     python bench/torch_plugin.py [--calls 400] [--rounds 5] [--threads 1]
 
@@ -94,9 +95,15 @@ def overhead(net: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
     assert model is not None
     torch.set_num_threads(args.threads)
     feeds = {"input0": x.numpy()}
+    output = model.outputs[0].name
     sides = {
         "traced module (neuron_rtd.torch)": lambda: traced(x),
         "Client.infer, same loaded NEFF": lambda: model.infer(feeds),
+        # the least a tensor-in, tensor-out call adds to the client's: torch's view of the
+        # input as an array, and a tensor over the output array (no checks, no structure)
+        "floor: Client.infer + torch views": lambda: torch.from_numpy(
+            model.infer({"input0": x.numpy()})[output]
+        ),
         f"eager PyTorch, {args.threads} thread(s)": lambda: net(x),
     }
     print(f"batch 1, {args.calls} calls per side in {args.rounds} rounds:")
