@@ -17,8 +17,8 @@ from neuron_rtd.server.pool import server_pool
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"
 # The same server's protobuf call: a get_version_request in, a constant
-# get_version_response out, (de)serialized as gRPC's generated code does: what any
-# handler of the daemon's protobuf API pays before its own work (`get_version`'s floor).
+# get_version_response out, (de)serialized as gRPC's generated code does: what protobuf
+# adds to a call of the daemon's API before the handler's own work (`get_version`'s).
 VERSION_METHOD = f"/{ECHO_SERVICE}/version"
 
 

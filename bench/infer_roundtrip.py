@@ -13,8 +13,8 @@ plus the daemon's cheapest call (get_version), which separates the daemon's fixe
 call from the inference's own, and each server's CPU time per call (user + system, from
 /proc), which is what bounds a server's throughput. The echo server also answers a
 protobuf call of get_version's shape (a trivial handler behind gRPC's (de)serializers, on
-both ends): the floor of any call of the daemon's protobuf API, which the bytes echo
-does not pay.
+both ends): what protobuf adds to a call, which the bytes echo does not pay, so that
+get_version against it is the daemon's own cost.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def main() -> int:
     print(f"ratio infer/echo (p50): {p50_i / p50_e:.2f}x; get_version/echo: {p50_v / p50_e:.2f}x")
     p50_p = statistics.median(t_protobuf)
     print(
-        f"the protobuf floor: bare protobuf call/echo (p50) {p50_p / p50_e:.2f}x; "
+        f"with protobuf: bare protobuf call/echo (p50) {p50_p / p50_e:.2f}x; "
         f"get_version/bare protobuf call {p50_v / p50_p:.2f}x; infer/bare protobuf call "
         f"{p50_i / p50_p:.2f}x"
     )
