@@ -73,17 +73,23 @@ def test_calls_that_block_let_waiting_calls_start() -> None:
     pool.shutdown()
 
 
-def test_threads_beyond_the_running_calls_end_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.05)
-    pool = CallPool(1, 4, name="idlers")
+def _grown(pool: CallPool, prefix: str) -> None:
+    """`pool` (running 1) grown to 3 threads by 3 calls that block, and those calls ended."""
     release = threading.Event()
     blocked = [pool.submit(release.wait, WAIT_S) for _ in range(3)]
     deadline = time.monotonic() + WAIT_S
-    while _threads("idlers_") < 3 and time.monotonic() < deadline:
+    while _threads(prefix) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _threads("idlers_") == 3
+    assert _threads(prefix) == 3
     release.set()
-    futures.wait(blocked, timeout=WAIT_S)
+    assert all(f.result(WAIT_S) for f in blocked)
+
+
+def test_threads_beyond_the_running_calls_end_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.05)
+    pool = CallPool(1, 4, name="idlers")
+    _grown(pool, "idlers_")
+    deadline = time.monotonic() + WAIT_S
     while _threads("idlers_") > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _threads("idlers_") == 1  # the one that may always run stays
@@ -96,14 +102,7 @@ def test_threads_beyond_the_running_calls_end_under_steady_traffic(
 ) -> None:
     monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.3)
     pool = CallPool(1, 4, name="steady")
-    release = threading.Event()
-    blocked = [pool.submit(release.wait, WAIT_S) for _ in range(3)]
-    deadline = time.monotonic() + WAIT_S
-    while _threads("steady_") < 4 and time.monotonic() < deadline:
-        pool.submit(lambda: None).result(WAIT_S)
-    assert _threads("steady_") == 4  # grown by the blocked calls
-    release.set()
-    assert all(f.result(WAIT_S) for f in blocked)
+    _grown(pool, "steady_")
     # a call every 20 ms: the newest idle thread takes each, the others end when idle
     deadline = time.monotonic() + WAIT_S
     while _threads("steady_") > 1 and time.monotonic() < deadline:
