@@ -218,7 +218,8 @@ def test_a_killed_run_resumes_to_exactly_the_full_output(
                 break
             time.sleep(0.05)
         ended = run.poll()  # None: still running, as it must be to be stopped mid-run
-        os.kill(run.pid, stop)
+        if ended is None:
+            os.kill(run.pid, stop)
         _, err = run.communicate(timeout=60)
         assert ended is None and checkpoint.exists(), (
             (f"neuron-batch ended by itself, exit {ended}" if ended is not None else "")
