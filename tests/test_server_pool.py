@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import pytest
@@ -23,6 +23,17 @@ WAIT_S = 10.0  # a bound on what must happen at once, on a loaded machine
 
 def _threads(prefix: str) -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith(prefix))
+
+
+def _threads_become(
+    prefix: str, count: int, tick: Callable[[], object] = lambda: time.sleep(0.01)
+) -> int:
+    """The count of threads named `prefix...` once it is `count`, else after WAIT_S;
+    `tick()` runs between two looks."""
+    deadline = time.monotonic() + WAIT_S
+    while _threads(prefix) != count and time.monotonic() < deadline:
+        tick()
+    return _threads(prefix)
 
 
 def test_calls_answer_their_results_and_exceptions() -> None:
@@ -77,10 +88,7 @@ def _grown(pool: CallPool, prefix: str) -> None:
     """`pool` (running 1) grown to 3 threads by 3 calls that block, and those calls ended."""
     release = threading.Event()
     blocked = [pool.submit(release.wait, WAIT_S) for _ in range(3)]
-    deadline = time.monotonic() + WAIT_S
-    while _threads(prefix) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _threads(prefix) == 3
+    assert _threads_become(prefix, 3) == 3
     release.set()
     assert all(f.result(WAIT_S) for f in blocked)
 
@@ -89,10 +97,7 @@ def test_threads_beyond_the_running_calls_end_when_idle(monkeypatch: pytest.Monk
     monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.05)
     pool = CallPool(1, 4, name="idlers")
     _grown(pool, "idlers_")
-    deadline = time.monotonic() + WAIT_S
-    while _threads("idlers_") > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _threads("idlers_") == 1  # the one that may always run stays
+    assert _threads_become("idlers_", 1) == 1  # the one that may always run stays
     assert pool.submit(lambda: 1).result(WAIT_S) == 1
     pool.shutdown()
 
@@ -103,12 +108,13 @@ def test_threads_beyond_the_running_calls_end_under_steady_traffic(
     monkeypatch.setattr(pool_module, "IDLE_EXIT_S", 0.3)
     pool = CallPool(1, 4, name="steady")
     _grown(pool, "steady_")
-    # a call every 20 ms: the newest idle thread takes each, the others end when idle
-    deadline = time.monotonic() + WAIT_S
-    while _threads("steady_") > 1 and time.monotonic() < deadline:
+
+    def call_and_pause() -> None:  # a call every 20 ms
         assert pool.submit(lambda: "served").result(WAIT_S) == "served"
         time.sleep(0.02)
-    assert _threads("steady_") == 1
+
+    # the newest idle thread takes each call, the others end when idle
+    assert _threads_become("steady_", 1, call_and_pause) == 1
     pool.shutdown()
 
 
@@ -132,10 +138,7 @@ def test_shutdown_refuses_new_calls_and_can_cancel_waiting_ones(
         pool.submit(lambda: None)
     release.set()
     assert running.result(WAIT_S) is True
-    deadline = time.monotonic() + WAIT_S
-    while _threads("closing_") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _threads("closing_") == 0
+    assert _threads_become("closing_", 0) == 0
 
 
 def test_a_call_that_says_it_waits_lets_a_waiting_call_start_at_once(
