@@ -130,10 +130,7 @@ class CallPool(futures.Executor):
             if self._closed:
                 raise RuntimeError("cannot run new calls after shutdown")
             self._queue.append((future, lambda: fn(*args, **kwargs)))
-            if self._idle and len(self._computing(time.monotonic())) < self.running:
-                self._sleepers.notify()  # it may start now
-            else:
-                self._watch()
+            self._start_first()
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -143,6 +140,14 @@ class CallPool(futures.Executor):
                 while self._queue:
                     self._queue.popleft()[0].cancel()
             self._sleepers.notify_all()
+
+    def _start_first(self) -> None:
+        """Someone to start the queue's first call (under the lock): an idle thread woken
+        now when it may start now, else as `_watch` says."""
+        if self._idle and len(self._computing(time.monotonic())) < self.running:
+            self._sleepers.notify()
+        else:
+            self._watch()
 
     def _watch(self) -> None:
         """Someone to start the queue's first call once it may (under the lock): an idle
@@ -161,10 +166,8 @@ class CallPool(futures.Executor):
         """The call of thread `me` waits from now (see `waiting`)."""
         with self._lock:
             self._started.pop(me, None)
-            if self._queue and self._idle:
-                self._sleepers.notify()  # an idle thread starts the first waiting call
-            elif self._queue:
-                self._watch()  # one made to
+            if self._queue:
+                self._start_first()
 
     def _computes(self, me: int) -> None:
         """The call of thread `me` computes again, counted from now."""
