@@ -134,12 +134,12 @@ def main() -> int:
             assert response.status.code == 0
             return response
 
+        version = pb.get_version_request()
         time_calls(infer, 200)  # warm-up each
         time_calls(lambda: echo_call(payload), 200)
-        time_calls(lambda: protobuf_call(pb.get_version_request()), 200)
+        time_calls(lambda: protobuf_call(version), 200)
         time_calls(lambda: model.infer({"x": array}), 200)
         time_calls(echo_on_socket, 200)
-        version = pb.get_version_request()
         per_round = max(1, args.calls // args.rounds)
         t_infer: list[float] = []
         t_echo: list[float] = []

@@ -287,15 +287,11 @@ class OthersMeter:
         ours = sum(cpu_seconds(pid) for pid in self.pids)
         return (time.perf_counter(), *machine_busy_s(), ours)
 
-    def percent(self) -> float:
-        """The other processes' share."""
-        (t0, busy0, _, ours0), (t1, busy1, _, ours1) = self.start, self._sample()
-        return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0) * 100
-
-    def stolen(self) -> float:
-        """The host's share (steal)."""
-        (t0, _, steal0, _), (t1, _, steal1, _) = self.start, self._sample()
-        return (steal1 - steal0) / (t1 - t0) * 100
+    def shares(self) -> tuple[float, float]:
+        """Since the start: the other processes' share, and the host's (steal)."""
+        (t0, busy0, steal0, ours0), (t1, busy1, steal1, ours1) = self.start, self._sample()
+        others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0) * 100
+        return others, (steal1 - steal0) / (t1 - t0) * 100
 
 
 @dataclasses.dataclass
@@ -353,9 +349,7 @@ class Bench:
             "in_process_cosine": local_cos,
             "in_process_max_abs_err": local_err,
         }
-        return Figures(
-            compiled.name, compiled, rounds, check, io_bytes, others.percent(), others.stolen()
-        )
+        return Figures(compiled.name, compiled, rounds, check, io_bytes, *others.shares())
 
 
 # --- reports ----------------------------------------------------------------------------
@@ -590,7 +584,7 @@ def run_all(
             print_figures(fig)
             results.append(fig)
             gc.collect()  # the case's onnxruntime session, and its pool, go
-        others_pct, stolen_pct = whole_run.percent(), whole_run.stolen()
+        others_pct, stolen_pct = whole_run.shares()
         idle = idle_cost(daemon.pid)
     run = {
         "instance": instance,
