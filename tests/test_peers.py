@@ -4,15 +4,18 @@ for a peer that is gone; gRPC's peer strings."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from neuron_rtd.server import peers
 from neuron_rtd.server.peers import grpc_peer_address, tcp_caller
 
 OTHER_UID = 65533
@@ -83,8 +86,9 @@ def finish(conn: socket.socket, proc: subprocess.Popen[str]) -> None:
         (socket.AF_INET, "127.0.0.1", "127.0.0.1"),
         (socket.AF_INET6, "::1", "::1"),
         (socket.AF_INET6, "::", "127.0.0.1"),  # IPv4 on a dual-stack IPv6 listener
+        (socket.AF_INET, "127.0.0.1", "::ffff:127.0.0.1"),  # IPv4 from an IPv6 socket
     ],
-    ids=["ipv4", "ipv6", "ipv4-mapped"],
+    ids=["ipv4", "ipv6", "ipv4-mapped-listener", "ipv4-mapped-peer"],
 )
 def test_the_peer_s_uid_is_found(
     other_user: None, family: socket.AddressFamily, listen_on: str, connect_to: str
@@ -117,7 +121,27 @@ def test_a_peer_of_our_own_uid_is_named(other_user: None) -> None:
             finish(conn, proc)
 
 
-def test_a_peer_that_is_gone_or_not_here_is_not_found() -> None:
+@pytest.mark.parametrize("lookup", ["sock_diag", "proc"])
+def test_both_lookups_find_the_peer(
+    other_user: None, lookup: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if lookup == "proc":  # as on a kernel without sock_diag
+        monkeypatch.setattr(peers, "_diag_uid", unavailable)
+    with listening(socket.AF_INET, "127.0.0.1") as listener:
+        conn, proc = connect_as(OTHER_UID, listener, "::ffff:127.0.0.1")
+        try:
+            found = tcp_caller(*ends(conn))
+            assert found is not None and found.named is not None
+            assert found.named.uid == OTHER_UID
+        finally:
+            finish(conn, proc)
+
+
+def unavailable(*args: object) -> None:
+    raise OSError(errno.EPROTONOSUPPORT, "no sock_diag")
+
+
+def test_a_peer_that_is_gone_or_not_here_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
     with listening(socket.AF_INET, "127.0.0.1") as listener:
         client = socket.create_connection(listener.getsockname())
         conn, _ = listener.accept()
@@ -125,6 +149,18 @@ def test_a_peer_that_is_gone_or_not_here_is_not_found() -> None:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         client.close()  # a reset: the peer's socket is gone at once, no TIME_WAIT entry
         conn.close()
+    assert tcp_caller(local, remote) is None
+    # closed first by the peer, its socket lingers in TIME_WAIT, listed as uid 0's: no one's
+    with listening(socket.AF_INET, "127.0.0.1") as listener:
+        client = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+        local, remote = ends(conn)
+        client.close()
+        assert conn.recv(1) == b""
+        conn.close()
+        time.sleep(0.05)
+    assert tcp_caller(local, remote) is None
+    monkeypatch.setattr(peers, "_diag_uid", unavailable)
     assert tcp_caller(local, remote) is None
     assert tcp_caller(("127.0.0.1", 1), ("192.0.2.1", 40000)) is None  # no such socket
     assert tcp_caller(("127.0.0.1", 1), ("not-an-address", 40000)) is None
