@@ -49,6 +49,17 @@ class InvalidError(NrtError):
     code = Nerr.INVALID
 
 
+class ModelFileRefused(InvalidError):
+    """A model file the daemon did not read (`runtime/admission.py:read_model_file`):
+    `reason` says why, worded alike for a file that does not exist and one the daemon may
+    not read; `outside`: it is not within the folders it may be read from."""
+
+    def __init__(self, message: str, *, reason: str = "", outside: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.outside = outside
+
+
 class NeffInvalid(InvalidError):
     """A NEFF that is truncated, fails its hash, or holds a malformed graph."""
 
@@ -115,6 +126,12 @@ class InferNumericalError(NrtError):
 
 class InferError(NrtError):
     code = Nerr.INFER_COMPLETED_WITH_ERR
+
+
+def shown(text: str, limit: int = 100) -> str:
+    """A caller's `text` (a name, a path) as a message shows it: cut to `limit` characters,
+    "..." saying it was, so that no message or log line carries a caller's 100 KB."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def all_error_classes() -> list[type[NrtError]]:

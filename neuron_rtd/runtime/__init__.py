@@ -7,6 +7,7 @@ machine. Devices reach it through the driver port (`DeviceApi`; `acquire_sim` ow
 simulated ones).
 """
 
+from neuron_rtd.runtime.admission import read_model_file
 from neuron_rtd.runtime.api import (
     DeviceInfo,
     HwCounters,
@@ -101,6 +102,7 @@ __all__ = [
     "nc_engine",
     "nc_spinning",
     "parse_version",
+    "read_model_file",
     "session_tag",
     "usable_cpus",
 ]

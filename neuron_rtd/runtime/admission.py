@@ -6,9 +6,15 @@ admitted, holds it; it is reserved from then until its load is over (`settle`), 
 at once cannot pass the bound together. Its memory is an anonymous mapping, taken as it is
 written: a size claimed and never sent costs nothing.
 
-A `neff_file` is read with the daemon's own rights, only from `neff_file_dirs` (symbolic
-links resolved first), header first (`neff.read_neff_file`); a file that does not exist and
-one the daemon may not read get the same answer.
+Every model file the daemon reads itself (a `neff_file`, and the serving core's: a
+repository version's file, a load's uploaded one) is read by one reader,
+`read_model_file`: with the daemon's own rights, only from within the folders it is given
+(`neff_file_dirs`; a model's version folder), symbolic links resolved first and none
+followed at the open; opened non-blocking, and read only when it is a regular file (a
+FIFO, a device, a socket or a folder is refused at once, a device never opened); its
+header first, the size it declares checked against the file's, and its memory admitted
+as a streamed NEFF's, before any of its body is read. A file that does not exist and one
+the daemon may not read get the same answer.
 """
 
 from __future__ import annotations
@@ -16,16 +22,21 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 
-from neuron_rtd.errors import InvalidError, ResourceError
-from neuron_rtd.neff import Neff, read_neff, read_neff_file
+from neuron_rtd.errors import InvalidError, ModelFileRefused, NeffInvalid, ResourceError, shown
+from neuron_rtd.neff import HEADER_SIZE, Neff, read_neff
+from neuron_rtd.neff.header import parse_header
 from neuron_rtd.runtime.api import NeffFile
 from neuron_rtd.runtime.driver import available_memory
 
 NeffSource = Neff | bytes | bytearray | memoryview | NeffFile  # parsed, its bytes, or a file
-_HIDDEN = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ELOOP)  # told apart for nobody
+# What a model file's open may fail with that tells whether it exists: told apart for nobody.
+_HIDDEN = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP)
+UNREADABLE = "no such file, or the daemon may not read it"
 
 
 class NeffAdmission:
@@ -73,30 +84,145 @@ class NeffAdmission:
             return read_neff(neff)
         path = neff.path
         if "\0" in path:
-            raise InvalidError(f"neff_file {path!r} holds a NUL byte: give a file's path")
+            raise InvalidError(f"neff_file {shown(path)!r} holds a NUL byte: give a file's path")
         if not os.path.isabs(path):
-            raise InvalidError(f"neff_file '{path}' must be an absolute path")
+            raise InvalidError(f"neff_file '{shown(path)}' must be an absolute path")
         folders = self.neff_file_dirs
-        real = os.path.realpath(path)
-        if not any(_within(real, folder) for folder in folders):
-            raise InvalidError(
-                f"neff_file '{path}' is outside the folders this daemon loads NEFF files "
-                f"from ({', '.join(folders) or 'none'}): stream the NEFF instead, or add "
-                "its folder to neff_file_dirs in the daemon's config"
-            )
         try:
-            return read_neff_file(real, into=self.buffer)
-        except OSError as exc:
-            reason = (
-                "no such file, or the daemon may not read it"
-                if exc.errno in _HIDDEN
-                else exc.strerror
-            )
+            return read_model_file(path, folders, into=self.buffer)
+        except ModelFileRefused as exc:
+            if exc.outside:
+                raise InvalidError(
+                    f"neff_file '{shown(path)}' is outside the folders this daemon loads NEFF "
+                    f"files from ({', '.join(folders) or 'none'}): stream the NEFF instead, "
+                    "or add its folder to neff_file_dirs in the daemon's config"
+                ) from None
             raise InvalidError(
-                f"cannot read neff_file '{path}' ({reason}): the daemon reads it with its own "
-                "rights; make it readable to the daemon's user in one of neff_file_dirs, or "
-                "stream the NEFF instead"
+                f"cannot read neff_file '{shown(path)}' ({exc.reason}): the daemon reads it "
+                "with its own rights; make it a regular file readable to the daemon's user in "
+                "one of neff_file_dirs, or stream the NEFF instead"
             ) from None
+
+
+def _refused(name: str, reason: str, *, outside: bool = False) -> ModelFileRefused:
+    return ModelFileRefused(
+        f"cannot read '{shown(name)}': {reason}", reason=reason, outside=outside
+    )
+
+
+def read_model_file(
+    path: str | os.PathLike[str],
+    folders: Sequence[str | os.PathLike[str]],
+    *,
+    into: Callable[[int], memoryview],
+) -> Neff:
+    """The NEFF in file `path`, read only from within one of `folders` (its real path, every
+    symbolic link resolved, inside one of theirs), as data: opened non-blocking, never
+    following a link, and read only when it is a regular file whose size is the one its
+    header declares, into the buffer `into(size)` gives (which refuses what it will not
+    admit: `NeffAdmission.buffer`, `Runtime.neff_buffer`).
+
+    ModelFileRefused when the file is not read (missing and unreadable worded alike);
+    NeffInvalid (or UnsupportedVersion) when what it holds is not a NEFF this runtime reads;
+    whatever `into` raises."""
+    name = os.fspath(path)
+    if "\0" in name:
+        raise _refused(name, "its path holds a NUL byte")
+    real = os.path.realpath(name)
+    roots = [os.path.realpath(os.fspath(folder)) for folder in folders]
+    root = next((r for r in roots if _within(real, r)), None)
+    if root is None:
+        shown_roots = ", ".join(roots) or "none"
+        raise _refused(
+            name, f"it is outside the folders it may be read from ({shown_roots})", outside=True
+        )
+    fd = _open_beneath(name, root, real)
+    try:
+        opened = os.fstat(fd)
+        _check_regular(name, opened.st_mode)  # swapped since it was looked at
+        size = opened.st_size
+        if size < HEADER_SIZE:
+            raise NeffInvalid(
+                f"'{shown(name)}' is not a NEFF: it is {size} bytes, shorter than a NEFF "
+                f"header ({HEADER_SIZE})"
+            )
+        header = parse_header(_pread_exactly(fd, HEADER_SIZE, name))
+        if header.data_size != size - HEADER_SIZE:
+            raise NeffInvalid(
+                f"'{shown(name)}' is not a whole NEFF: its header declares "
+                f"{header.data_size} data bytes, the file holds {size - HEADER_SIZE}"
+            )
+        data = into(size)
+        _read_exactly(fd, data, name)
+    except OSError as exc:
+        raise _refused(name, _why(exc)) from None
+    finally:
+        os.close(fd)
+    return read_neff(data)
+
+
+def _open_beneath(name: str, root: str, real: str) -> int:
+    """File `real` opened from folder `root` one component at a time, following no
+    symbolic link (one put in since `realpath` looked is refused), and only when it is a
+    regular file: a device is refused before it is opened."""
+    *folders, last = os.path.relpath(real, root).split("/")
+    walk = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        at = os.open(root, walk)
+    except OSError as exc:
+        raise _refused(name, _why(exc)) from None
+    try:
+        for folder in folders:
+            step = os.open(folder, walk | os.O_NOFOLLOW, dir_fd=at)
+            os.close(at)
+            at = step
+        _check_regular(name, os.stat(last, dir_fd=at, follow_symlinks=False).st_mode)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+        return os.open(last, flags, dir_fd=at)
+    except OSError as exc:
+        raise _refused(name, _why(exc)) from None
+    finally:
+        os.close(at)
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def _check_regular(name: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((what for test, what in _KINDS if test(mode)), "not a file")
+        raise _refused(
+            name, f"it is {kind}, not a regular file: a model file must be a regular file"
+        )
+
+
+def _pread_exactly(fd: int, size: int, name: str) -> bytes:
+    head = os.pread(fd, size, 0)
+    if len(head) < size:
+        raise NeffInvalid(f"'{shown(name)}' shrank while it was being read")
+    return head
+
+
+def _read_exactly(fd: int, target: memoryview, name: str) -> None:
+    done = 0
+    while done < len(target):
+        got = os.preadv(fd, [target[done:]], done)
+        if got == 0:
+            raise NeffInvalid(f"'{shown(name)}' shrank while it was being read")
+        done += got
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno in _HIDDEN:
+        return UNREADABLE
+    return (exc.strerror or str(exc)).lower()
 
 
 def _within(path: str, folder: str) -> bool:

@@ -8,7 +8,8 @@ completes an ONNX model's:
 - `input` / `output`: name, data_type and dims (the batch axis left out when
   max_batch_size > 0; -1 for an axis that varies);
 - one `instance_group` of count 1, `version_policy` latest 1, `default_model_filename`
-  "model.neff".
+  "model.neff" (a given one must be a plain file name: the file is read from the
+  version's folder only).
 
 A field the user gave is kept when the NEFF agrees and refused, naming the field and both
 values, when it does not; what the daemon cannot do (sequence batching, ensembles, GPU
@@ -18,12 +19,15 @@ instances) is refused saying so.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
 
+from neuron_rtd.errors import shown
 from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
@@ -35,6 +39,8 @@ CONFIG_FILE = "config.pbtxt"
 PLATFORM = "neuron_neff"
 BACKEND = "neuron"
 DEFAULT_MODEL_FILENAME = "model.neff"
+NAME_MAX_BYTES = 255  # a model's name, a model file's: one file name (NAME_MAX)
+CONFIG_MAX_BYTES = 1 << 20  # a config.pbtxt (Triton's are a few KB)
 
 _KIND = model_config_pb.ModelInstanceGroup
 
@@ -45,14 +51,18 @@ def _invalid(message: str) -> ServingError:
 
 # --- reading ---------------------------------------------------------------------------
 def read_config(model_dir: Path, name: str) -> ModelConfig:
-    """The config the user wrote in `model_dir/config.pbtxt` (empty when there is none)."""
+    """The config the user wrote in `model_dir/config.pbtxt` (empty when there is none),
+    read as data: opened non-blocking, never through a symbolic link, only when it is a
+    regular file of at most CONFIG_MAX_BYTES."""
     path = model_dir / CONFIG_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path).decode("utf-8")
     except FileNotFoundError:
         return ModelConfig()
     except (OSError, UnicodeDecodeError) as exc:
         raise _invalid(f"cannot read {path} of model '{name}': {_reason(exc)}") from None
+    except ValueError as exc:
+        raise _invalid(f"cannot read {path} of model '{name}': {exc}") from None
     config = ModelConfig()
     try:
         text_format.Parse(text, config)
@@ -62,6 +72,28 @@ def read_config(model_dir: Path, name: str) -> ModelConfig:
         where = f"{path}:{line}:{column}" if line else str(path)
         raise _invalid(f"{where}: {detail} (model '{name}')") from None
     return config
+
+
+def _read_text(path: Path) -> bytes:
+    """A small file's bytes; ValueError saying why a file that is there is not read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+    if not stat.S_ISREG(path.lstat().st_mode):  # a device is not even opened
+        raise ValueError("it is not a regular file (a config.pbtxt must be one)")
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file (a config.pbtxt must be one)")
+        if info.st_size > CONFIG_MAX_BYTES:
+            raise ValueError(
+                f"it is {info.st_size} bytes, more than a config.pbtxt may be ({CONFIG_MAX_BYTES})"
+            )
+        data = os.pread(fd, CONFIG_MAX_BYTES + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) > CONFIG_MAX_BYTES:  # grew since its size was looked at
+        raise ValueError(f"it is more than a config.pbtxt may be ({CONFIG_MAX_BYTES} bytes)")
+    return data
 
 
 def parse_json_config(text: str, name: str) -> ModelConfig:
@@ -115,7 +147,10 @@ def neff_dims(spec: TensorSpec, batched: bool) -> list[int]:
 def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
     """Refuse what the daemon cannot do, whatever the NEFF: checked before any load."""
     if config.name and config.name != name:
-        raise _invalid(f"{source}: name '{config.name}', but the model's directory is '{name}'")
+        raise _invalid(
+            f"{source}: name '{shown(config.name)}', but the model's directory is '{name}'"
+        )
+    check_model_filename(config.default_model_filename, source)
     if config.platform and config.platform != PLATFORM:
         raise _invalid(
             f"{source}: platform '{config.platform}' is not served here; "
@@ -146,6 +181,20 @@ def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
     policy = config.version_policy.WhichOneof("policy_choice")
     if policy == "specific" and not config.version_policy.specific.versions:
         raise _invalid(f"{source}: version_policy specific names no versions")
+
+
+def check_model_filename(filename: str, source: str) -> None:
+    """A `default_model_filename` given must be a plain file name: the model file is read
+    from the version's folder only."""
+    if not filename:
+        return
+    size = len(filename.encode("utf-8", "surrogatepass"))
+    if "/" in filename or "\0" in filename or filename in (".", "..") or size > NAME_MAX_BYTES:
+        raise _invalid(
+            f"{source}: default_model_filename {shown(filename)!r} is not a plain file name "
+            f"(no '/', not '.' or '..', no NUL, at most {NAME_MAX_BYTES} bytes): it names a "
+            "file in each version's folder, like 'model.neff'"
+        )
 
 
 def model_filename(config: ModelConfig) -> str:

@@ -6,20 +6,23 @@ What it tells: the models there, a model's versions, and a stamp per version (th
 files' and config.pbtxt's mtime and size) that changes when any of them does, which the
 `poll` control mode compares. A load request may instead bring a model's files itself
 (`files`, the protocol's "file:1/model.neff" parameters): they are written to a private
-temporary directory laid out the same way.
+temporary directory laid out the same way. Every name there is bounded as a file's
+(NAME_MAX_BYTES a part), and messages show a caller's key cut to 100 characters. The model
+files themselves are read by the runtime's one reader (`read_model_file`, through
+`served.read_model`), from within their version's folder only.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from neuron_rtd.errors import shown
 from neuron_rtd.serving.api import ServingError, Status
-from neuron_rtd.serving.config import CONFIG_FILE
+from neuron_rtd.serving.config import CONFIG_FILE, NAME_MAX_BYTES
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -107,15 +110,24 @@ def check_file_key(key: str, name: str) -> PurePosixPath:
     """A load request's file key ("1/model.neff", "config.pbtxt") as a path inside the
     model's directory; INVALID_ARGUMENT for one that would leave it."""
     path = PurePosixPath(key)
-    if not key or path.is_absolute() or any(part in ("..", ".", "") for part in key.split("/")):
+    parts = key.split("/")
+    if not key or path.is_absolute() or any(part in ("..", ".", "") for part in parts):
         raise ServingError(
             Status.INVALID_ARGUMENT,
-            f"file '{key}' of the load of model '{name}' is not a relative path inside the "
-            "model's directory (no '..', '.', empty or absolute parts), like '1/model.neff'",
+            f"file '{shown(key)}' of the load of model '{name}' is not a relative path inside "
+            "the model's directory (no '..', '.', empty or absolute parts), like "
+            "'1/model.neff'",
         )
     if "\0" in key:
         raise ServingError(
-            Status.INVALID_ARGUMENT, f"file {key!r} of the load of model '{name}' holds a NUL"
+            Status.INVALID_ARGUMENT,
+            f"file {shown(key)!r} of the load of model '{name}' holds a NUL",
+        )
+    if any(len(part.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES for part in parts):
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"file '{shown(key)}' of the load of model '{name}' has a part longer than a "
+            f"file's name may be ({NAME_MAX_BYTES} bytes), like '1/model.neff'",
         )
     return path
 
@@ -153,10 +165,3 @@ def write_files(files: Mapping[str, bytes], name: str) -> tempfile.TemporaryDire
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
-
-
-def is_regular_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False

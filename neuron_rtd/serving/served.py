@@ -21,16 +21,19 @@ from neuron_rtd.errors import (
     InferTimeout,
     InvalidError,
     InvalidHandle,
+    ModelFileRefused,
     ModelNotRunning,
+    NeffInvalid,
     Nerr,
     NrtError,
     QueueFull,
     ResourceError,
     ResourceNcError,
+    UnsupportedVersion,
 )
-from neuron_rtd.neff import Neff, read_neff
+from neuron_rtd.neff import Neff
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.runtime import Runtime
+from neuron_rtd.runtime import Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import Batcher
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
@@ -347,6 +350,34 @@ def unload_copies(runtime: Runtime, model_ids: Sequence[int]) -> list[str]:
     return problems
 
 
+def read_model(runtime: Runtime, what: str, directory: Path, filename: str) -> Neff:
+    """The NEFF of `what` (a version), in file `filename` of its folder `directory`: read by
+    the runtime's one model-file reader (`read_model_file`: only from within `directory`,
+    as data, its memory admitted as a load's), or ServingError saying why not."""
+    path = directory / filename
+    try:
+        return read_model_file(path, (directory,), into=runtime.neff_buffer)
+    except ModelFileRefused as exc:
+        if exc.outside:
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"{what}: its model file {path} leads outside its version folder {directory} "
+                "(a symbolic link): a model file is read only from within its version folder",
+            ) from None
+        raise ServingError(
+            Status.UNAVAILABLE,
+            f"{what}: cannot read its model file {path} ({exc.reason}): the daemon reads it "
+            "with its own rights; make it a regular file readable to the daemon's user in "
+            f"{directory} (default_model_filename names it, model.neff if none)",
+        ) from None
+    except (NeffInvalid, UnsupportedVersion) as exc:
+        raise ServingError(
+            Status.INVALID_ARGUMENT, f"{what}: {path} is not a NEFF this daemon runs: {exc}"
+        ) from None
+    except NrtError as exc:
+        raise serving_error(exc, f"{what}: reading {path}") from None
+
+
 def load_version(
     runtime: Runtime, name: str, version: int, directory: Path, user: ModelConfig, source: str
 ) -> ServedVersion:
@@ -354,22 +385,7 @@ def load_version(
     completed, and its copies loaded (all, or none: a copy that fails unloads the others).
     ServingError with the reason otherwise."""
     what = f"model '{name}' version {version}"
-    path = directory / model_filename(user)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ServingError(
-            Status.UNAVAILABLE, f"{what}: no model file {path} (default_model_filename)"
-        ) from None
-    except OSError as exc:
-        why = (exc.strerror or str(exc)).lower()
-        raise ServingError(Status.UNAVAILABLE, f"{what}: cannot read {path}: {why}") from None
-    try:
-        neff = read_neff(data)
-    except NrtError as exc:
-        raise ServingError(
-            Status.INVALID_ARGUMENT, f"{what}: {path} is not a NEFF this daemon runs: {exc}"
-        ) from None
+    neff = read_model(runtime, what, directory, model_filename(user))
     config = complete(user, neff, name, source, version)
     count = instance_count(config)
     model_ids: list[int] = []

@@ -7,22 +7,31 @@ them, under one of its control modes:
   models and versions are loaded, removed ones unloaded, changed ones (a model file or
   config.pbtxt whose mtime or size moved) reloaded.
 
-A model that fails to load is logged and left UNAVAILABLE with its reason (in the
-repository index); the daemon keeps serving the others. A version that fails to reload
-leaves the one before it serving.
+A model that fails to load, whatever the reason, is logged and left UNAVAILABLE with its
+reason (in the repository index); the daemon keeps serving the others, and the poll thread
+goes on to the next model and the next poll. A version that fails to reload leaves the one
+before it serving.
+
+Names are bounded (a model's name is a folder's: at most NAME_MAX_BYTES), and the core
+keeps state only for the models of the repository and those loaded from a request's
+files: a load that fails for a name not in the repository, or an unload of one, leaves
+nothing behind, and a name's lock lives only while a load or unload holds or awaits it.
+Messages show a caller's name cut to 100 characters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuron_rtd import __version__
+from neuron_rtd.errors import shown
 from neuron_rtd.proto import kserve_pb, model_config_pb
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.serving.api import (
@@ -36,6 +45,7 @@ from neuron_rtd.serving.api import (
 )
 from neuron_rtd.serving.config import (
     CONFIG_FILE,
+    NAME_MAX_BYTES,
     PLATFORM,
     check_own_fields,
     parse_json_config,
@@ -110,8 +120,8 @@ class Serving:
         self.poll_s = poll_s
         self.shm = SystemSharedMemory()
         self._models: dict[str, _Model] = {}
-        self._lock = threading.Lock()  # guards _models and _name_locks
-        self._name_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards _models
+        self._name_locks = _NameLocks()
         self._started = False
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
@@ -216,6 +226,7 @@ class Serving:
 
     def _version(self, name: str, version: str) -> ServedVersion:
         """The READY version `version` of model `name` ("" its newest)."""
+        _check_bound(name)
         with self._lock:
             model = self._models.get(name)
             if model is not None:
@@ -223,7 +234,7 @@ class Serving:
                     served = model.newest()
                     if served is not None:
                         return served
-                elif version.isdigit() and version.isascii():
+                elif _number(version) is not None:
                     served = model.versions.get(int(version))
                     if served is not None:
                         return served
@@ -233,10 +244,10 @@ class Serving:
         if model is None:
             return ServingError(Status.NOT_FOUND, self._unknown_model(name))
         if version:
-            if not (version.isdigit() and version.isascii()):
+            if _number(version) is None:
                 return ServingError(
                     Status.NOT_FOUND,
-                    f"model '{name}' has no version '{version}': versions are numbers",
+                    f"model '{name}' has no version '{shown(version)}': versions are numbers",
                 )
             why = model.failed.get(int(version))
             if why:
@@ -256,6 +267,7 @@ class Serving:
         )
 
     def _unknown_model(self, name: str) -> str:
+        name = shown(name)
         if self.repository is None:
             return (
                 f"no model named '{name}' is served: this daemon serves no model repository; "
@@ -300,7 +312,7 @@ class Serving:
         self, name: str, config: str = "", files: Mapping[str, bytes] | None = None
     ) -> None:
         self._check_explicit("load")
-        self._check_name(name)
+        _check_name(name)
         if self.repository is None and not files:
             raise ServingError(
                 Status.NOT_FOUND,
@@ -311,13 +323,19 @@ class Serving:
 
     def unload_model(self, name: str) -> None:
         self._check_explicit("unload")
+        _check_name(name)
         with self._lock:
             known = name in self._models
         if not known:
-            if self.repository is not None and _is_model_dir(self.repository, name):
+            if self._in_repository(name):
                 return  # in the repository, not loaded: nothing to unload
             raise ServingError(Status.NOT_FOUND, self._unknown_model(name))
-        self._unload(name, "unloaded")
+        # a model of the repository stays in its index, UNAVAILABLE; one of a load's files
+        # (not in the repository) is forgotten
+        self._unload(name, "unloaded", keep=self._in_repository(name))
+
+    def _in_repository(self, name: str) -> bool:
+        return self.repository is not None and _is_model_dir(self.repository, name)
 
     def _check_explicit(self, what: str) -> None:
         if self.control_mode != "explicit":
@@ -328,22 +346,20 @@ class Serving:
                 f"the {what} was not done",
             )
 
-    def _check_name(self, name: str) -> None:
-        if not name or "/" in name or name in (".", "..") or "\0" in name or name.startswith("."):
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"model name {name!r} is not a model directory's name (no '/', not hidden)",
-            )
-
-    def _name_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._name_locks.setdefault(name, threading.Lock())
-
     def _load_logged(self, name: str) -> None:
+        """Load repository model `name` (at start, or polling): whatever goes wrong is
+        logged and kept as the model's reason, never raised."""
         try:
             self._load(name)
         except ServingError as exc:
             log.error("Model '%s' not served: %s", name, exc.message, extra={"fn": "load"})
+        except Exception as exc:
+            log.exception("Model '%s' not served: unexpected error", name, extra={"fn": "load"})
+            reason = f"loading it failed unexpectedly: {type(exc).__name__}: {shown(str(exc))}"
+            with self._lock:
+                model = self._models.get(name)
+                if model is None or not model.versions:
+                    self._models[name] = _Model(name=name, reason=reason)
 
     def _load(
         self,
@@ -357,24 +373,28 @@ class Serving:
         overriding its config.pbtxt. Versions whose files and config did not change stay
         as they are unless the config or files are given. ServingError when the model
         or any version failed (each failure also kept for the index)."""
-        with self._name_lock(name):
+        with self._name_locks.hold(name):
             holder: tempfile.TemporaryDirectory[str] | None = None
             try:
+                # state is kept for the models of the repository, and for a load's files
+                # only while they serve
+                keep = self._in_repository(name)
                 if files:
                     holder = write_files(files, name)
                     directory = Path(holder.name)
                 else:
                     assert self.repository is not None
                     directory = self.repository / name
-                    if not directory.is_dir():
+                    if not keep:
                         raise ServingError(Status.NOT_FOUND, self._unknown_model(name))
-                self._load_from(name, directory, config, bool(files) or bool(config), request)
+                forced = bool(files) or bool(config)
+                self._load_from(name, directory, config, forced, request, keep)
             finally:
                 if holder is not None:
                     holder.cleanup()
 
     def _load_from(
-        self, name: str, directory: Path, config: str, forced: bool, request: bool
+        self, name: str, directory: Path, config: str, forced: bool, request: bool, keep: bool
     ) -> None:
         with self._lock:
             before = self._models.get(name)
@@ -396,7 +416,7 @@ class Serving:
                     f"(like {directory}/1/) holds its model file",
                 )
         except ServingError as exc:
-            self._fail_model(name, before, exc.message, None if forced else scanned)
+            self._fail_model(name, before, exc.message, None if forced else scanned, keep)
             raise
         same_config = (
             before is not None
@@ -422,6 +442,15 @@ class Serving:
                 continue
             except ServingError as exc:
                 error = exc
+            except Exception as exc:  # one version's surprise is its reason, no more
+                log.exception(
+                    "Model '%s' version %d: unexpected error", name, version, extra={"fn": "load"}
+                )
+                error = ServingError(
+                    Status.INTERNAL,
+                    f"model '{name}' version {version}: loading it failed unexpectedly: "
+                    f"{type(exc).__name__}: {shown(str(exc))}",
+                )
             errors.append(error)
             if old is None:
                 failed[version] = error.message
@@ -446,8 +475,11 @@ class Serving:
         with self._lock:
             if self._closed.is_set():
                 model.versions, gone = {}, list(served.values())
-            else:
+            elif served or keep:
                 self._models[name] = model
+                gone = []
+            else:  # a load's files, none serving: nothing kept of the name
+                self._models.pop(name, None)
                 gone = []
             if before is not None:
                 gone += [v for n, v in before.versions.items() if n not in kept or kept[n] is not v]
@@ -486,11 +518,17 @@ class Serving:
         return self.repository / name if self.repository is not None else None
 
     def _fail_model(
-        self, name: str, before: _Model | None, reason: str, scanned: ModelDir | None
+        self,
+        name: str,
+        before: _Model | None,
+        reason: str,
+        scanned: ModelDir | None,
+        keep: bool = True,
     ) -> None:
         """The model as a whole could not be (re)loaded: a model not serving is recorded
         UNAVAILABLE with `reason` (and what was scanned: polling retries it once that
-        changes); one serving keeps serving."""
+        changes), or forgotten unless `keep` (a load's files, for a name not in the
+        repository); one serving keeps serving."""
         if before is not None and before.versions:
             with self._lock:
                 if scanned is not None and before.scanned is not None:
@@ -503,15 +541,22 @@ class Serving:
             )
             return
         with self._lock:
-            self._models[name] = _Model(name=name, scanned=scanned, reason=reason)
+            if keep:
+                self._models[name] = _Model(name=name, scanned=scanned, reason=reason)
+            else:
+                self._models.pop(name, None)
 
-    def _unload(self, name: str, reason: str) -> None:
-        with self._name_lock(name):
+    def _unload(self, name: str, reason: str, keep: bool = True) -> None:
+        """Unload model `name`: kept in the index, UNAVAILABLE with `reason`, if `keep`."""
+        with self._name_locks.hold(name):
             with self._lock:
                 model = self._models.get(name)
                 if model is None:
                     return
-                self._models[name] = _Model(name=name, reason=reason)
+                if keep:
+                    self._models[name] = _Model(name=name, reason=reason)
+                else:
+                    del self._models[name]
             for version in model.versions.values():
                 self._close_version(version)
             if model.versions:
@@ -552,12 +597,17 @@ class Serving:
         with self._lock:
             models = dict(self._models)
         for name in sorted(names):
+            if self._closed.is_set():
+                return
             model = models.get(name)
             if model is None or self._changed(model, name):
-                self._load_logged(name)
+                self._load_logged(name)  # never raises: one model cannot stop the others
         for name, model in sorted(models.items()):
             if name not in names and (model.versions or model.failed or model.scanned):
-                self._unload(name, "removed from the model repository")
+                try:
+                    self._unload(name, "removed from the model repository")
+                except Exception:
+                    log.exception("Unloading model '%s' failed", name, extra={"fn": "poll"})
 
     def _changed(self, model: _Model, name: str) -> bool:
         if model.scanned is None:
@@ -572,8 +622,75 @@ class Serving:
         )
 
 
+class _NameLocks:
+    """One lock per model name, which exists only while a thread holds or awaits it: the
+    names asked for leave nothing behind."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[threading.Lock, list[int]]] = {}  # name: lock, [users]
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        with self._lock:
+            lock, users = self._held.setdefault(name, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                users[0] -= 1
+                if not users[0]:
+                    del self._held[name]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+
+def _number(version: str) -> int | None:
+    """A request's version as a number, None when it is none (or past any version's size)."""
+    if version.isdigit() and version.isascii() and len(version) <= 19:
+        return int(version)
+    return None
+
+
+def _name_bytes(name: str) -> int:
+    return len(name.encode("utf-8", "surrogatepass"))
+
+
+def _check_bound(name: str) -> None:
+    """INVALID_ARGUMENT for a name longer than any model's can be (a folder's name)."""
+    if _name_bytes(name) > NAME_MAX_BYTES:
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"model name '{shown(name)}' is {_name_bytes(name)} bytes long: a model's name "
+            f"is its folder's in the model repository, at most {NAME_MAX_BYTES} bytes",
+        )
+
+
+def _check_name(name: str) -> None:
+    """A name a load or unload may be asked for: a model folder's (no '/', not hidden,
+    at most NAME_MAX_BYTES); INVALID_ARGUMENT otherwise."""
+    _check_bound(name)
+    if not name or "/" in name or name in (".", "..") or "\0" in name or name.startswith("."):
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"model name {shown(name)!r} is not a model directory's name (no '/', not "
+            "hidden, no NUL)",
+        )
+
+
 def _is_model_dir(root: Path, name: str) -> bool:
-    return bool(name) and "/" not in name and not name.startswith(".") and (root / name).is_dir()
+    if not name or "/" in name or "\0" in name or name.startswith("."):
+        return False
+    if _name_bytes(name) > NAME_MAX_BYTES:
+        return False
+    try:
+        return (root / name).is_dir()
+    except (OSError, ValueError):  # a folder the daemon may not search: no model it serves
+        return False
 
 
 def _same(a: ModelConfig, b: ModelConfig) -> bool:
