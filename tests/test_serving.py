@@ -22,8 +22,9 @@ from test_serving_repository import BUCKETS, MLP, W, serve, write_repo
 import neuron_rtd
 from neuron_rtd import errors
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.runtime import Caller, LocalRuntime, User, caller
 from neuron_rtd.serving import EXTENSIONS, InferRequest, Serving, ServingError, ShmRegion, Status
+from neuron_rtd.serving.api import SharedMemoryApi
 from neuron_rtd.serving.datatypes import (
     config_type_of,
     datatype_of,
@@ -324,8 +325,13 @@ def shm_object() -> Iterator[str]:
     os.unlink(f"/dev/shm/{key}")
 
 
-def test_shm_register_read_write_and_unregister(shm_object: str) -> None:
-    shm = SystemSharedMemory()
+def root_regions(local: LocalRuntime) -> SharedMemoryApi:
+    """Root's regions, over the runtime's shared-memory table."""
+    return SystemSharedMemory(local.runtime).of(caller(0))
+
+
+def test_shm_register_read_write_and_unregister(local: LocalRuntime, shm_object: str) -> None:
+    shm = root_regions(local)
     shm.register("r", "/" + shm_object, 1024, 2048)
     assert shm.status() == [ShmRegion("r", "/" + shm_object, 1024, 2048)]
     shm.write("r", 16, b"abcdefgh")
@@ -358,8 +364,8 @@ def test_shm_register_read_write_and_unregister(shm_object: str) -> None:
     assert shm.status() == []
 
 
-def test_shm_refusals(shm_object: str, tmp_path: Path) -> None:
-    shm = SystemSharedMemory()
+def test_shm_refusals(local: LocalRuntime, shm_object: str) -> None:
+    shm = root_regions(local)
     for key in ("a/b", "../etc/passwd", "/", "..", "//x"):
         with pytest.raises(ServingError) as caught:
             shm.register("r", key, 0, 1)
@@ -373,20 +379,33 @@ def test_shm_refusals(shm_object: str, tmp_path: Path) -> None:
     )
     with pytest.raises(ServingError) as caught:
         shm.register("r", "nrt-test-no-such-object", 0, 1)
-    assert caught.value.message == (
-        f"cannot open shm object 'nrt-test-no-such-object' read-write: {HIDDEN}"
-    )
+    assert caught.value.message == hidden("/nrt-test-no-such-object", "uid 0 (root)")
     with pytest.raises(ServingError) as caught:
         shm.register("r", shm_object, 0, 0)
     assert caught.value.status is Status.INVALID_ARGUMENT
+    with pytest.raises(ServingError) as caught:
+        shm.register("r" * 256, shm_object, 0, 1)
+    assert "longer than 255 bytes" in caught.value.message
+    assert len(caught.value.message) < 300
+    fifo = f"/dev/shm/nrt-test-fifo-{secrets.token_hex(4)}"
+    os.mkfifo(fifo, 0o600)  # a FIFO opened read-write would not block; never a tensor's place
+    try:
+        with pytest.raises(ServingError) as caught:
+            shm.register("r", fifo.removeprefix("/dev/shm"), 0, 1)
+        assert "is not a shared memory object" in caught.value.message
+    finally:
+        os.unlink(fifo)
     assert shm.status() == []
 
 
-# an object the daemon may not open is refused as one that does not exist (DESIGN "Trust")
-HIDDEN = (
-    "no such shm object, or the daemon may not open it (it opens objects with its own "
-    "rights: its user, or group neuron, needs read and write access)"
-)
+def hidden(path: str, who: str) -> str:
+    """The refusal of an object that is missing, that the daemon may not open, or that
+    the caller could not open itself: one wording (DESIGN "Trust")."""
+    return (
+        f"SystemSharedMemoryRegister: cannot map '{path}' (no such object, or the daemon may "
+        f"not open it, or {who} could not open it itself): make it an object both you and "
+        "the daemon's user may open (docs/wire-api.md, shared memory)"
+    )
 
 
 def test_shm_the_daemon_may_not_open(shm_object: str) -> None:
@@ -397,54 +416,104 @@ def test_shm_the_daemon_may_not_open(shm_object: str) -> None:
         pytest.skip("needs root and setpriv (util-linux) to act as another user")
     os.chmod(f"/dev/shm/{shm_object}", 0o600)
     code = (
+        "from neuron_rtd.runtime import LocalRuntime, caller\n"
         "from neuron_rtd.serving import ServingError\n"
         "from neuron_rtd.serving.shm import SystemSharedMemory\n"
-        "try:\n"
-        f"    SystemSharedMemory().register('r', {shm_object!r}, 0, 1)\n"
-        "except ServingError as exc:\n"
-        "    print(exc.status.name, exc.message)\n"
+        "with LocalRuntime() as local:\n"
+        "    regions = SystemSharedMemory(local.runtime).of(caller(0))\n"
+        "    try:\n"
+        f"        regions.register('r', {shm_object!r}, 0, 1)\n"
+        "    except ServingError as exc:\n"
+        "        print(exc.status.name, exc.message)\n"
     )
-    done = subprocess.run([*nobody, sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run(
+        [*nobody, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NEURON_SIM_ROOT": "", "HOME": "/nonexistent"},
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == (
-        f"INVALID_ARGUMENT cannot open shm object '{shm_object}' read-write: {HIDDEN}\n"
-    ), done.stdout
+    assert done.stdout == (f"INVALID_ARGUMENT {hidden('/' + shm_object, 'uid 0 (root)')}\n"), (
+        done.stdout
+    )
+
+
+def test_shm_objects_the_caller_could_not_open(local: LocalRuntime, shm_object: str) -> None:
+    """The daemon (root here) may open anything; a region is still only an object its
+    caller could open itself: another user's 0600 object is refused, worded as one that
+    does not exist; its group's members reach an object of mode 0660 and others do not."""
+    path = f"/dev/shm/{shm_object}"
+    regions = SystemSharedMemory(local.runtime)
+    member = Caller((User(65533, frozenset({65534})),))
+    other = Caller((User(65532, frozenset()),))
+    os.chown(path, 0, 65534)
+    os.chmod(path, 0o600)
+    for who in (member, other):
+        with pytest.raises(ServingError) as caught:
+            regions.of(who).register("r", shm_object, 0, 1)
+        assert caught.value.message == hidden("/" + shm_object, who.describe())
+    os.chmod(path, 0o660)
+    regions.of(member).register("r", shm_object, 0, 1)
+    with pytest.raises(ServingError):
+        regions.of(other).register("r", shm_object, 0, 1)
+    # one region table per caller: the other sees, uses and unregisters none of member's
+    assert regions.of(other).status() == []
+    with pytest.raises(ServingError) as caught:
+        regions.of(other).read("r", 0, 1)
+    assert caught.value.status is Status.NOT_FOUND
+    regions.of(other).unregister("r")
+    regions.of(other).unregister()
+    assert [r.name for r in regions.of(member).status()] == ["r"]
+    # a region this caller could use is its own: root cannot see member's either
+    assert regions.of(caller(0)).status() == []
+    regions.close()
+
+
+def test_shm_a_missing_region_costs_nothing(local: LocalRuntime) -> None:
+    """An input claiming 3.5 GB in a region that does not exist is refused before any
+    buffer is made (the bounds are checked first)."""
+    shm = root_regions(local)
+    with pytest.raises(ServingError) as caught:
+        shm.read("nowhere", 0, 3_500_000_000)
+    assert caught.value.status is Status.NOT_FOUND
 
 
 def test_shm_permission_denied_says_no_more(
-    shm_object: str, monkeypatch: pytest.MonkeyPatch
+    local: LocalRuntime, shm_object: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def denied(*args: object, **kwargs: object) -> int:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(os, "open", denied)
-    with pytest.raises(ServingError) as caught:
-        SystemSharedMemory().register("r", shm_object, 0, 1)
-    assert caught.value.message == f"cannot open shm object '{shm_object}' read-write: {HIDDEN}"
+    shm = root_regions(local)
+    with monkeypatch.context() as patched, pytest.raises(ServingError) as caught:
+        patched.setattr(os, "open", denied)
+        shm.register("r", shm_object, 0, 1)
+    assert caught.value.message == hidden("/" + shm_object, "uid 0 (root)")
 
 
-def test_shm_an_object_that_shrank(shm_object: str) -> None:
+def test_shm_an_object_that_shrank(local: LocalRuntime, shm_object: str) -> None:
     """A client that truncates its object gets an error; the daemon is never killed by
     SIGBUS (the object is read and written through its fd, never mapped), and a write
     never grows it back."""
-    shm = SystemSharedMemory()
+    shm = root_regions(local)
     shm.register("r", shm_object, 0, 4096)
     os.truncate(f"/dev/shm/{shm_object}", 100)
     for call in (lambda: shm.read("r", 0, 4096), lambda: shm.write("r", 0, bytes(4096))):
         with pytest.raises(ServingError) as caught:
             call()
-        assert "has shrunk below the region registered" in caught.value.message
+        assert "keep it at its size while it is registered" in caught.value.message
     assert os.stat(f"/dev/shm/{shm_object}").st_size == 100
     assert shm.read("r", 0, 100) == bytes(100)
     shm.write("r", 0, b"x" * 100)
-    shm.close()
+    shm.unregister()
 
 
 def test_serving_closes_its_regions(local: LocalRuntime, shm_object: str) -> None:
     serving = serve(local, None)
-    serving.shm.register("r", shm_object, 0, 64)
+    serving.shm(caller(0)).register("r", shm_object, 0, 64)
     serving.close()
-    assert serving.shm.status() == []
+    assert serving.shm(caller(0)).status() == []
 
 
 def test_unloading_fails_the_queued_requests(local: LocalRuntime, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ machine. Devices reach it through the driver port (`DeviceApi`; `acquire_sim` ow
 simulated ones).
 """
 
+from neuron_rtd.runtime.access import Caller, User, caller, may_open, socket_caller, stranger
 from neuron_rtd.runtime.admission import read_model_file
 from neuron_rtd.runtime.api import (
     DeviceInfo,
@@ -48,6 +49,7 @@ from neuron_rtd.runtime.models import FIRST_MODEL_ID
 from neuron_rtd.runtime.profile import InferenceProfile, ModelProfile, StepRecord
 from neuron_rtd.runtime.runtime import Runtime
 from neuron_rtd.runtime.sessions import session_tag
+from neuron_rtd.runtime.shm import ShmMapping
 from neuron_rtd.runtime.stats import (
     LATENCY_BOUNDS_US,
     Aggregate,
@@ -62,6 +64,7 @@ __all__ = [
     "LATENCY_BOUNDS_US",
     "NC_ENGINES",
     "Aggregate",
+    "Caller",
     "DeviceApi",
     "DeviceInfo",
     "DeviceSpec",
@@ -91,6 +94,7 @@ __all__ = [
     "RuntimeOptions",
     "SessionRelease",
     "ShmInput",
+    "ShmMapping",
     "ShmOutputs",
     "SimDevice",
     "Snapshot",
@@ -98,11 +102,16 @@ __all__ = [
     "SystemCounters",
     "Tally",
     "Topology",
+    "User",
     "acquire_sim",
+    "caller",
+    "may_open",
     "nc_engine",
     "nc_spinning",
     "parse_version",
     "read_model_file",
     "session_tag",
+    "socket_caller",
+    "stranger",
     "usable_cpus",
 ]

@@ -11,10 +11,12 @@ A front names its caller as well as its transport lets it (`Caller`):
   the daemon reads itself (the peer socket), a loopback TCP socket's owner
   (`server/peers.py`);
 - any of the users a unix socket admits, where gRPC cannot say which of them is calling
-  (grpcio gives no peer credentials): the socket's owner, root, its group's members, and
+  (grpcio gives no peer credentials): the socket's owner, root, its group's members (those
+  the user database lists, and one it may not list: a group can be given outside it), and
   everyone when it is open to others. A call from such a caller may use only what every
-  one of those users could open. When the socket admits one user (a socket of mode 0600,
-  or a group no one else is in), that user is named.
+  one of those users could open. When the socket admits one user besides root (mode 0600,
+  or the owner's private group, as a daemon a user runs for itself has), that user is
+  named.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ def caller(uid: int) -> Caller:
     return Caller((user(uid),))
 
 
+def stranger() -> Caller:
+    """A caller the front cannot name: one who owns nothing and is in no group."""
+    return Caller((User(STRANGER, frozenset()),))
+
+
 def socket_caller(path: str | os.PathLike[str]) -> Caller:
     """Any user the unix socket at `path` admits (connecting takes write access to it)."""
     info = os.stat(path)
@@ -105,9 +112,25 @@ def socket_caller(path: str | os.PathLike[str]) -> Caller:
     if info.st_mode & stat.S_IWGRP:
         uids |= _database.members(info.st_gid)
     users = [user(u) for u in sorted(uids)]
+    if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid):
+        users.append(User(STRANGER, frozenset({info.st_gid})))  # a member it does not list
     if info.st_mode & stat.S_IWOTH:
         users.append(User(STRANGER, frozenset()))
     return Caller(tuple(users))
+
+
+def _private_group(gid: int, owner: int) -> bool:
+    """Whether `gid` is the socket owner's private group (named as the user, its primary
+    group, listing no one else), as a user's own daemon's socket has: only root could put
+    another process in it. Any other group may hold members the user database does not
+    list (given by a unit's SupplementaryGroups=, a container's settings, setpriv): a
+    caller of its socket may be one of them."""
+    try:
+        name = pwd.getpwuid(owner).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == name and _database.members(gid) <= {owner}
 
 
 def may_open(fd: int, who: Caller, *, write: bool) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from neuron_rtd import __version__
 from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
 from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.access import Caller
 from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
 from neuron_rtd.runtime.api import (
     DeviceInfo,
@@ -50,7 +51,7 @@ from neuron_rtd.runtime.sessions import (
     check_ncs_quota,
     session_name,
 )
-from neuron_rtd.runtime.shm import ShmTable
+from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 from neuron_rtd.runtime.stats import Metric, MetricSeries, NmgrCounters, Stats
 
 log = logging.getLogger("nrtd.NMGR")
@@ -452,6 +453,19 @@ class Runtime:
     def shm_unmap(self, path: str, *, session: int | None = None) -> None:
         self.ensure_ready()
         self._shm.unmap(path, self._sessions.presented(session))
+
+    # A KServe region's object: held for a caller who could open it, by the same table.
+    def shm_hold(self, path: str, who: Caller, what: str) -> ShmMapping:
+        return self._shm.hold(path, who, what)
+
+    def shm_release(self, mapping: ShmMapping) -> None:
+        self._shm.release(mapping)
+
+    def shm_read(self, mapping: ShmMapping, offset: int, target: memoryview, what: str) -> None:
+        self._shm.read_into(mapping, target, what, offset)
+
+    def shm_write(self, mapping: ShmMapping, offset: int, data: memoryview, what: str) -> None:
+        self._shm.write(mapping, data, what, offset)
 
     # --- counters ------------------------------------------------------------------
     def nc_counters(self, vnc: int) -> NcCounters:

@@ -36,10 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_rtd.errors import BadInput, InvalidError, ResourceError
+from neuron_rtd.runtime.access import Caller, may_open
 from neuron_rtd.runtime.driver import usable_cpus
 from neuron_rtd.runtime.sessions import NO_SESSION, session_name
 
 SHM_ROOT = Path("/dev/shm")
+VIEW_BYTES = 256 << 20  # of a passed sealed object mapped; larger tensors move by preadv
+VIEWS_TOTAL_BYTES = 64 << 30  # of all passed objects mapped at once
 PROT_READ = 0x1
 PROT_WRITE = 0x2
 _NAME = re.compile(r"/?([A-Za-z0-9_.\-]{1,255})")
@@ -71,10 +74,20 @@ class ShmMapping:
 class ShmTable:
     """The shm objects mapped by clients, by session and the path they gave."""
 
-    def __init__(self, *, root: Path = SHM_ROOT, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path = SHM_ROOT,
+        enabled: bool = True,
+        view_bytes: int = VIEW_BYTES,
+        views_total_bytes: int = VIEWS_TOTAL_BYTES,
+    ) -> None:
         self.root = root
         self.enabled = enabled
+        self.view_bytes = view_bytes
+        self.views_total_bytes = views_total_bytes
         self._maps: dict[tuple[int, str], ShmMapping] = {}
+        self._viewed = 0  # bytes of passed objects mapped into this process (views)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -82,26 +95,44 @@ class ShmTable:
             return len(self._maps)
 
     # --- map / unmap ----------------------------------------------------------------
-    def map(self, path: str, prot: int, session_id: int = NO_SESSION, *, limit: int = 0) -> None:
+    def map(
+        self,
+        path: str,
+        prot: int,
+        session_id: int = NO_SESSION,
+        *,
+        limit: int = 0,
+        who: Caller | None = None,
+    ) -> None:
         """Open the object `path` names with the daemon's own rights (read-write when
         `prot` has PROT_WRITE); with a `limit`, ResourceError if the session has that many
-        objects mapped already. An object this process may not open, or that does not
-        exist, is refused alike: the answer does not tell which."""
+        objects mapped already; with `who`, only an object that caller could open itself.
+        An object this process (or `who`) may not open, or that does not exist, is refused
+        alike: the answer does not tell which."""
+        writable = bool(prot & PROT_WRITE)
+        fd = self.open(path, writable, who, "shm_map")
+        self._add(ShmMapping(path, fd, writable, session_id, passed=False), limit)
+
+    def open(self, path: str, writable: bool, who: Caller | None, what: str) -> int:
+        """A new fd on the regular shm object `path` names (never a device, a FIFO or a
+        link), opened without blocking; with `who`, only one that caller could open."""
         self._check_enabled()
         name = _plain_name(path)
-        writable = bool(prot & PROT_WRITE)
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(self.root / name, flags | os.O_NONBLOCK)
         except OSError as exc:
             hidden = exc.errno in _HIDDEN
-            reason = "no such object, or the daemon may not open it" if hidden else exc.strerror
-            raise InvalidError(
-                f"shm_map: cannot map '{path}' ({reason}): pass the object itself over the "
-                "daemon's peer socket, or let the daemon's user open it (docs/wire-api.md, "
-                "shared memory)"
-            ) from None
-        self._add(ShmMapping(path, fd, writable, session_id, passed=False), limit)
+            raise _refused(what, path, None if hidden else exc.strerror, who) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InvalidError(f"{what}: '{path}' is not a shared memory object")
+            if who is not None and not may_open(fd, who, write=writable):
+                raise _refused(what, path, None, who)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def adopt(self, fd: int, path: str, prot: int, session_id: int, *, limit: int = 0) -> None:
         """Take the object a client passed (its open file descriptor, now ours) as
@@ -113,8 +144,35 @@ class ShmTable:
             os.close(fd)
             raise
         writable = bool(prot & PROT_WRITE)
-        view = sealed_view(fd, writable)
-        self._add(ShmMapping(path, fd, writable, session_id, passed=True, view=view), limit)
+        mapping = ShmMapping(path, fd, writable, session_id, passed=True)
+        self._add(mapping, limit)
+        self._give_view(mapping)
+
+    def _give_view(self, mapping: ShmMapping) -> None:
+        """Map the first bytes of a passed object sealed against shrinking (at most
+        `view_bytes` of it, and while all views stay under `views_total_bytes`), so its
+        tensors move by memcpy; else they go through preadv/pwritev. A client's object
+        never costs the daemon more address space than that, however large it says it is."""
+        size = min(os.fstat(mapping.fd).st_size, self.view_bytes)
+        with self._lock:
+            if mapping.unmapped or self._viewed + size > self.views_total_bytes:
+                return
+            self._viewed += size
+        view = sealed_view(mapping.fd, mapping.writable, size)
+        with self._lock:
+            if view is None or mapping.unmapped:
+                self._viewed -= size
+            else:
+                mapping.view = view
+                return
+        if view is not None:
+            view.close()
+
+    def _close(self, mapping: ShmMapping) -> None:
+        with self._lock:
+            if mapping.view is not None:
+                self._viewed -= len(mapping.view)
+        mapping.close()
 
     def _check_enabled(self) -> None:
         if not self.enabled:
@@ -125,13 +183,13 @@ class ShmTable:
 
     def _add(self, mapping: ShmMapping, limit: int) -> None:
         if not stat.S_ISREG(os.fstat(mapping.fd).st_mode):
-            mapping.close()
+            os.close(mapping.fd)
             raise InvalidError(f"shm_map: '{mapping.path}' is not a shared memory object")
         key = (mapping.session_id, mapping.path)
         with self._lock:
             held = sum(s == mapping.session_id for s, _ in self._maps)
             if limit and key not in self._maps and held >= limit:
-                mapping.close()
+                os.close(mapping.fd)
                 raise ResourceError(
                     f"shm_map: {session_name(mapping.session_id)} has {held} shared memory "
                     f"objects mapped, the most one may (session_max_shm_maps {limit}): unmap "
@@ -141,6 +199,15 @@ class ShmTable:
             self._maps[key] = mapping
         if old is not None:  # mapped again (the client made a new object of that name)
             self._drop(old)
+
+    def hold(self, path: str, who: Caller, what: str) -> ShmMapping:
+        """The object `path` names, opened read-write for `who` (see `open`) and held
+        outside any session until `release`: a region of the KServe protocol."""
+        return ShmMapping(path, self.open(path, True, who, what), True, NO_SESSION, passed=False)
+
+    def release(self, mapping: ShmMapping) -> None:
+        """Let go of a held object (closed when its last read or write ends)."""
+        self._drop(mapping)
 
     def unmap(self, path: str, caller: int | None = None) -> None:
         """Unmap `path` of the session the call presents; a call that presents none
@@ -183,7 +250,7 @@ class ShmTable:
             mapping.unmapped = True
             idle = mapping.users == 0
         if idle:
-            mapping.close()
+            self._close(mapping)
 
     # --- naming ---------------------------------------------------------------------
     def find(self, path: str, caller: int | None, owner: int, what: str) -> ShmMapping:
@@ -224,7 +291,7 @@ class ShmTable:
                 mapping.users -= 1
                 close = mapping.unmapped and mapping.users == 0
             if close:
-                mapping.close()
+                self._close(mapping)
 
     # --- tensors --------------------------------------------------------------------
     def size(self, mapping: ShmMapping, what: str) -> int:
@@ -247,27 +314,31 @@ class ShmTable:
                 pass  # still mapped now: a clean error at once if not
         return ShmSource(self, mapping, nbytes, what)
 
-    def read_into(self, mapping: ShmMapping, target: memoryview, what: str) -> None:
-        """Fill `target` from the start of the object; BadInput if it holds fewer bytes.
+    def read_into(
+        self, mapping: ShmMapping, target: memoryview, what: str, offset: int = 0
+    ) -> None:
+        """Fill `target` from `offset` in the object; BadInput if it holds fewer bytes.
         A large tensor is read in parts by several threads at once: the kernel's copy out
         of tmpfs runs at a third of memcpy's speed on one core, and reads of one object
         run side by side (writes do not: they take the file's lock)."""
         nbytes = target.nbytes
-        view = mapping.view
-        if view is not None and nbytes <= len(view):
-            with self._use(mapping, what), memoryview(view) as held:
-                target.cast("B")[:] = held[:nbytes]
-            return
         with self._use(mapping, what) as fd:
-            got = _read_parts(fd, target.cast("B"))
+            view = mapping.view
+            if view is not None and offset + nbytes <= len(view):
+                with memoryview(view) as held:
+                    target.cast("B")[:] = held[offset : offset + nbytes]
+                return
+            got = _read_parts(fd, target.cast("B"), offset)
         if got < nbytes:
             raise BadInput(
-                f"{what}: shared memory '{mapping.path}' holds {got} bytes, the tensor "
-                f"takes {nbytes}"
+                f"{what}: shared memory '{mapping.path}' holds {offset + got} bytes, the "
+                f"tensor takes {nbytes} from offset {offset}"
             )
 
-    def write(self, mapping: ShmMapping, data: bytes | memoryview, what: str) -> None:
-        """Write `data` at the start of the object, which must already be large enough
+    def write(
+        self, mapping: ShmMapping, data: bytes | memoryview, what: str, offset: int = 0
+    ) -> None:
+        """Write `data` at `offset` in the object, which must already be large enough
         (writing past its end would grow the client's object)."""
         size = memoryview(data).nbytes
         path = mapping.path
@@ -275,16 +346,17 @@ class ShmTable:
             if not mapping.writable:
                 raise BadInput(f"{what}: shared memory '{path}' was mapped without PROT_WRITE")
             view = mapping.view
-            if view is not None and size <= len(view):
+            if view is not None and offset + size <= len(view):
                 with memoryview(view) as mapped, memoryview(data) as source:
-                    mapped[:size] = source.cast("B")
+                    mapped[offset : offset + size] = source.cast("B")
                 return
             held = os.fstat(fd).st_size
-            if held < size:
+            if held < offset + size:
                 raise BadInput(
-                    f"{what}: shared memory '{path}' holds {held} bytes, the tensor takes {size}"
+                    f"{what}: shared memory '{path}' holds {held} bytes, the tensor takes "
+                    f"{size} from offset {offset}"
                 )
-            written = os.pwritev(fd, [data], 0) if size else 0
+            written = os.pwritev(fd, [data], offset) if size else 0
         if written != size:
             raise BadInput(f"{what}: wrote {written} of {size} bytes to '{path}'")
 
@@ -292,8 +364,29 @@ class ShmTable:
 _HIDDEN = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EPERM)  # told apart for nobody
 
 
-def sealed_view(fd: int, writable: bool) -> mmap.mmap | None:
-    """The object mapped (its size now, shared; writable or not), when it is sealed
+def _refused(what: str, path: str, reason: str | None, who: Caller | None) -> InvalidError:
+    """The refusal of an object that cannot be opened; `reason` None: one that does not
+    exist, that the daemon may not open, or that the caller could not open itself, worded
+    alike (the answer does not tell which)."""
+    if reason is not None:
+        said, remedy = reason, ""
+    elif who is None:
+        said = "no such object, or the daemon may not open it"
+        remedy = (
+            "pass the object itself over the daemon's peer socket, or let the daemon's user open it"
+        )
+    else:
+        said = (
+            f"no such object, or the daemon may not open it, or {who.describe()} could "
+            "not open it itself"
+        )
+        remedy = "make it an object both you and the daemon's user may open"
+    hint = f": {remedy} (docs/wire-api.md, shared memory)" if remedy else ""
+    return InvalidError(f"{what}: cannot map '{path}' ({said}){hint}")
+
+
+def sealed_view(fd: int, writable: bool, size: int) -> mmap.mmap | None:
+    """The object's first `size` bytes mapped (shared; writable or not), when it is sealed
     against shrinking: its pages then stay as long as the map, so copies through it never
     fault. None for an unsealed object (any shm_open one), an empty one, or one the kernel
     will not map so (F_SEAL_FUTURE_WRITE on a writable one, say): its tensors go through
@@ -301,7 +394,6 @@ def sealed_view(fd: int, writable: bool) -> mmap.mmap | None:
     try:
         if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
             return None
-        size = os.fstat(fd).st_size
         if size == 0:
             return None
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
@@ -316,19 +408,19 @@ _readers: ThreadPoolExecutor | None = None
 _readers_lock = threading.Lock()
 
 
-def _read_parts(fd: int, target: memoryview) -> int:
-    """preadv `target` from offset 0; the bytes read (fewer: the object is shorter)."""
+def _read_parts(fd: int, target: memoryview, base: int = 0) -> int:
+    """preadv `target` from offset `base`; the bytes read (fewer: the object is shorter)."""
     nbytes = target.nbytes
     if nbytes < PARALLEL_READ_BYTES:
-        return os.preadv(fd, [target], 0) if nbytes else 0
+        return os.preadv(fd, [target], base) if nbytes else 0
     global _readers
     with _readers_lock:
         if _readers is None:
             _readers = ThreadPoolExecutor(READ_THREADS - 1, thread_name_prefix="shm-read")
     step = -(-nbytes // READ_THREADS)
     offsets = range(0, nbytes, step)
-    parts = [_readers.submit(_pread_full, fd, target, o, step) for o in offsets[1:]]
-    counts = [_pread_full(fd, target, 0, step)] + [p.result() for p in parts]
+    parts = [_readers.submit(_pread_full, fd, target, o, step, base) for o in offsets[1:]]
+    counts = [_pread_full(fd, target, 0, step, base)] + [p.result() for p in parts]
     total = 0
     for offset, count in zip(offsets, counts, strict=True):
         if count < min(step, nbytes - offset):  # a short part: the object ends there
@@ -337,8 +429,8 @@ def _read_parts(fd: int, target: memoryview) -> int:
     return total
 
 
-def _pread_full(fd: int, target: memoryview, offset: int, size: int) -> int:
-    return os.preadv(fd, [target[offset : offset + size]], offset)
+def _pread_full(fd: int, target: memoryview, offset: int, size: int, base: int) -> int:
+    return os.preadv(fd, [target[offset : offset + size]], base + offset)
 
 
 @dataclass(frozen=True)

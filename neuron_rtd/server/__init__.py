@@ -18,6 +18,7 @@ import grpc
 
 from neuron_rtd.proto import ext_pb_grpc, kserve_pb_grpc, pb_grpc
 from neuron_rtd.runtime import Runtime
+from neuron_rtd.server.caller import CallerOf
 from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
 from neuron_rtd.server.kserve import KServeServicer
@@ -95,6 +96,7 @@ def add_servicers(
     if serving is not None:
         kserve = KServeServicer(
             serving,
+            caller_of=CallerOf(address),
             stream_pool=ThreadPoolExecutor(STREAM_THREADS, "kserve-stream-infer"),
             # one reader per open stream (each runs on the pool below), with room for a
             # reader still finishing as its stream's handler ends

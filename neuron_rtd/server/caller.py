@@ -7,10 +7,59 @@ a call names an object the session passed over the peer socket (see `runtime/shm
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import grpc
 
+from neuron_rtd.client.address import parse_address
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.proto import SESSION_METADATA, TICKET_METADATA
+from neuron_rtd.runtime import Caller, socket_caller, stranger
+from neuron_rtd.server.peers import grpc_peer_address, tcp_caller
+
+_SOCKET_CALLER_TTL_S = 5.0  # the socket's users read again at most this often
+
+
+class CallerOf:
+    """Who a gRPC call on the daemon's `address` comes from."""
+
+    def __init__(self, address: str) -> None:
+        parsed = parse_address(address)
+        self.unix_path = parsed.unix_path
+        self.local: tuple[str, int] | None = None
+        if parsed.host_port:
+            host, _, port = parsed.target.rpartition(":")
+            self.local = (host.strip("[]"), int(port))
+        self._lock = threading.Lock()
+        self._socket: tuple[tuple[int, int, int, int], float, Caller] | None = None
+
+    def __call__(self, context: grpc.ServicerContext) -> Caller:
+        peer = context.peer() or ""
+        if peer.startswith("unix:"):
+            return self._socket_caller() if self.unix_path is not None else stranger()
+        remote = grpc_peer_address(peer)
+        if remote is None or self.local is None:
+            return stranger()
+        host, port = self.local
+        if host in ("", "0.0.0.0", "::"):  # a wildcard: the connection's own end is unknown
+            host = remote[0]
+        return tcp_caller((host, port), remote) or stranger()
+
+    def _socket_caller(self) -> Caller:
+        assert self.unix_path is not None
+        info = os.stat(self.unix_path)
+        stamp = (info.st_ino, info.st_mode, info.st_uid, info.st_gid)
+        now = time.monotonic()
+        with self._lock:
+            known = self._socket
+        if known is not None and known[0] == stamp and now - known[1] < _SOCKET_CALLER_TTL_S:
+            return known[2]
+        found = socket_caller(self.unix_path)
+        with self._lock:
+            self._socket = (stamp, now, found)
+        return found
 
 
 def presented_session(context: grpc.ServicerContext) -> int | None:

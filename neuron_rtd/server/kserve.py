@@ -33,10 +33,12 @@ import grpc
 import numpy as np
 
 from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
+from neuron_rtd.runtime import Caller, stranger
 from neuron_rtd.server.kserve_tensors import (
     SHM_PARAMETERS,
     SHM_REGION,
     ShmPlace,
+    check_size,
     from_bytes,
     internal_message,
     invalid,
@@ -49,6 +51,7 @@ from neuron_rtd.serving.api import (
     InferResponse,
     ServingApi,
     ServingError,
+    SharedMemoryApi,
     Status,
 )
 from neuron_rtd.serving.datatypes import datatype_of
@@ -142,10 +145,12 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         self,
         serving: ServingApi,
         *,
+        caller_of: Callable[[grpc.ServicerContext], Caller] = lambda context: stranger(),
         stream_pool: ThreadPoolExecutor | None = None,
         read_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.serving = serving
+        self.caller_of = caller_of  # who a call comes from: whose shared memory it names
         self._stream_pool = stream_pool or ThreadPoolExecutor(16, "kserve-stream-infer")
         self._read_pool = read_pool or ThreadPoolExecutor(16, "kserve-stream-read")
         self._draining = threading.Event()
@@ -249,7 +254,9 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
     def ModelInfer(
         self, request: kserve_pb.ModelInferRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelInferResponse:
-        return self._call("ModelInfer", context, lambda: self.infer(request))
+        return self._call(
+            "ModelInfer", context, lambda: self.infer(request, self.caller_of(context))
+        )
 
     def ModelStreamInfer(
         self,
@@ -264,11 +271,12 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             STREAM_WINDOW
         )
         ended = threading.Event()  # the answers' side is gone: the reader stops
+        caller = self.caller_of(context)
 
         def read() -> None:
             try:
                 for request in request_iterator:
-                    future = self._stream_pool.submit(self.stream_answer, request)
+                    future = self._stream_pool.submit(self.stream_answer, request, caller)
                     if not _put(running, future, ended):
                         return
             except grpc.RpcError:  # the client went away: nothing more to read
@@ -293,11 +301,11 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             ended.set()
 
     def stream_answer(
-        self, request: kserve_pb.ModelInferRequest
+        self, request: kserve_pb.ModelInferRequest, caller: Caller
     ) -> kserve_pb.ModelStreamInferResponse:
         """One request of a stream, answered: its response, or its error as the message."""
         try:
-            return kserve_pb.ModelStreamInferResponse(infer_response=self.infer(request))
+            return kserve_pb.ModelStreamInferResponse(infer_response=self.infer(request, caller))
         except ServingError as exc:
             message = exc.message
         except Exception as exc:
@@ -312,9 +320,12 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             ),
         )
 
-    def infer(self, request: kserve_pb.ModelInferRequest) -> kserve_pb.ModelInferResponse:
-        """One inference: decoded, run by the core, encoded."""
-        inputs = self._inputs(request)
+    def infer(
+        self, request: kserve_pb.ModelInferRequest, caller: Caller
+    ) -> kserve_pb.ModelInferResponse:
+        """One inference: decoded, run by the core, encoded; `caller`'s shared memory."""
+        shm = self.serving.shm(caller)
+        inputs = self._inputs(request, shm)
         places: dict[str, ShmPlace] = {}
         names: list[str] = []
         for output in request.outputs:
@@ -330,7 +341,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 )
             place = shm_place(what, parameters_of(output.parameters)) if output.parameters else None
             if place is not None:
-                self.serving.shm.check(place.region, place.offset, place.byte_size)
+                shm.check(place.region, place.offset, place.byte_size)
                 places[output.name] = place
         result = self.serving.infer(
             InferRequest(
@@ -342,9 +353,11 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
                 parameters=parameters_of(request.parameters) if request.parameters else {},
             )
         )
-        return self._response(request, result, places)
+        return self._response(request, result, places, shm)
 
-    def _inputs(self, request: kserve_pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    def _inputs(
+        self, request: kserve_pb.ModelInferRequest, shm: SharedMemoryApi
+    ) -> dict[str, np.ndarray]:
         raw = request.raw_input_contents
         taken = 0  # raw contents used so far: one per input sent raw, in input order
         inputs: dict[str, np.ndarray] = {}
@@ -359,7 +372,8 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             if place is not None:
                 if tensor.HasField("contents"):
                     raise invalid(f"{what} has both contents and {SHM_REGION}")
-                data = self.serving.shm.read(place.region, place.offset, place.byte_size)
+                check_size(what, place.byte_size, dtype, shape)
+                data = shm.read(place.region, place.offset, place.byte_size)
                 inputs[name] = from_bytes(what, data, dtype, shape)
             elif tensor.HasField("contents"):
                 inputs[name] = from_contents(what, tensor.contents, tensor.datatype, dtype, shape)
@@ -390,6 +404,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         request: kserve_pb.ModelInferRequest,
         result: InferResponse,
         places: Mapping[str, ShmPlace],
+        shm: SharedMemoryApi,
     ) -> kserve_pb.ModelInferResponse:
         response = kserve_pb.ModelInferResponse(
             model_name=result.model or request.model_name,
@@ -402,7 +417,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         for name, array in result.outputs.items():
             tensor = add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
             if places and name in places:
-                write_to_shm(name, array, places[name], self.serving.shm)
+                write_to_shm(name, array, places[name], shm)
                 for key in SHM_PARAMETERS:  # echoed, as Triton does
                     if key in asked[name].parameters:
                         tensor.parameters[key].CopyFrom(asked[name].parameters[key])
@@ -455,7 +470,9 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         def make() -> kserve_pb.SystemSharedMemoryRegisterResponse:
             if not request.name:
                 raise invalid("a shared memory region needs a name")
-            self.serving.shm.register(request.name, request.key, request.offset, request.byte_size)
+            self.serving.shm(self.caller_of(context)).register(
+                request.name, request.key, request.offset, request.byte_size
+            )
             return kserve_pb.SystemSharedMemoryRegisterResponse()
 
         return self._call("SystemSharedMemoryRegister", context, make)
@@ -470,7 +487,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
             return kserve_pb.SystemSharedMemoryStatusResponse(
                 regions={
                     r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
-                    for r in self.serving.shm.status(request.name)
+                    for r in self.serving.shm(self.caller_of(context)).status(request.name)
                 }
             )
 
@@ -482,7 +499,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.ServicerContext,
     ) -> kserve_pb.SystemSharedMemoryUnregisterResponse:
         def make() -> kserve_pb.SystemSharedMemoryUnregisterResponse:
-            self.serving.shm.unregister(request.name)
+            self.serving.shm(self.caller_of(context)).unregister(request.name)
             return kserve_pb.SystemSharedMemoryUnregisterResponse()
 
         return self._call("SystemSharedMemoryUnregister", context, make)

@@ -77,18 +77,25 @@ def tensor_dtype(what: str, datatype: str) -> np.dtype:
         raise ServingError(exc.status, f"{what}: {exc.message}") from None
 
 
+def check_size(what: str, byte_size: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """INVALID_ARGUMENT unless `byte_size` is what `shape` of `dtype` takes: said before
+    a tensor's bytes are fetched (from shared memory, say), so a request that claims
+    gigabytes costs nothing."""
+    expected = math.prod(shape) * dtype.itemsize
+    if byte_size != expected:
+        raise invalid(
+            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
+            f"bytes, got {byte_size}"
+        )
+
+
 def from_bytes(
     what: str, buffer: bytes | bytearray | memoryview, dtype: np.dtype, shape: tuple[int, ...]
 ) -> np.ndarray:
     """`buffer` as an array of `dtype` and `shape` (no copy), or INVALID_ARGUMENT naming
     the tensor with the byte counts expected and given."""
     data = memoryview(buffer)
-    expected = math.prod(shape) * dtype.itemsize
-    if data.nbytes != expected:
-        raise invalid(
-            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
-            f"bytes, got {data.nbytes}"
-        )
+    check_size(what, data.nbytes, dtype, shape)
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 

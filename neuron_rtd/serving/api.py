@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from neuron_rtd.proto import kserve_pb, model_config_pb
+from neuron_rtd.runtime import Caller
 
 
 class Status(enum.Enum):
@@ -111,11 +112,11 @@ class ShmRegion:
 
 
 class SharedMemoryApi(Protocol):
-    """System shared-memory regions, registered by name (`SystemSharedMemoryRegister`):
-    a POSIX shm object `key` (as `shm_open` names it), from `offset`, `byte_size` bytes,
-    opened with the daemon's rights, as `shm_map` by name is. Tensors are copied in and
-    out through the object's fd, never mapped: a client that truncates its object gets an
-    error, not a daemon killed by SIGBUS."""
+    """One caller's system shared-memory regions, registered by name
+    (`SystemSharedMemoryRegister`): a POSIX shm object `key` (as `shm_open` names it), from
+    `offset`, `byte_size` bytes, one the caller could open itself (and the daemon may).
+    Tensors are copied in and out through the object's fd: a client that truncates its
+    object gets an error, not a daemon killed by SIGBUS."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
 
@@ -142,8 +143,8 @@ class ServingApi(Protocol):
     method may be called from many threads at once; `infer` blocks until its answer
     (with dynamic batching, until the batch it joined has run)."""
 
-    @property
-    def shm(self) -> SharedMemoryApi: ...
+    def shm(self, caller: Caller) -> SharedMemoryApi:
+        """The regions `caller` registered (another caller's are not there)."""
 
     def live(self) -> bool: ...
 

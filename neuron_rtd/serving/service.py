@@ -33,7 +33,7 @@ from pathlib import Path
 from neuron_rtd import __version__
 from neuron_rtd.errors import shown
 from neuron_rtd.proto import kserve_pb, model_config_pb
-from neuron_rtd.runtime import Runtime
+from neuron_rtd.runtime import Caller, Runtime
 from neuron_rtd.serving.api import (
     InferRequest,
     InferResponse,
@@ -41,6 +41,7 @@ from neuron_rtd.serving.api import (
     RepositoryModel,
     ServerMetadata,
     ServingError,
+    SharedMemoryApi,
     Status,
 )
 from neuron_rtd.serving.config import (
@@ -118,7 +119,7 @@ class Serving:
         self.control_mode = control_mode
         self.load_models = tuple(load_models)
         self.poll_s = poll_s
-        self.shm = SystemSharedMemory()
+        self.regions = SystemSharedMemory(runtime, limit=runtime.options.session_max_shm_maps)
         self._models: dict[str, _Model] = {}
         self._lock = threading.Lock()  # guards _models
         self._name_locks = _NameLocks()
@@ -159,7 +160,11 @@ class Serving:
             names = list(self._models)
         for name in names:
             self._unload(name, "the daemon is stopping")
-        self.shm.close()
+        self.regions.close()
+
+    def shm(self, caller: Caller) -> SharedMemoryApi:
+        """The system shared-memory regions `caller` registered, as it may use them."""
+        return self.regions.of(caller)
 
     # --- health and metadata ---------------------------------------------------------------
     def live(self) -> bool:

@@ -2,197 +2,219 @@
 client names a POSIX shm object by its `shm_open` key ("/x" or "x": `/dev/shm/x`), an
 offset and a size; requests then read inputs from, and write outputs to, ranges of it.
 
-The daemon opens the object with its own rights (DESIGN.md "Trust"), so the kernel
-refuses what the caller could not have shared, and says no more about an object than
-anyone may see of `/dev/shm`. The object is never mapped: `read` and `write` copy through
-its fd (preadv/pwrite, the one copy the tensors would take anyway), so a client that
-truncates its object meanwhile gets a clean error where a mapping would have killed the
-daemon with SIGBUS.
+Only the protocol's bookkeeping lives here: which regions a caller registered, by name,
+and whether a range lies within one. The objects are the runtime's (`Runtime.shm_hold`,
+the same table and rules as `shm_map`: a regular file opened without blocking, never a
+link, `shmem_enabled`), and the runtime opens one only for a caller who could open it
+itself (`runtime/access.py`): the daemon's rights are never lent to a caller. A region
+belongs to the caller that registered it: another caller neither sees, uses nor
+unregisters it, and each caller holds at most `limit` regions. Tensors are copied through
+the object's fd, so a client that truncates its object gets a clean error.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from neuron_rtd.serving.api import ServingError, ShmRegion, Status
+from neuron_rtd.errors import NrtError
+from neuron_rtd.runtime import Caller, Runtime, ShmMapping
+from neuron_rtd.serving.api import ServingError, SharedMemoryApi, ShmRegion, Status
 
-SHM_ROOT = Path("/dev/shm")
+MAX_NAME_BYTES = 255  # a region's name, as long as a file name
 
 
 @dataclass(eq=False)
-class _Opened:
+class _Held:
     region: ShmRegion
-    fd: int
-    users: int = 0  # reads and writes under way: its fd is closed after the last
-    closing: bool = False
-
-    def close(self) -> None:
-        os.close(self.fd)
+    mapping: ShmMapping
 
 
 class SystemSharedMemory:
-    """The registered regions, by name (`SharedMemoryApi`)."""
+    """Every caller's regions; `of(caller)` is what one caller may do with its own."""
 
-    def __init__(self, *, root: Path = SHM_ROOT) -> None:
-        self.root = root
-        self._regions: dict[str, _Opened] = {}
+    def __init__(self, runtime: Runtime, *, limit: int = 256) -> None:
+        self.runtime = runtime
+        self.limit = limit
+        self._regions: dict[str, dict[str, _Held]] = {}  # caller's key -> name -> region
         self._lock = threading.Lock()
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not name:
-            raise ServingError(Status.INVALID_ARGUMENT, "a shared memory region needs a name")
-        path = self._path(key)
+    def of(self, caller: Caller) -> SharedMemoryApi:
+        return CallerRegions(self, caller)
+
+    def close(self) -> None:
         with self._lock:
-            if name in self._regions:
-                raise ServingError(
-                    Status.ALREADY_EXISTS,
-                    f"shared memory region '{name}' is already registered; unregister it first",
-                )
+            gone = [held for regions in self._regions.values() for held in regions.values()]
+            self._regions.clear()
+        for held in gone:
+            self.runtime.shm_release(held.mapping)
+
+
+class CallerRegions:
+    """One caller's regions (`SharedMemoryApi`)."""
+
+    def __init__(self, shared: SystemSharedMemory, caller: Caller) -> None:
+        self._shared = shared
+        self.caller = caller
+        self._key = caller.key
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        _check_name(name)
+        what = f"shared memory region '{name}'"
         if offset < 0 or byte_size <= 0:
             raise ServingError(
                 Status.INVALID_ARGUMENT,
-                f"shared memory region '{name}': offset {offset} and byte_size {byte_size} "
-                "must be >= 0 and > 0",
+                f"{what}: offset {offset} and byte_size {byte_size} must be >= 0 and > 0",
             )
-        fd = _open(path, key)
+        shared = self._shared
+        with shared._lock:
+            mine = shared._regions.get(self._key, {})
+            if name in mine:
+                raise _exists(name)
+            if len(mine) >= shared.limit:
+                raise ServingError(
+                    Status.UNAVAILABLE,
+                    f"{what}: {self.caller.describe()} has {len(mine)} regions registered, the "
+                    f"most one caller may (session_max_shm_maps {shared.limit}): unregister one",
+                )
+        path = _path(key)
         try:
-            size = os.fstat(fd).st_size
+            mapping = shared.runtime.shm_hold(path, self.caller, "SystemSharedMemoryRegister")
+        except NrtError as exc:
+            raise ServingError(Status.INVALID_ARGUMENT, exc.message) from None
+        try:
+            size = _size(mapping)
             if offset + byte_size > size:
                 raise ServingError(
                     Status.INVALID_ARGUMENT,
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"is past the end of shm object '{key}' ({size} bytes)",
+                    f"{what}: offset {offset} + byte_size {byte_size} is past the end of shm "
+                    f"object '{key}' ({size} bytes)",
                 )
+            with shared._lock:
+                mine = shared._regions.setdefault(self._key, {})
+                if name in mine:  # registered by another call meanwhile
+                    raise _exists(name)
+                mine[name] = _Held(ShmRegion(name, key, offset, byte_size), mapping)
         except BaseException:
-            os.close(fd)
+            shared.runtime.shm_release(mapping)
             raise
-        mapped = _Opened(ShmRegion(name, key, offset, byte_size), fd)
-        with self._lock:
-            if name in self._regions:  # registered by another call meanwhile
-                mapped.close()
-                raise ServingError(
-                    Status.ALREADY_EXISTS, f"shared memory region '{name}' is already registered"
-                )
-            self._regions[name] = mapped
 
     def unregister(self, name: str = "") -> None:
-        with self._lock:
+        shared = self._shared
+        with shared._lock:
+            mine = shared._regions.get(self._key, {})
             if name:
-                gone = [self._regions.pop(name)] if name in self._regions else []
+                gone = [mine.pop(name)] if name in mine else []
             else:
-                gone = list(self._regions.values())
-                self._regions.clear()
-            # Triton answers an unknown name's unregister with success: nothing to do.
-            for opened in gone:
-                opened.closing = True
-                if not opened.users:
-                    opened.close()
+                gone = list(mine.values())
+                mine.clear()
+            if not mine:
+                shared._regions.pop(self._key, None)
+        # Triton answers an unknown name's unregister with success: nothing to do.
+        for held in gone:
+            shared.runtime.shm_release(held.mapping)
 
     def status(self, name: str = "") -> list[ShmRegion]:
-        with self._lock:
+        with self._shared._lock:
+            mine = self._shared._regions.get(self._key, {})
             if not name:
-                return [m.region for m in self._regions.values()]
-            mapped = self._regions.get(name)
-        if mapped is None:
+                return [held.region for held in mine.values()]
+            held = mine.get(name)
+        if held is None:
             raise _unknown(name)
-        return [mapped.region]
+        return [held.region]
+
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        self._place(name, offset, byte_size)
 
     def read(self, name: str, offset: int, byte_size: int) -> bytearray:
-        """`byte_size` bytes of region `name` from `offset` within it, copied out."""
+        """`byte_size` bytes of region `name` from `offset` within it, copied out; the
+        region and range are checked before anything is allocated."""
+        held, start = self._place(name, offset, byte_size)
         buffer = bytearray(byte_size)
-        with self._using(name, offset, byte_size) as (opened, start):
-            done = os.preadv(opened.fd, [buffer], start)
-        if done != byte_size:
-            raise _shrunk(opened.region)
+        try:
+            self._shared.runtime.shm_read(held.mapping, start, memoryview(buffer), _what(name))
+        except NrtError as exc:
+            raise _shrunk(held.region, exc) from None
         return buffer
 
     def write(self, name: str, offset: int, data: bytes | bytearray | memoryview) -> None:
-        """`data` into region `name` from `offset` within it."""
         view = memoryview(data).cast("B")
-        with self._using(name, offset, view.nbytes) as (opened, start):
-            while view.nbytes:
-                # pwrite past the end of a shm object would grow it: never beyond the region
-                if os.fstat(opened.fd).st_size < start + view.nbytes:
-                    raise _shrunk(opened.region)
-                done = os.pwrite(opened.fd, view, start)
-                view, start = view[done:], start + done
-
-    def check(self, name: str, offset: int, byte_size: int) -> None:
-        with self._using(name, offset, byte_size):
-            pass
-
-    @contextlib.contextmanager
-    def _using(self, name: str, offset: int, byte_size: int) -> Iterator[tuple[_Opened, int]]:
-        """Region `name`, kept open while the block runs, and where the range starts in
-        its object (INVALID_ARGUMENT unless the range lies within the region)."""
-        with self._lock:
-            opened = self._regions.get(name)
-            if opened is None:
-                raise _unknown(name)
-            opened.users += 1
+        held, start = self._place(name, offset, view.nbytes)
         try:
-            region = opened.region
-            if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"{byte_size} bytes at offset {offset} of shared memory region '{name}' do "
-                    f"not lie within it ({region.byte_size} bytes)",
-                )
-            yield opened, region.offset + offset
-        finally:
-            with self._lock:
-                opened.users -= 1
-                if opened.closing and not opened.users:
-                    opened.close()
+            self._shared.runtime.shm_write(held.mapping, start, view, _what(name))
+        except NrtError as exc:
+            raise _shrunk(held.region, exc) from None
 
-    def close(self) -> None:
-        self.unregister()
-
-    def _path(self, key: str) -> Path:
-        bare = key[1:] if key.startswith("/") else key
-        if not bare or "/" in bare or bare in (".", "..") or "\0" in bare:
+    def _place(self, name: str, offset: int, byte_size: int) -> tuple[_Held, int]:
+        """Region `name` of this caller and where the range starts in its object
+        (INVALID_ARGUMENT unless the range lies within the region)."""
+        with self._shared._lock:
+            held = self._shared._regions.get(self._key, {}).get(name)
+        if held is None:
+            raise _unknown(name)
+        region = held.region
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise ServingError(
                 Status.INVALID_ARGUMENT,
-                f"shared memory key {key!r} is not a POSIX shm object name: give one name "
-                "as shm_open takes it ('/name' or 'name'), with no '/' inside",
+                f"{byte_size} bytes at offset {offset} of shared memory region "
+                f"'{_shown(name)}' do not lie within it ({region.byte_size} bytes)",
             )
-        return self.root / bare
+        return held, region.offset + offset
 
 
-_HIDDEN = (errno.ENOENT, errno.EACCES, errno.EPERM)  # told apart for nobody
+def _size(mapping: ShmMapping) -> int:
+    return os.fstat(mapping.fd).st_size
 
 
-def _open(path: Path, key: str) -> int:
-    try:
-        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno in _HIDDEN:  # worded alike: the answer does not tell which, as shm_map's
-            why = (
-                "no such shm object, or the daemon may not open it (it opens objects with "
-                "its own rights: its user, or group neuron, needs read and write access)"
-            )
-        elif exc.errno == errno.ELOOP:
-            why = "it is a symbolic link"
-        else:
-            why = (exc.strerror or str(exc)).lower()
+def _check_name(name: str) -> None:
+    if not name:
+        raise ServingError(Status.INVALID_ARGUMENT, "a shared memory region needs a name")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise ServingError(
-            Status.INVALID_ARGUMENT, f"cannot open shm object '{key}' read-write: {why}"
-        ) from None
+            Status.INVALID_ARGUMENT,
+            f"shared memory region name '{_shown(name)}' is longer than {MAX_NAME_BYTES} "
+            "bytes: give a shorter name",
+        )
 
 
-def _shrunk(region: ShmRegion) -> ServingError:
+def _path(key: str) -> str:
+    """The shm object `key` names, as `shm_map` takes it ("/name")."""
+    bare = key[1:] if key.startswith("/") else key
+    if not bare or "/" in bare or bare in (".", "..") or "\0" in bare:
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"shared memory key {_shown(key)!r} is not a POSIX shm object name: give one name "
+            "as shm_open takes it ('/name' or 'name'), with no '/' inside",
+        )
+    return "/" + bare
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _what(name: str) -> str:
+    return f"shared memory region '{_shown(name)}'"
+
+
+def _exists(name: str) -> ServingError:
+    return ServingError(
+        Status.ALREADY_EXISTS,
+        f"shared memory region '{_shown(name)}' is already registered; unregister it first",
+    )
+
+
+def _shrunk(region: ShmRegion, exc: NrtError) -> ServingError:
     return ServingError(
         Status.INVALID_ARGUMENT,
-        f"shm object '{region.key}' of shared memory region '{region.name}' has shrunk below "
-        "the region registered: keep it at its size while it is registered",
+        f"shm object '{region.key}' of shared memory region '{_shown(region.name)}': "
+        f"{exc.message} (keep it at its size while it is registered)",
     )
 
 
 def _unknown(name: str) -> ServingError:
-    return ServingError(Status.NOT_FOUND, f"no shared memory region named '{name}' is registered")
+    return ServingError(
+        Status.NOT_FOUND, f"no shared memory region named '{_shown(name)}' is registered"
+    )
