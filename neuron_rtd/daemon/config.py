@@ -9,7 +9,9 @@ daemon: owned by root or by the daemon's own user, and writable by no one else (
 that is its owner's private group, Debian's user groups, counts as the owner). A TCP
 address outside loopback serves the API unencrypted to the network: it takes
 `allow_remote_clients`, and the daemon warns of it as it starts; so does an
-`http_address` (the KServe v2 HTTP/REST front end) outside loopback.
+`http_address` (the KServe v2 HTTP/REST front end) outside loopback. The HTTP front's
+bearer token (`http_token_file`) is read from a file as trusted as the config, which
+others may not read either.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class DaemonConfig:
     load_models: tuple[str, ...] = ()  # loaded at start in explicit mode ("*": all)
     repository_poll_secs: int = 15  # poll mode: how often the repository is read again
     http_address: str | None = None  # the KServe v2 HTTP/REST front end's HOST:PORT; off
+    http_token_file: str | None = None  # a bearer token that makes its bearer a member
+    http_max_body_mb: int = 64  # the largest HTTP request body taken, inflated or not
+    http_header_timeout_secs: int = 15  # a request's headers must be in within this
+    http_max_connections_per_user: int = 256  # open HTTP connections of one uid
     instance: str | None = None
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -108,6 +114,10 @@ _TYPES: dict[str, Expected] = {
     "load_models": list,
     "repository_poll_secs": int,
     "http_address": (str, type(None)),
+    "http_token_file": (str, type(None)),
+    "http_max_body_mb": int,
+    "http_header_timeout_secs": int,
+    "http_max_connections_per_user": int,
     "sim": dict,
 }
 _SIM_TYPES: dict[str, Expected] = {
@@ -278,7 +288,85 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
                 '"allow_remote_clients": true in the config to mean it, or listen on '
                 "127.0.0.1:PORT"
             )
+    if config.http_token_file is not None and not os.path.isabs(config.http_token_file):
+        raise ConfigError(f"{where}: http_token_file must be an absolute file path")
+    if not 1 <= config.http_max_body_mb <= 2047:
+        raise ConfigError(f"{where}: http_max_body_mb must be between 1 and 2047")
+    if not 1 <= config.http_header_timeout_secs <= 3600:
+        raise ConfigError(f"{where}: http_header_timeout_secs must be between 1 and 3600")
+    if config.http_max_connections_per_user < 1:
+        raise ConfigError(f"{where}: http_max_connections_per_user must be at least 1")
     return config
+
+
+def socket_gid(config: DaemonConfig) -> int:
+    """The group the daemon's socket is given: `socket_group`, else the daemon's own."""
+    if not config.socket_group:
+        return os.getegid()
+    try:
+        return grp.getgrnam(config.socket_group).gr_gid
+    except KeyError:
+        raise ConfigError(f"socket_group '{config.socket_group}' does not exist") from None
+
+
+TOKEN_CHARACTERS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/="
+)  # RFC 6750's token68
+MIN_TOKEN_CHARACTERS = 16
+
+
+def read_http_token(path: str, gid: int) -> str:
+    """The bearer token in file `path` (one line); ConfigError unless the file is as
+    trusted as the config file and no one but its owner (and, read only, the socket's
+    group `gid` or the owner's private group) may read it, and the token is RFC 6750's
+    token68 of at least MIN_TOKEN_CHARACTERS characters."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"http_token_file {path}: cannot read it ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"http_token_file {path}: not a regular file")
+        check_config_file(Path(path), info)
+        mode = stat.S_IMODE(info.st_mode)
+        group_may_read = info.st_gid == gid or _private_group(info)
+        if mode & stat.S_IRWXO or (mode & stat.S_IRGRP and not group_may_read):
+            raise ConfigError(
+                f"http_token_file {path} may be read by others than its owner (mode "
+                f"{mode:04o}, group {info.st_gid}): whoever reads it may load models and "
+                f"read and write tensors; chmod 0600 {path} (or 0640 with the socket's group)"
+            )
+        data = file.read(4097)
+    token = data.decode("ascii", "replace").strip()
+    if len(data) > 4096 or not token or not set(token) <= TOKEN_CHARACTERS:
+        raise ConfigError(
+            f"http_token_file {path}: must hold one token of letters, digits and -._~+/= "
+            "(at most 4096 bytes): make one with `openssl rand -base64 32`"
+        )
+    if len(token) < MIN_TOKEN_CHARACTERS:
+        raise ConfigError(
+            f"http_token_file {path}: the token has {len(token)} characters, fewer than "
+            f"{MIN_TOKEN_CHARACTERS}: make one with `openssl rand -base64 32`"
+        )
+    return token
+
+
+def http_options(config: DaemonConfig) -> Any:
+    """The HTTP front end's `HttpOptions` from `config` (its token read); ConfigError when
+    the token file or the socket's group is not right."""
+    # imported here: the HTTP front end (and waitress) load only when one is asked for
+    from neuron_rtd.server.kserve_http import HttpOptions
+
+    gid = socket_gid(config)
+    token = read_http_token(config.http_token_file, gid) if config.http_token_file else None
+    return HttpOptions(
+        group=gid,
+        token=token,
+        max_body_bytes=config.http_max_body_mb << 20,
+        header_timeout_s=float(config.http_header_timeout_secs),
+        max_connections_per_user=config.http_max_connections_per_user,
+    )
 
 
 def http_host(address: str, where: str = "config") -> str:

@@ -32,6 +32,7 @@ from neuron_rtd.daemon.config import (
     LOG_LEVELS,
     MODEL_CONTROL_MODES,
     DaemonConfig,
+    http_options,
     load_config,
     remote_clients_warning,
     remote_http_warning,
@@ -419,7 +420,10 @@ class Daemon:
         """The v2 HTTP/REST front end, listening on `address`."""
         from neuron_rtd.server.kserve_http import HttpServer
 
-        http = HttpServer(serving, address)
+        try:
+            http = HttpServer(serving, address, http_options(self.config))
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
         try:
             http.start()
         except OSError as exc:

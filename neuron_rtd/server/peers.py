@@ -24,7 +24,7 @@ import re
 import socket
 import struct
 
-from neuron_rtd.runtime.access import Caller, caller
+from neuron_rtd.runtime import Caller, caller
 
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 # A socket's states (include/net/tcp_states.h) in which it is a whole socket with its
