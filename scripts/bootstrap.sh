@@ -20,6 +20,8 @@ if [ -x /usr/bin/python3 ]; then
         need+=(python3-dev)
 fi
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
+# setfacl: the trust tests share an object by ACL, as docs/wire-api.md tells users to
+command -v setfacl >/dev/null 2>&1 || need+=(acl)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""
