@@ -13,7 +13,6 @@ import time
 
 import grpc
 
-from neuron_rtd.client.address import parse_address
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.proto import SESSION_METADATA, TICKET_METADATA
 from neuron_rtd.runtime import Caller, socket_caller, stranger
@@ -26,12 +25,16 @@ class CallerOf:
     """Who a gRPC call on the daemon's `address` comes from."""
 
     def __init__(self, address: str) -> None:
-        parsed = parse_address(address)
-        self.unix_path = parsed.unix_path
+        """`address`: the daemon's gRPC target, `unix:/path` or `host:port` (as
+        `client/address.py` makes it)."""
+        self.unix_path: str | None = None
         self.local: tuple[str, int] | None = None
-        if parsed.host_port:
-            host, _, port = parsed.target.rpartition(":")
-            self.local = (host.strip("[]"), int(port))
+        if address.startswith("unix:"):
+            self.unix_path = address.removeprefix("unix:")
+        else:
+            host, _, port = address.rpartition(":")
+            if port.isdigit():
+                self.local = (host.strip("[]"), int(port))
         self._lock = threading.Lock()
         self._socket: tuple[tuple[int, int, int, int], float, Caller] | None = None
 
