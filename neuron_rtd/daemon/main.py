@@ -284,8 +284,7 @@ class Daemon:
             self.http.stop()
             self.http = None
         servicers.sessions.close()  # clients' session streams would last the whole grace
-        if servicers.kserve:
-            servicers.kserve.drain()  # so would idle v2 streams
+        servicers.streams.close()  # so would idle request streams: each ends once answered
         stopped.wait()
         if watchdog:
             watchdog.stop()

@@ -2,61 +2,107 @@
 (`nmgr`), client sessions (`sessions`), our extension (`ext`), load-stream reading
 (`load_stream`), wire conversion (`wire`), the one error mapping (`calls`), the session a
 call presents (`caller`), the peer socket where clients pass shared memory
-(`peer_socket`), and the standard health and reflection services (`health`).
+(`peer_socket`), the request streams that hold no thread (`streams`), and the standard
+health and reflection services (`health`).
 
 Long streams never hold the server's call threads: session and health-watch streams hold
-no thread at all, and each `load` or `infer_stream` runs on a pool of its own
-(`STREAM_THREADS`), so clients that keep streams open cannot starve the unary calls."""
+no thread at all, nor do `load`, `infer_stream` and `ModelStreamInfer` while they wait
+for their client (`streams`): a stream takes a thread of its kind's pool (at most
+`STREAM_THREADS`) only while one of its requests is worked on. Clients that keep streams
+open, idle, cost the daemon memory, not threads: they cannot starve the unary calls nor
+each other's streams and loads. What bounds them: at most `MAX_OPEN_STREAMS` open (the
+longest idle gives way to a new one), `MAX_STREAMS_PER_SESSION` of them presenting one
+session, and a load that sends nothing for `STALLED_AFTER_S` is ended. Clients whose
+streams all have work running share the pools' threads, as unary calls share theirs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import grpc
 
-from neuron_rtd.proto import ext_pb_grpc, kserve_pb_grpc, pb_grpc
+from neuron_rtd.proto import ext_pb_grpc, kserve_pb, kserve_pb_grpc, pb, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server.caller import CallerOf
 from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
-from neuron_rtd.server.kserve import KServeServicer
-from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
+from neuron_rtd.server.kserve import STREAM_WINDOW, KServeServicer
+from neuron_rtd.server.nmgr import InferAnswers, LoadAnswers, NmgrServicer, StreamServicer
 from neuron_rtd.server.peer_socket import PeerSocket, Tickets
+from neuron_rtd.server.pool import server_pool
 from neuron_rtd.server.sessions import SessionServicer
+from neuron_rtd.server.streams import (
+    MAX_OPEN_STREAMS,
+    MAX_STREAMS_PER_SESSION,
+    STALLED_AFTER_S,
+    StreamTable,
+)
 from neuron_rtd.serving.api import ServingApi
 
 __all__ = [
+    "MAX_OPEN_STREAMS",
+    "MAX_STREAMS_PER_SESSION",
+    "STALLED_AFTER_S",
     "Health",
     "KServeServicer",
     "PeerSocket",
     "ServicerSet",
     "SessionServicer",
+    "StreamTable",
     "Tickets",
     "add_servicers",
 ]
 
-STREAM_THREADS = 64  # loads and infer streams running at once, each kind
+STREAM_THREADS = 64  # stream requests worked on at once (loads; inferences), each kind
 
 
 class ServicerSet(NamedTuple):
     """The services the daemon acts on itself: it closes the session streams and ends
-    the idle v2 streams at its stop, and keeps the health up to date."""
+    the request streams at its stop, and keeps the health up to date."""
 
     sessions: SessionServicer
     health: Health
     kserve: KServeServicer | None
+    streams: StreamTable
 
 
-def _on_pool(method: Callable[..., Any], pool: ThreadPoolExecutor) -> Callable[..., Any]:
-    """`method`, run by gRPC on `pool` instead of the server's call threads."""
+class _Replacing:
+    """`server` as a generated `add_*Servicer_to_server` sees it, with the handlers
+    named in `replaced` put in place of the generated ones: the streams served by
+    `streams` (non-blocking handlers; `load`, stream-unary on the wire, served as a
+    stream that answers once)."""
 
-    def handler(*args: Any) -> Any:
-        return method(*args)
+    def __init__(self, server: grpc.Server, replaced: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.server = server
+        self.replaced = replaced
 
-    handler.experimental_thread_pool = pool  # type: ignore[attr-defined]
-    return handler
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """The generated generic handler is made again in `add_registered_method_handlers`
+        from the handlers as replaced."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        handlers = {**handlers, **self.replaced}
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, handlers),)
+        )
+        self.server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
+
+
+class _KServeStream:
+    """A `ModelStreamInfer` served by `streams`: each request answered as the v2
+    service's `stream_answer` answers it, for the stream's caller."""
+
+    def __init__(self, kserve: KServeServicer, context: grpc.ServicerContext) -> None:
+        self.kserve = kserve
+        self.caller = kserve.caller_of(context)
+
+    def answer(self, request: Any) -> Any:
+        return self.kserve.stream_answer(request, self.caller)
+
+    def end(self) -> None:
+        return None
 
 
 def add_servicers(
@@ -72,15 +118,35 @@ def add_servicers(
 ) -> ServicerSet:
     """Add every service to `server` (the KServe v2 one when given its `serving` core);
     those the daemon acts on itself."""
+    table = StreamTable()
+    infer_pool = server_pool(STREAM_THREADS, "stream")  # infer_stream's and v2's
     nmgr = NmgrServicer(runtime)
-    nmgr.load = _on_pool(nmgr.load, ThreadPoolExecutor(STREAM_THREADS, "nmgr-load"))  # type: ignore[method-assign]
-    streams = StreamServicer(nmgr)
-    streams.infer_stream = _on_pool(  # type: ignore[method-assign]
-        streams.infer_stream, ThreadPoolExecutor(STREAM_THREADS, "nmgr-stream")
+    load = table.handler(
+        "load",
+        lambda context: LoadAnswers(nmgr, context),
+        pool=server_pool(STREAM_THREADS, "load"),
+        unary=True,
     )
+    replaced = {
+        "load": grpc.stream_stream_rpc_method_handler(
+            load,
+            request_deserializer=pb.load_request.FromString,
+            response_serializer=pb.load_response.SerializeToString,
+        )
+    }
+    infer_stream = table.handler(
+        "infer_stream", lambda context: InferAnswers(nmgr, context), pool=infer_pool
+    )
+    streamed = {
+        "infer_stream": grpc.stream_stream_rpc_method_handler(
+            infer_stream,
+            request_deserializer=pb.infer_request.FromString,
+            response_serializer=pb.infer_response.SerializeToString,
+        )
+    }
     sessions = SessionServicer(runtime, tickets)
-    pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, server)
-    pb_grpc.add_nmgr_streamServicer_to_server(streams, server)
+    pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, _Replacing(server, replaced))
+    pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), _Replacing(server, streamed))
     pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)
     ext_pb_grpc.add_nmgr_extServicer_to_server(
         ExtServicer(
@@ -97,13 +163,22 @@ def add_servicers(
         kserve = KServeServicer(
             serving,
             caller_of=CallerOf(address),
-            stream_pool=ThreadPoolExecutor(STREAM_THREADS, "kserve-stream-infer"),
-            # one reader per open stream (each runs on the pool below), with room for a
-            # reader still finishing as its stream's handler ends
-            read_pool=ThreadPoolExecutor(2 * STREAM_THREADS, "kserve-stream-read"),
         )
-        kserve.ModelStreamInfer = _on_pool(  # type: ignore[method-assign]
-            kserve.ModelStreamInfer, ThreadPoolExecutor(STREAM_THREADS, "kserve-stream")
+        v2 = kserve
+        stream_infer = table.handler(
+            "ModelStreamInfer",
+            lambda context: _KServeStream(v2, context),
+            pool=infer_pool,
+            window=STREAM_WINDOW,
         )
-        kserve_pb_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
-    return ServicerSet(sessions, Health(server, runtime), kserve)
+        kserve_streamed = {
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                stream_infer,
+                request_deserializer=kserve_pb.ModelInferRequest.FromString,
+                response_serializer=kserve_pb.ModelStreamInferResponse.SerializeToString,
+            )
+        }
+        kserve_pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+            kserve, _Replacing(server, kserve_streamed)
+        )
+    return ServicerSet(sessions, Health(server, runtime), kserve, table)

@@ -1,5 +1,7 @@
 """A `load` request stream read into one load: the NCG, session and model parameters, and
-the NEFF by chunks into a buffer the runtime admits, or by an absolute file path."""
+the NEFF by chunks into a buffer the runtime admits, or by an absolute file path; read
+from an iterator (`read_load_stream`) or a message at a time as they come (`LoadReader`,
+for a stream that holds no thread while its client says nothing)."""
 
 from __future__ import annotations
 
@@ -37,62 +39,81 @@ def read_load_stream(
     requests: Iterator[pb.load_request], buffer_for: Callable[[int], memoryview]
 ) -> LoadRequest:
     """Collect one load stream; `buffer_for(size)` gives the buffer the chunks fill."""
-    ncg_id: int | None = None
-    session_id = 0
-    timeout_s: float | None = None
-    ninfer: int | None = None
-    profile = False
-    size: int | None = None
-    buffer: memoryview | None = None
-    filled = 0
-    path: str | None = None
+    reader = LoadReader(buffer_for)
     for msg in _until_broken(requests):
+        reader.add(msg)
+    return reader.result()
+
+
+class LoadReader:
+    """One load stream read a message at a time (`add`), then its load (`result`);
+    `buffer_for(size)` gives the buffer the chunks fill."""
+
+    def __init__(self, buffer_for: Callable[[int], memoryview]) -> None:
+        self.buffer_for = buffer_for
+        self.ncg_id: int | None = None
+        self.session_id = 0
+        self.timeout_s: float | None = None
+        self.ninfer: int | None = None
+        self.profile = False
+        self.size: int | None = None
+        self.buffer: memoryview | None = None
+        self.filled = 0
+        self.path: str | None = None
+
+    def add(self, msg: pb.load_request) -> None:
+        """One message of the stream; InvalidError (or the buffer's ResourceError) when it
+        cannot be part of a load."""
         kind = msg.WhichOneof("content")
         if kind == "h_eg":
-            ncg_id = msg.h_eg.id
+            self.ncg_id = msg.h_eg.id
         elif kind == "session_id":
-            session_id = msg.session_id
+            self.session_id = msg.session_id
         elif kind == "model_params":
             p = msg.model_params
-            timeout_s = p.timeout.data if p.HasField("timeout") else None
-            ninfer = p.ninfer.data if p.HasField("ninfer") else None
-            profile = p.HasField("enable_node_profiling") and p.enable_node_profiling.data != 0
+            self.timeout_s = p.timeout.data if p.HasField("timeout") else None
+            self.ninfer = p.ninfer.data if p.HasField("ninfer") else None
+            self.profile = p.HasField("enable_node_profiling") and p.enable_node_profiling.data != 0
         elif kind == "neff_size":
-            if size is not None:
+            if self.size is not None:
                 raise InvalidError("load stream gives neff_size twice")
-            size = msg.neff_size
-            buffer = buffer_for(size)
+            self.size = msg.neff_size
+            self.buffer = self.buffer_for(self.size)
         elif kind == "neff_chunk":
             chunk = msg.neff_chunk.chunk
-            if buffer is None or size is None:
+            if self.buffer is None or self.size is None:
                 raise InvalidError("load stream sends a neff_chunk before neff_size")
-            if filled + len(chunk) > size:
+            filled = self.filled
+            if filled + len(chunk) > self.size:
                 raise InvalidError(
-                    f"NEFF chunks exceed the declared neff_size of {size} bytes "
+                    f"NEFF chunks exceed the declared neff_size of {self.size} bytes "
                     f"(at least {filled + len(chunk)} sent)"
                 )
-            buffer[filled : filled + len(chunk)] = chunk
-            filled += len(chunk)
+            self.buffer[filled : filled + len(chunk)] = chunk
+            self.filled = filled + len(chunk)
         elif kind == "neff_file":
-            path = msg.neff_file
-    neff: memoryview | NeffFile
-    if path is not None:
-        if size is not None:
-            raise InvalidError("load stream gives both neff_file and neff_size/chunks")
-        neff = NeffFile(path)
-    elif buffer is not None and size is not None:
-        if filled != size:
-            raise InvalidError(
-                f"NEFF chunks add up to {filled} bytes, but neff_size declared {size}"
-            )
-        neff = buffer
-    else:
-        raise InvalidError("load stream holds no NEFF (neither neff_size+chunks nor neff_file)")
-    return LoadRequest(
-        neff=neff,
-        ncg_id=ncg_id,
-        session_id=session_id,
-        timeout_s=timeout_s,
-        ninfer=ninfer,
-        profile=profile,
-    )
+            self.path = msg.neff_file
+
+    def result(self) -> LoadRequest:
+        """The load the stream asked for, once it has ended; InvalidError if incomplete."""
+        neff: memoryview | NeffFile
+        if self.path is not None:
+            if self.size is not None:
+                raise InvalidError("load stream gives both neff_file and neff_size/chunks")
+            neff = NeffFile(self.path)
+        elif self.buffer is not None and self.size is not None:
+            if self.filled != self.size:
+                raise InvalidError(
+                    f"NEFF chunks add up to {self.filled} bytes, but neff_size declared {self.size}"
+                )
+            neff = self.buffer
+        else:
+            raise InvalidError("load stream holds no NEFF (neither neff_size+chunks nor neff_file)")
+        return LoadRequest(
+            neff=neff,
+            ncg_id=self.ncg_id,
+            session_id=self.session_id,
+            timeout_s=self.timeout_s,
+            ninfer=self.ninfer,
+            profile=self.profile,
+        )

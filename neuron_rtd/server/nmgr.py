@@ -19,7 +19,7 @@ from neuron_rtd.runtime import Runtime
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
-from neuron_rtd.server.load_stream import read_load_stream
+from neuron_rtd.server.load_stream import LoadReader, LoadRequest, read_load_stream
 from neuron_rtd.server.pool import waiting
 
 log = logging.getLogger("nrtd.NMGR")
@@ -55,13 +55,21 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     def load(
         self, request_iterator: Iterator[pb.load_request], context: grpc.ServicerContext
     ) -> pb.load_response:
-        """One load; a model made for a caller that left before its answer (it cancelled
-        the call, Ctrl-C in neuron-cli, went away or ran out of time) is unloaded again:
-        no one would ever learn its id."""
+        """One load, its stream read on this thread (the daemon reads it as it comes
+        instead, `LoadAnswers`)."""
+        buffer = self.runtime.neff_buffer
+        return self.answer_load(lambda: read_load_stream(request_iterator, buffer), context)
+
+    def answer_load(
+        self, read: Callable[[], LoadRequest], context: grpc.ServicerContext
+    ) -> pb.load_response:
+        """The load `read()` gives, answered; a model made for a caller that left before
+        its answer (it cancelled the call, Ctrl-C in neuron-cli, went away or ran out of
+        time) is unloaded again: no one would ever learn its id."""
         made: list[int] = []
 
         def make() -> pb.load_response:
-            req = read_load_stream(request_iterator, self.runtime.neff_buffer)
+            req = read()
             model = self.runtime.load(
                 req.neff,
                 ncg_id=req.ncg_id,
@@ -378,3 +386,51 @@ class StreamServicer(pb_grpc.nmgr_streamServicer):
                 yield self.nmgr.infer(request, context)
         except grpc.RpcError:  # the client went away: nobody to answer
             return
+
+
+class InferAnswers:
+    """An `infer_stream` served by the daemon (`neuron_rtd.server.streams`): each request
+    answered as `nmgr_v1.infer` answers it."""
+
+    def __init__(self, nmgr: NmgrServicer, context: grpc.ServicerContext) -> None:
+        self.nmgr = nmgr
+        self.context = context
+
+    def answer(self, request: pb.infer_request) -> pb.infer_response:
+        return self.nmgr.infer(request, self.context)
+
+    def end(self) -> None:
+        return None
+
+
+class LoadAnswers:
+    """A `load` stream served by the daemon (`neuron_rtd.server.streams`): each message
+    read into the load as it comes, the load made once the client has sent the last; a
+    message that cannot be part of a load is answered at once, as `load` answers it."""
+
+    def __init__(self, nmgr: NmgrServicer, context: grpc.ServicerContext) -> None:
+        self.nmgr = nmgr
+        self.context = context
+        self.reader: LoadReader | None = LoadReader(nmgr.runtime.neff_buffer)
+
+    def answer(self, request: pb.load_request) -> pb.load_response | None:
+        reader = self.reader
+        if reader is None:  # refused already (its answer is on its way)
+            return None
+        try:
+            reader.add(request)
+        except NrtError as exc:
+            self.reader = None  # its buffer, if any, freed
+            error = exc
+
+            def refused() -> LoadRequest:
+                raise error
+
+            return self.nmgr.answer_load(refused, self.context)
+        return None
+
+    def end(self) -> pb.load_response | None:
+        reader, self.reader = self.reader, None
+        if reader is None:
+            return None
+        return self.nmgr.answer_load(reader.result, self.context)

@@ -7,8 +7,9 @@ daemon's attention. grpcio's sync server can answer a stream without a thread
 (`experimental_non_blocking`), but has no public way to read one without blocking a
 thread, and grpc.aio, which has, costs every unary call 0.12 ms more (measured here:
 0.46 -> 0.59 ms per call). So the stream's reads are asked of gRPC's completion queue
-directly (`_read_async`, on grpcio's server internals, pinned with grpcio in
-pyproject.toml); what a read ends (a release) runs on a small pool of its own.
+directly (`neuron_rtd/server/streams.py:read_async`, on grpcio's server internals, pinned
+with grpcio in pyproject.toml); what a read ends (a release) runs on a small pool of its
+own. An error in either is logged, and both serve on.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from grpc import _server as grpc_server  # the stream's reads, see _read_async
-from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.proto import pb, pb_grpc
@@ -29,36 +28,12 @@ from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_ticket
 from neuron_rtd.server.peer_socket import Tickets
+from neuron_rtd.server.streams import guarded, read_async
 
 log = logging.getLogger("nrtd.NMGR")
 
 _SESSION = {"fn": "session_monitor"}
 RELEASE_WORKERS = 2  # sessions released at once (their models unloaded, NCGs destroyed)
-
-
-def _read_async(requests: Iterator[Any], on_read: Callable[[Any], None]) -> bool:
-    """Ask for the stream's next request without waiting for it: `on_read(request)` runs
-    on gRPC's thread when it comes, `on_read(None)` when the client ended its side or the
-    call ended. False (and nothing asked) when the call has ended already."""
-    state = requests._state  # type: ignore[attr-defined]
-    call = requests._call  # type: ignore[attr-defined]
-    receive = grpc_server._receive_message(state, call, requests._request_deserializer)  # type: ignore[attr-defined]
-
-    def received(event: Any) -> Any:
-        outcome = receive(event)  # grpc's own bookkeeping: the request, or the end
-        with state.condition:
-            request, state.request = state.request, None
-        on_read(request)
-        return outcome
-
-    with state.condition:
-        if state.client is grpc_server._CANCELLED or not grpc_server._is_rpc_state_active(state):
-            return False
-        if grpc_server._RECEIVE_MESSAGE_TOKEN in state.due:
-            return True  # a read is pending already
-        call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), received)
-        state.due.add(grpc_server._RECEIVE_MESSAGE_TOKEN)
-    return True
 
 
 class _Stream:
@@ -83,12 +58,13 @@ class _Stream:
     def on_read(self, request: Any) -> None:
         """On gRPC's thread: a request from the client (read on, ignored), or its end."""
         if request is not None:
-            _read_async(self.requests, self.on_read)
+            read_async(self.requests, self.on_read)
             return
         self.servicer.later(lambda: self.end(close_stream=True))
 
     def on_done(self) -> None:
-        """The call ended (cancelled, the connection lost, or ended by us)."""
+        """The call ended (cancelled, the connection lost, or ended by us): on gRPC's
+        thread, which logs what this raises, and serves on."""
         self.servicer.later(lambda: self.end(close_stream=False))
 
     def end(self, close_stream: bool) -> None:
@@ -142,7 +118,7 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
                 session_id=session_id, runtime_version=wire.version(self.runtime.version)
             )
         )
-        if not context.add_callback(stream.on_done) or not _read_async(
+        if not context.add_callback(stream.on_done) or not read_async(
             request_iterator, stream.on_read
         ):
             stream.on_done()  # it ended already
@@ -153,9 +129,9 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
         """Run `work` on the release pool (never on gRPC's thread, which must not wait);
         inline once the pool is shut (the daemon stops: nothing is released then)."""
         try:
-            self.pool.submit(work)
+            self.pool.submit(guarded, "session_monitor", work)
         except RuntimeError:
-            work()
+            guarded("session_monitor", work)
 
     def ended(self, stream: _Stream) -> None:
         """Release what the session holds (unless the daemon stops: its drain does)."""
