@@ -6,10 +6,13 @@ socket's users could open is served; what the daemon's rights alone reach is not
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -21,8 +24,9 @@ import numpy as np
 import psutil
 import pytest
 from test_hostile_local import probe
-from test_service_user import STAND_IN_GID, STAND_IN_UID, Service, unit_service
+from test_service_user import STAND_IN_GID, STAND_IN_UID, Service, as_user, unit_service
 
+from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 
@@ -224,3 +228,66 @@ def test_huge_passed_objects_do_not_take_the_address_space(served: Service) -> N
     assert process.memory_info().vms - vms < 20 << 30  # 63 x 256 MiB at most, not 4 PiB
     with Client(f"unix:{served.path('/run/neuron.sock')}") as client:
         assert client.version()
+
+
+STRANGER_UID = 65532  # in no group
+
+
+def test_on_tcp_the_caller_is_the_owner_of_its_socket(tmp_path: Path) -> None:
+    """gRPC on a loopback TCP address names its caller: the user owning the client's
+    socket. A daemon run by root serves a stranger's region of its own 0600 object, and
+    refuses root's 0600 object to it (worded as one that does not exist)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to call as another user")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    roots = shm_object(0, 0, 0o600, bytes(64))
+    theirs = shm_object(STRANGER_UID, STRANGER_UID, 0o600, bytes(64))
+    daemon = DaemonProcess(sim_root=tmp_path / "sim", args=["--model-repository", str(tmp_path)])
+    daemon.address = f"127.0.0.1:{port}"
+    code = textwrap.dedent(
+        """
+        import json, sys, grpc
+        from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
+        v2 = kserve_pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))
+        answers = {}
+        for label, key in zip(("roots", "theirs"), sys.argv[2:]):
+            request = kserve_pb.SystemSharedMemoryRegisterRequest(
+                name=label, key=key, offset=0, byte_size=64
+            )
+            try:
+                v2.SystemSharedMemoryRegister(request, timeout=20)
+                answers[label] = ["OK", ""]
+            except grpc.RpcError as error:
+                answers[label] = [error.code().name, error.details()]
+        print(json.dumps(answers))
+        """
+    )
+    try:
+        with daemon:
+            done = subprocess.run(
+                [
+                    *as_user(STRANGER_UID, STRANGER_UID),
+                    sys.executable,
+                    "-c",
+                    code,
+                    daemon.address,
+                    f"/{roots.name}",
+                    f"/{theirs.name}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+                cwd="/",
+            )
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert got["theirs"] == ["OK", ""]
+        code_name, details = got["roots"]
+        assert code_name == "INVALID_ARGUMENT"
+        assert f"uid {STRANGER_UID} could not open it itself" in details
+    finally:
+        roots.unlink(missing_ok=True)
+        theirs.unlink(missing_ok=True)
