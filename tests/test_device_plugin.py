@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -81,7 +82,7 @@ class Kubelet:
 class Plugin:
     """The real `neuron-device-plugin` process, its stderr in a file."""
 
-    def __init__(self, work: Path, folder: Path, *args: str) -> None:
+    def __init__(self, work: Path, folder: Path, *args: str, umask: int = -1) -> None:
         self.stderr_path = work / f"plugin-{time.monotonic_ns()}.err"
         env = {**os.environ, "NEURON_SIM_ROOT": str(work / "sim")}
         self.started = time.monotonic()
@@ -99,6 +100,7 @@ class Plugin:
                 ],
                 stderr=err,
                 env=env,
+                umask=umask,
             )
 
     @property
@@ -406,6 +408,29 @@ def test_waits_for_the_kubelet_then_stops_cleanly_at_sigterm(work: Path) -> None
         kubelet.stop()
     finally:
         plugin.stop()
+
+
+def test_its_sockets_are_the_kubelets_alone_whatever_the_umask(work: Path) -> None:
+    """Issue 38, point 12: under umask 0 the sockets were made 0777 (any local user could
+    call Allocate). Each is made 0600 whatever the umask: the kubelet (root) calls it."""
+    driver_sim.Machine.open(work / "sim")
+    folder = work / "dp"
+    folder.mkdir()
+    kubelet = Kubelet(folder)
+    plugin = Plugin(work, folder, umask=0)
+    try:
+        kubelet.registrations(2, START_S)
+        for name in ENDPOINTS.values():
+            mode = (folder / name).stat().st_mode
+            assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, oct(mode)
+        options = deviceplugin_pb_grpc.DevicePluginStub(
+            grpc.insecure_channel(f"unix:{folder / ENDPOINTS[NEURON]}")
+        ).GetDevicePluginOptions(deviceplugin_pb.Empty(), timeout=10)
+        assert options.get_preferred_allocation_available  # its owner still calls it
+        assert plugin.stop() == 0
+    finally:
+        plugin.stop()
+        kubelet.stop()
 
 
 def test_a_refused_registration_ends_the_plugin_with_the_kubelets_reason(work: Path) -> None:

@@ -44,6 +44,7 @@ from neuron_rtd.errors import InvalidError, Nerr, NrtError
 from neuron_rtd.proto import ext_pb, pb
 from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server.nmgr import answer_infer
+from neuron_rtd.server.streams import guarded
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -149,18 +150,28 @@ class PeerSocket:
 
     # --- connections ----------------------------------------------------------------
     def _serve(self) -> None:
+        """The selector's loop. Whatever a connection's message raises (a bug, or memory
+        refused: MemoryError) is logged, that connection closed, and the loop serves on;
+        so does an error of the loop itself, after a pause (it would repeat at once)."""
         while not self._stop.is_set():
-            for key, _ in self._selector.select(timeout=0.5):
-                try:
-                    if key.fileobj is self._listener:
-                        self._accept()
-                    else:
-                        self._answer(key.fileobj)  # type: ignore[arg-type]
-                except Exception:  # a bug: logged, and the socket serves on
-                    log.exception("peer socket: internal error", extra={"fn": "peer_socket"})
-                    if key.fileobj is not self._listener:
-                        self._drop(key.fileobj)  # type: ignore[arg-type]
-            self._drop_idle()
+            try:
+                self._serve_once()
+            except Exception:
+                log.exception("peer socket: internal error", extra={"fn": "peer_socket"})
+                self._stop.wait(0.5)
+
+    def _serve_once(self) -> None:
+        for key, _ in self._selector.select(timeout=0.5):
+            try:
+                if key.fileobj is self._listener:
+                    self._accept()
+                else:
+                    self._answer(key.fileobj)  # type: ignore[arg-type]
+            except Exception:  # a bug: logged, and the socket serves on
+                log.exception("peer socket: internal error", extra={"fn": "peer_socket"})
+                if key.fileobj is not self._listener:
+                    self._drop(key.fileobj)  # type: ignore[arg-type]
+        self._drop_idle()
 
     def _accept(self) -> None:
         try:
@@ -236,10 +247,10 @@ class PeerSocket:
                 message = _receive(conn)
         except OSError:  # the client went away mid-answer
             pass
-        except Exception:  # a bug: logged, and the lane closed
+        except Exception:  # a bug, or memory refused: logged, and this lane closed
             log.exception("peer socket: internal error on a lane", extra={"fn": "peer_socket"})
         finally:
-            self._drop(conn)
+            guarded("peer_socket", lambda: self._drop(conn))
 
     # --- requests -------------------------------------------------------------------
     def _answer(self, conn: socket.socket) -> None:

@@ -33,6 +33,8 @@ from neuron_rtd.tools.device_plugin.servicer import OPTIONS, ContainerSetup, Dev
 
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+# The kubelet (root) is the only one to call a resource's socket: no one else may.
+SOCKET_MODE = 0o600
 WATCH_S = 0.25  # how often the sockets are looked at: a restart is seen within this
 RETRY_S = 1.0  # between tries while the kubelet (or the machine) is not there yet
 REGISTER_TIMEOUT_S = 5.0
@@ -153,9 +155,15 @@ async def _serve(
             deviceplugin_pb_grpc.add_DevicePluginServicer_to_server(
                 DevicePluginServicer(resource, board, setup), server
             )
-            if not server.add_insecure_port(f"unix:{path}"):
+            old = os.umask(0o777 & ~SOCKET_MODE)  # made with its mode, never the umask's
+            try:
+                port = server.add_insecure_port(f"unix:{path}")
+            finally:
+                os.umask(old)
+            if not port:
                 raise PluginError(f"cannot listen on {path}: is {folder} writable by this user?")
             await server.start()
+            os.chmod(path, SOCKET_MODE)
             endpoints.append(Endpoint(resource, path, server, _identity(path)))
     except BaseException:
         await _stop_serving(endpoints)
