@@ -95,6 +95,14 @@ def moved(text: str, run: Path) -> str:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
+    with unit_service() as started:
+        yield started
+
+
+@contextlib.contextmanager
+def unit_service(*args: str) -> Iterator[Service]:
+    """The daemon as the unit starts it, with `args` after the unit's (`--model-repository
+    DIR`, say); stopped (SIGTERM) on leaving."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv (util-linux) to run the daemon as another user")
     settings = unit_settings(UNIT)
@@ -139,7 +147,7 @@ def service() -> Iterator[Service]:
         "-c",
         "/etc/neuron-rtd/neuron-rtd.json",
     ]
-    command = [installed_daemon(), "-c", str(config)]
+    command = [installed_daemon(), "-c", str(config), *args]
     notify = NotifyListener(top)
     os.chmod(notify.path, 0o666)  # systemd's notify socket: any service may send to it
     env = {  # systemd's environment for the service
