@@ -54,7 +54,7 @@ class User:
 
     def describe(self) -> str:
         if self.uid == STRANGER:
-            return "anyone"
+            return f"a member of group {_group_name(min(self.gids))}" if self.gids else "anyone"
         try:
             return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
         except KeyError:
@@ -87,6 +87,13 @@ class Caller:
         if named is not None:
             return named.describe()
         return "a client of the daemon's socket (gRPC cannot say which of its users)"
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def user(uid: int) -> User:
