@@ -63,6 +63,7 @@ class DaemonConfig:
     socket_group: str | None = None
     socket_mode: int = 0o660
     server_threads: int = 16
+    front_timeout_secs: int = 60  # a front silent this long to the daemon's own asks: exit
     neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
     max_message_mb: int = 256  # the largest request the daemon reads (inline tensors)
     session_max_ncs: int = 0  # what one session may hold at once (0: any)
@@ -101,6 +102,7 @@ _TYPES: dict[str, Expected] = {
     "socket_group": (str, type(None)),
     "socket_mode": str,
     "server_threads": int,
+    "front_timeout_secs": int,
     "neff_file_dirs": list,
     "max_message_mb": int,
     "session_max_ncs": int,
@@ -224,6 +226,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(f"$NEURON_RTD_NC_SPINNING: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
+    if not 4 <= config.front_timeout_secs <= 3600:
+        raise ConfigError(f"{where}: front_timeout_secs must be between 4 and 3600")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"{where}: log_level must be one of {', '.join(LOG_LEVELS)}")
     if config.socket_mode & 0o002 or config.socket_mode & ~0o777:

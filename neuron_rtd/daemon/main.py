@@ -37,6 +37,13 @@ from neuron_rtd.daemon.config import (
     remote_clients_warning,
     remote_http_warning,
 )
+from neuron_rtd.daemon.fronts import (
+    EXIT_FRONT_SILENT,
+    Front,
+    FrontWatch,
+    grpc_front,
+    http_front,
+)
 from neuron_rtd.daemon.listener import (
     AddressError,
     UnixListener,
@@ -274,7 +281,12 @@ class Daemon:
         if interval:
             watchdog = sd.Watchdog(interval, healthy=lambda: runtime.responsive(interval))
             watchdog.start()
+        fronts = FrontWatch(
+            self._fronts(), float(self.config.front_timeout_secs), silent=self._front_silent
+        )
+        fronts.start()
         self._serve(servicers.health)
+        fronts.stop()  # a front drained from now on is not a silent one
         self._log_signals()
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
@@ -294,6 +306,28 @@ class Daemon:
         self._log_signals()  # a second one, while it drained
         log.info("Stopped", extra={"fn": "RunServer"})
         return 0
+
+    def _fronts(self) -> list[Front]:
+        """The fronts the daemon asks itself whether they answer (see `fronts`)."""
+        fronts = [grpc_front(self.address.target)]
+        if self.http and self.config.http_address:
+            host = self.config.http_address.rpartition(":")[0]
+            fronts.append(http_front(host, self.http.port))
+        return fronts
+
+    def _front_silent(self, why: str) -> None:
+        """A front stopped answering (its loop, grpcio's or waitress's, ended): exit so
+        that systemd starts the daemon again, rather than live on with a dead API. Not a
+        drain: the silent front could hold it up for good."""
+        message = f"{why}: exiting (status {EXIT_FRONT_SILENT}) to be started again"
+        log.critical("%s", message, extra={"fn": "watchdog"})
+        sd.notify(f"STATUS={message}")
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        if not self.logs_to_stderr:
+            print(f"neuron-rtd: {message}", file=sys.stderr, flush=True)
+        os._exit(EXIT_FRONT_SILENT)
 
     def _start(self) -> tuple[Runtime, grpc.Server, ServicerSet]:
         config = self.config
