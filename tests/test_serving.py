@@ -208,6 +208,7 @@ def test_every_runtime_error_has_a_status() -> None:
         errors.BadInput: Status.INVALID_ARGUMENT,
         errors.InvalidError: Status.INVALID_ARGUMENT,
         errors.NeffInvalid: Status.INVALID_ARGUMENT,
+        errors.ModelFileRefused: Status.INVALID_ARGUMENT,
         errors.InferTimeout: Status.UNAVAILABLE,
         errors.QueueFull: Status.UNAVAILABLE,
         errors.FailedState: Status.UNAVAILABLE,
