@@ -64,6 +64,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error
 
+from neuron_rtd.errors import shown
 from neuron_rtd.runtime import Caller, User
 from neuron_rtd.server.kserve_json import (
     decode_infer,
@@ -456,7 +457,7 @@ class KServeApp:
                 return "GET POST", unsupported(TRACE_UNSUPPORTED)
             case ["v2", "logging"]:
                 return "GET POST", unsupported(LOGGING_UNSUPPORTED)
-        raise HttpRefusal(404, f"no such endpoint: /{'/'.join(parts)}")
+        raise HttpRefusal(404, f"no such endpoint: {shown('/' + '/'.join(parts))}")
 
     def model_route(self, name: str, version: str, rest: list[str]) -> tuple[str, Handler]:
         match rest:
@@ -476,10 +477,10 @@ class KServeApp:
                 return "POST", self.members_only(lambda r: self.infer(r, name, version))
             case ["trace", "setting"]:
                 return "GET POST", unsupported(TRACE_UNSUPPORTED)
-        at = f"/v2/models/{name}" + (f"/versions/{version}" if version else "")
+        at = shown(f"/v2/models/{name}" + (f"/versions/{version}" if version else ""))
         raise HttpRefusal(
             404,
-            f"no such endpoint: {at}/{'/'.join(rest)} (a model has metadata at {at}, and "
+            f"no such endpoint: {at}/{shown('/'.join(rest))} (a model has metadata at {at}, and "
             "ready, config, stats and infer under it)",
         )
 

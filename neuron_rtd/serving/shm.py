@@ -18,7 +18,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from neuron_rtd.errors import NrtError
+from neuron_rtd.errors import NrtError, shown
 from neuron_rtd.runtime import Caller, Runtime, ShmMapping
 from neuron_rtd.serving.api import ServingError, SharedMemoryApi, ShmRegion, Status
 
@@ -159,7 +159,7 @@ class CallerRegions:
             raise ServingError(
                 Status.INVALID_ARGUMENT,
                 f"{byte_size} bytes at offset {offset} of shared memory region "
-                f"'{_shown(name)}' do not lie within it ({region.byte_size} bytes)",
+                f"'{shown(name)}' do not lie within it ({region.byte_size} bytes)",
             )
         return held, region.offset + offset
 
@@ -174,7 +174,7 @@ def _check_name(name: str) -> None:
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise ServingError(
             Status.INVALID_ARGUMENT,
-            f"shared memory region name '{_shown(name)}' is longer than {MAX_NAME_BYTES} "
+            f"shared memory region name '{shown(name)}' is longer than {MAX_NAME_BYTES} "
             "bytes: give a shorter name",
         )
 
@@ -185,36 +185,32 @@ def _path(key: str) -> str:
     if not bare or "/" in bare or bare in (".", "..") or "\0" in bare:
         raise ServingError(
             Status.INVALID_ARGUMENT,
-            f"shared memory key {_shown(key)!r} is not a POSIX shm object name: give one name "
+            f"shared memory key {shown(key)!r} is not a POSIX shm object name: give one name "
             "as shm_open takes it ('/name' or 'name'), with no '/' inside",
         )
     return "/" + bare
 
 
-def _shown(text: str) -> str:
-    return text if len(text) <= 100 else text[:97] + "..."
-
-
 def _what(name: str) -> str:
-    return f"shared memory region '{_shown(name)}'"
+    return f"shared memory region '{shown(name)}'"
 
 
 def _exists(name: str) -> ServingError:
     return ServingError(
         Status.ALREADY_EXISTS,
-        f"shared memory region '{_shown(name)}' is already registered; unregister it first",
+        f"shared memory region '{shown(name)}' is already registered; unregister it first",
     )
 
 
 def _shrunk(region: ShmRegion, exc: NrtError) -> ServingError:
     return ServingError(
         Status.INVALID_ARGUMENT,
-        f"shm object '{region.key}' of shared memory region '{_shown(region.name)}': "
+        f"shm object '{region.key}' of shared memory region '{shown(region.name)}': "
         f"{exc.message} (keep it at its size while it is registered)",
     )
 
 
 def _unknown(name: str) -> ServingError:
     return ServingError(
-        Status.NOT_FOUND, f"no shared memory region named '{_shown(name)}' is registered"
+        Status.NOT_FOUND, f"no shared memory region named '{shown(name)}' is registered"
     )
