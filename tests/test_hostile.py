@@ -63,7 +63,9 @@ def test_devices_fifos_and_folders_are_refused_at_once(
     rss = psutil.Process(daemon.pid).memory_info().rss
     for path in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path)):
         # answered within the call's deadline, never read to the end of a device
-        refused(load_file(stub, path), f"'{path}' is not a regular file")
+        refused(
+            load_file(stub, path), f"cannot read neff_file '{path}' (it is a", "not a regular file"
+        )
     assert psutil.Process(daemon.pid).memory_info().rss < rss + (64 << 20)
     loaded = stub.load(iter([pb.load_request(neff_size=len(neff)), chunk(neff)]))
     assert loaded.status.code == 0  # and it still serves

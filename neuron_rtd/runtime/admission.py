@@ -143,13 +143,14 @@ def read_model_file(
         size = opened.st_size
         if size < HEADER_SIZE:
             raise NeffInvalid(
-                f"'{shown(name)}' is not a NEFF: it is {size} bytes, shorter than a NEFF "
-                f"header ({HEADER_SIZE})"
+                f"'{shown(name)}' is not a NEFF: it is shorter than a NEFF header "
+                f"({HEADER_SIZE} bytes)"
             )
         header = parse_header(_pread_exactly(fd, HEADER_SIZE, name))
         if header.data_size != size - HEADER_SIZE:
+            said = "NEFF is truncated" if header.data_size > size - HEADER_SIZE else "too long"
             raise NeffInvalid(
-                f"'{shown(name)}' is not a whole NEFF: its header declares "
+                f"'{shown(name)}' is not a whole NEFF ({said}): its header declares "
                 f"{header.data_size} data bytes, the file holds {size - HEADER_SIZE}"
             )
         data = into(size)
