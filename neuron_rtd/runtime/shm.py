@@ -145,8 +145,9 @@ class ShmTable:
             raise
         writable = bool(prot & PROT_WRITE)
         mapping = ShmMapping(path, fd, writable, session_id, passed=True)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            self._give_view(mapping)  # while it is ours alone: no call can close it yet
         self._add(mapping, limit)
-        self._give_view(mapping)
 
     def _give_view(self, mapping: ShmMapping) -> None:
         """Map the first bytes of a passed object sealed against shrinking (at most
@@ -155,23 +156,23 @@ class ShmTable:
         never costs the daemon more address space than that, however large it says it is."""
         size = min(os.fstat(mapping.fd).st_size, self.view_bytes)
         with self._lock:
-            if mapping.unmapped or self._viewed + size > self.views_total_bytes:
+            if self._viewed + size > self.views_total_bytes:
                 return
             self._viewed += size
-        view = sealed_view(mapping.fd, mapping.writable, size)
-        with self._lock:
-            if view is None or mapping.unmapped:
+        mapping.view = sealed_view(mapping.fd, mapping.writable, size)
+        if mapping.view is None:
+            with self._lock:
                 self._viewed -= size
-            else:
-                mapping.view = view
-                return
-        if view is not None:
-            view.close()
 
-    def _close(self, mapping: ShmMapping) -> None:
-        with self._lock:
-            if mapping.view is not None:
+    def _close(self, mapping: ShmMapping, *, locked: bool = False) -> None:
+        """Close the object (and its view, counted off); `locked`: the caller holds the
+        table's lock."""
+        if mapping.view is not None:
+            if locked:
                 self._viewed -= len(mapping.view)
+            else:
+                with self._lock:
+                    self._viewed -= len(mapping.view)
         mapping.close()
 
     def _check_enabled(self) -> None:
@@ -183,13 +184,13 @@ class ShmTable:
 
     def _add(self, mapping: ShmMapping, limit: int) -> None:
         if not stat.S_ISREG(os.fstat(mapping.fd).st_mode):
-            os.close(mapping.fd)
+            self._close(mapping)
             raise InvalidError(f"shm_map: '{mapping.path}' is not a shared memory object")
         key = (mapping.session_id, mapping.path)
         with self._lock:
             held = sum(s == mapping.session_id for s, _ in self._maps)
             if limit and key not in self._maps and held >= limit:
-                os.close(mapping.fd)
+                self._close(mapping, locked=True)
                 raise ResourceError(
                     f"shm_map: {session_name(mapping.session_id)} has {held} shared memory "
                     f"objects mapped, the most one may (session_max_shm_maps {limit}): unmap "
