@@ -23,6 +23,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.daemon import sd
 from neuron_rtd.daemon.fronts import EXIT_FRONT_SILENT, Front, FrontWatch, grpc_front, http_front
 from neuron_rtd.proto import pb, pb_grpc
 
@@ -254,3 +255,38 @@ def test_the_daemon_exits_when_a_fronts_loop_dies(work: Path, front: str) -> Non
     named = "the gRPC front on unix:" if front == "grpc" else "the HTTP front on 127.0.0.1:"
     assert named in log and "has answered nothing for" in log, log
     assert f"exiting (status {EXIT_FRONT_SILENT})" in log
+
+
+def test_a_full_notify_socket_freezes_no_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notify socket no one reads (its queue full: 10 datagrams by default) froze the
+    whole daemon: python-systemd's notify sent holding the GIL, and the watchdog pinged
+    every period. Now a send waits NOTIFY_TIMEOUT_S at most, and only its own thread."""
+    path = tmp_path / "notify.sock"
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(path))  # never read
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        sent = [sd.notify("WATCHDOG=1") for _ in range(3)]
+        while sent[-1] and len(sent) < 1000:  # until the queue is full
+            sent.append(sd.notify("WATCHDOG=1"))
+        before = len(ticks)
+        assert sd.notify("WATCHDOG=1") is False  # still full: it gave up again
+        waited_ticks = len(ticks) - before
+    finally:
+        done.set()
+        ticker.join()
+        manager.close()
+    assert sent[:3] == [True] * 3 and sent[-1] is False
+    assert waited_ticks > 10  # the other thread ran while notify waited

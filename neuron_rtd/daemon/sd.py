@@ -4,19 +4,34 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable
 
-from systemd import daemon as sd_daemon  # type: ignore[attr-defined]
-
 log = logging.getLogger("nrtd.NRTD")
+
+NOTIFY_TIMEOUT_S = 1.0  # a service manager that takes no message within this misses it
 
 
 def notify(*fields: str) -> bool:
-    """Send `fields` ("READY=1", "STATUS=...") to the service manager, if any."""
-    if not os.environ.get("NOTIFY_SOCKET"):
+    """Send `fields` ("READY=1", "STATUS=...") to the service manager, if any; False
+    when there is none, or it did not take the message within NOTIFY_TIMEOUT_S.
+
+    Sent here, not by python-systemd's `notify`, which holds the GIL while it sends: a
+    notify socket whose queue is full (a manager slow to read it; 10 datagrams by
+    default) froze every thread of the daemon, not just the one notifying."""
+    path = os.environ.get("NOTIFY_SOCKET", "")
+    if not path:
         return False
-    return bool(sd_daemon.notify("\n".join(fields)))
+    address = "\0" + path[1:] if path.startswith("@") else path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(NOTIFY_TIMEOUT_S)
+        try:
+            sock.sendto("\n".join(fields).encode(), address)
+        except OSError as exc:  # TimeoutError too
+            log.debug("notify %s: %s", path, exc, extra={"fn": "notify"})
+            return False
+    return True
 
 
 def watchdog_interval_s() -> float | None:

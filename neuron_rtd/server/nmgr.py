@@ -431,6 +431,6 @@ class LoadAnswers:
 
     def end(self) -> pb.load_response | None:
         reader, self.reader = self.reader, None
-        if reader is None:
+        if reader is None or not self.context.is_active():  # refused, or the caller left
             return None
         return self.nmgr.answer_load(reader.result, self.context)
