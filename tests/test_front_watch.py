@@ -143,6 +143,7 @@ def test_the_grpc_question_is_answered_by_any_status_and_not_by_a_held_server(
     finally:
         front.close()
         server.stop(None)
+    servicer = Blocking()
     served = grpc.server(futures.ThreadPoolExecutor(1))
     pb_grpc.add_nmgr_v1Servicer_to_server(servicer, served)
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), served)
@@ -152,12 +153,13 @@ def test_the_grpc_question_is_answered_by_any_status_and_not_by_a_held_server(
     held = grpc.insecure_channel(target)
     try:
         front.ask(5)  # SERVING
-        pb_grpc.nmgr_v1Stub(held).get_version.future(pb.get_version_request())
+        call = pb_grpc.nmgr_v1Stub(held).get_version.future(pb.get_version_request())
         assert servicer.entered.wait(10)  # its one thread held
         with pytest.raises(TimeoutError, match="DEADLINE_EXCEEDED"):
             front.ask(0.5)
         servicer.release.set()
         front.ask(5)
+        call.result(10)
     finally:
         held.close()
         front.close()

@@ -95,14 +95,15 @@ class FrontWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._thread.is_alive():  # a question under way ends with its channel
+            self._thread.join(1.0)
         for front in self.fronts:
             front.close()
 
     def _run(self) -> None:
         answered = dict.fromkeys((f.name for f in self.fronts), time.monotonic())
-        while not self._stop.wait(self.period_s):
+        # asked at once too: the gRPC question's connection is made as the daemon starts
+        while not self._stop.is_set():
             for front in self.fronts:
                 why = self._ask(front)
                 now = time.monotonic()
@@ -125,6 +126,7 @@ class FrontWatch:
                         f"{front.name} has answered nothing for {quiet:.0f} s (last: {why})"
                     )
                 return
+            self._stop.wait(self.period_s)
 
     def _ask(self, front: Front) -> str | None:
         """None when `front` answered; else why not."""
