@@ -21,6 +21,7 @@ from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import LoadReader, LoadRequest, read_load_stream
 from neuron_rtd.server.pool import waiting
+from neuron_rtd.server.streams import broke_off
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -431,6 +432,9 @@ class LoadAnswers:
 
     def end(self) -> pb.load_response | None:
         reader, self.reader = self.reader, None
-        if reader is None or not self.context.is_active():  # refused, or the caller left
+        if reader is None:  # refused already
+            return None
+        if not self.context.is_active():  # the caller left: no load for no one
+            broke_off("load")
             return None
         return self.nmgr.answer_load(reader.result, self.context)

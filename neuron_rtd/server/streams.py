@@ -116,6 +116,13 @@ def send_async(requests: Iterator[Any], message: bytes, on_sent: Callable[[], No
     return True
 
 
+def broke_off(kind: str) -> None:
+    """Log that a stream of `kind` that answers once (a load) lost its caller first."""
+    log.info(
+        "the %s stream broke off before its end (the client went away)", kind, extra={"fn": kind}
+    )
+
+
 class Answers(Protocol):
     """What one stream does with its requests, on its pool's threads."""
 
@@ -206,7 +213,10 @@ class _Stream:
             if self.ended:
                 return
             self.ended = True
+            unanswered = self.unary and not self._stopping
         self.table._forget(self)
+        if unanswered:
+            broke_off(self.kind)
 
     def _on_read(self, request: Any) -> None:
         with self._lock:
