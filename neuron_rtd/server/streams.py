@@ -335,6 +335,8 @@ class StreamTable:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self._quiet_until = 0.0  # refusals and ends logged: one a second (see _note)
+        self._unsaid = 0
 
     def handler(
         self,
@@ -403,16 +405,14 @@ class StreamTable:
         )
         refusal, victim = self._admit(stream)
         if refusal:
-            log.warning("%s", refusal, extra={"fn": kind})
+            self._note(kind, refusal)
             _refuse(context, send, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
             return
         if victim is not None:
-            log.warning(
-                "%s: an idle %s stream ended to serve another (%d streams open)",
+            self._note(
                 kind,
-                victim.kind,
-                self.most,
-                extra={"fn": kind},
+                f"{kind}: an idle {victim.kind} stream ended to serve another "
+                f"({self.most} streams open)",
             )
             victim.end(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -455,6 +455,20 @@ class StreamTable:
                 )
                 self._sweeper.start()
         return "", victim
+
+    def _note(self, kind: str, message: str) -> None:
+        """Log a refusal or an end the table chose, at most one a second: those that
+        come meanwhile are counted, and the next line says how many (a client opening
+        streams by the thousand does not flood the log)."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._quiet_until:
+                self._unsaid += 1
+                return
+            unsaid, self._unsaid = self._unsaid, 0
+            self._quiet_until = now + 1.0
+        more = f" (and {unsaid} more since the last such line)" if unsaid else ""
+        log.warning("%s%s", message, more, extra={"fn": kind})
 
     def _remove(self, stream: _Stream) -> None:
         """(under the lock)"""
@@ -502,11 +516,9 @@ class StreamTable:
                 if s.unary and not s.client_done and s.idle() and s.last_active < since
             ]
         for stream in stalled:
-            log.warning(
-                "%s: a stream that sent nothing for %g s ended",
+            self._note(
                 stream.kind,
-                self.stalled_after_s,
-                extra={"fn": stream.kind},
+                f"{stream.kind}: a stream that sent nothing for {self.stalled_after_s:g} s ended",
             )
             stream.end(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
