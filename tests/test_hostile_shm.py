@@ -235,59 +235,88 @@ STRANGER_UID = 65532  # in no group
 
 def test_on_tcp_the_caller_is_the_owner_of_its_socket(tmp_path: Path) -> None:
     """gRPC on a loopback TCP address names its caller: the user owning the client's
-    socket. A daemon run by root serves a stranger's region of its own 0600 object, and
-    refuses root's 0600 object to it (worded as one that does not exist)."""
+    socket. Only root and members of the socket's group (here nogroup, whose member by the
+    user database is nobody) may do more than ask after health and the models; a member
+    registers a region of its own 0600 object and not root's (worded as one that does not
+    exist); a stranger is refused saying why, and may still ask whether the server is
+    ready and its version."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv (util-linux) to call as another user")
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     roots = shm_object(0, 0, 0o600, bytes(64))
-    theirs = shm_object(STRANGER_UID, STRANGER_UID, 0o600, bytes(64))
-    daemon = DaemonProcess(sim_root=tmp_path / "sim", args=["--model-repository", str(tmp_path)])
+    members = shm_object(STAND_IN_UID, STAND_IN_GID, 0o600, bytes(64))
+    config = tmp_path / "neuron-rtd.json"
+    config.write_text(json.dumps({"socket_group": "nogroup"}))
+    config.chmod(0o644)
+    daemon = DaemonProcess(
+        sim_root=tmp_path / "sim",
+        args=["-c", str(config), "--model-repository", str(tmp_path)],
+    )
     daemon.address = f"127.0.0.1:{port}"
     code = textwrap.dedent(
         """
         import json, sys, grpc
-        from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
-        v2 = kserve_pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))
+        from neuron_rtd.proto import kserve_pb, kserve_pb_grpc, pb, pb_grpc
+        channel = grpc.insecure_channel(sys.argv[1])
+        v2 = kserve_pb_grpc.GRPCInferenceServiceStub(channel)
+        nmgr = pb_grpc.nmgr_v1Stub(channel)
+
+        def answer(call, request):
+            try:
+                call(request, timeout=20)
+                return ["OK", ""]
+            except grpc.RpcError as error:
+                return [error.code().name, error.details()]
+
         answers = {}
-        for label, key in zip(("roots", "theirs"), sys.argv[2:]):
+        for label, key in zip(("roots", "own"), sys.argv[2:]):
             request = kserve_pb.SystemSharedMemoryRegisterRequest(
                 name=label, key=key, offset=0, byte_size=64
             )
-            try:
-                v2.SystemSharedMemoryRegister(request, timeout=20)
-                answers[label] = ["OK", ""]
-            except grpc.RpcError as error:
-                answers[label] = [error.code().name, error.details()]
+            answers[label] = answer(v2.SystemSharedMemoryRegister, request)
+        answers["ready"] = answer(v2.ServerReady, kserve_pb.ServerReadyRequest())
+        answers["version"] = answer(nmgr.get_version, pb.get_version_request())
+        answers["list"] = answer(nmgr.list_egs, pb.empty())
         print(json.dumps(answers))
         """
     )
+
+    def call_as(uid: int, gid: int) -> dict[str, list[str]]:
+        done = subprocess.run(
+            [
+                *as_user(uid, gid),
+                sys.executable,
+                "-c",
+                code,
+                daemon.address,
+                f"/{roots.name}",
+                f"/{members.name}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
     try:
         with daemon:
-            done = subprocess.run(
-                [
-                    *as_user(STRANGER_UID, STRANGER_UID),
-                    sys.executable,
-                    "-c",
-                    code,
-                    daemon.address,
-                    f"/{roots.name}",
-                    f"/{theirs.name}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
-                cwd="/",
-            )
-        assert done.returncode == 0, done.stderr
-        got = json.loads(done.stdout)
-        assert got["theirs"] == ["OK", ""]
-        code_name, details = got["roots"]
+            member = call_as(STAND_IN_UID, STAND_IN_GID)
+            stranger = call_as(STRANGER_UID, STRANGER_UID)
+        assert member["own"] == ["OK", ""] and member["list"] == ["OK", ""]
+        code_name, details = member["roots"]
         assert code_name == "INVALID_ARGUMENT"
-        assert f"uid {STRANGER_UID} could not open it itself" in details
+        assert f"uid {STAND_IN_UID} (nobody) could not open it itself" in details
+        assert stranger["ready"] == ["OK", ""] and stranger["version"] == ["OK", ""]
+        for key in ("roots", "own", "list"):
+            code_name, details = stranger[key]
+            assert code_name == "PERMISSION_DENIED", stranger
+            assert "for root and members of group nogroup" in details
+            assert f"uid {STRANGER_UID} is neither" in details
     finally:
         roots.unlink(missing_ok=True)
-        theirs.unlink(missing_ok=True)
+        members.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -36,6 +36,7 @@ from neuron_rtd.daemon.config import (
     load_config,
     remote_clients_warning,
     remote_http_warning,
+    socket_gid,
 )
 from neuron_rtd.daemon.fronts import (
     EXIT_FRONT_SILENT,
@@ -55,7 +56,15 @@ from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
-from neuron_rtd.server import Health, PeerSocket, ServicerSet, Tickets, add_servicers
+from neuron_rtd.server import (
+    CallerOf,
+    Health,
+    MembersOnly,
+    PeerSocket,
+    ServicerSet,
+    Tickets,
+    add_servicers,
+)
 from neuron_rtd.server.pool import server_pool, waiting
 from neuron_rtd.serving.api import ServingError
 from neuron_rtd.serving.service import Serving
@@ -368,8 +377,13 @@ class Daemon:
         self.serving = self._start_serving(runtime)
         # a call waiting its turn at a busy NC computes nothing: it lets another start
         driver_sim.spend_waits_in(waiting)
+        # a TCP port has no mode: who may do more than ask is judged per call
+        gate: list[grpc.ServerInterceptor[Any, Any]] = []
+        if not self.listener:
+            gate.append(MembersOnly(CallerOf(self.address.target), socket_gid(config)))
         server = grpc.server(
             server_pool(config.server_threads, "nmgr"),
+            interceptors=gate,
             options=[
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),

@@ -54,7 +54,9 @@ class User:
 
     def describe(self) -> str:
         if self.uid == STRANGER:
-            return f"a member of group {_group_name(min(self.gids))}" if self.gids else "anyone"
+            if self.gids:
+                return f"a member of group {_group_name(min(self.gids))}"
+            return "a caller the daemon cannot name"
         try:
             return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
         except KeyError:

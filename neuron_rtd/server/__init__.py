@@ -25,6 +25,7 @@ from neuron_rtd.proto import ext_pb_grpc, kserve_pb, kserve_pb_grpc, pb, pb_grpc
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.server.caller import CallerOf
 from neuron_rtd.server.ext import ExtServicer
+from neuron_rtd.server.gate import MembersOnly
 from neuron_rtd.server.health import Health
 from neuron_rtd.server.kserve import STREAM_WINDOW, KServeServicer
 from neuron_rtd.server.nmgr import InferAnswers, LoadAnswers, NmgrServicer, StreamServicer
@@ -43,8 +44,10 @@ __all__ = [
     "MAX_OPEN_STREAMS",
     "MAX_STREAMS_PER_SESSION",
     "STALLED_AFTER_S",
+    "CallerOf",
     "Health",
     "KServeServicer",
+    "MembersOnly",
     "PeerSocket",
     "ServicerSet",
     "SessionServicer",
