@@ -279,6 +279,17 @@ def test_on_tcp_the_caller_is_the_owner_of_its_socket(tmp_path: Path) -> None:
         answers["ready"] = answer(v2.ServerReady, kserve_pb.ServerReadyRequest())
         answers["version"] = answer(nmgr.get_version, pb.get_version_request())
         answers["list"] = answer(nmgr.list_egs, pb.empty())
+        from neuron_rtd.client import Client
+        from neuron_rtd.neff.samples import build_mlp
+        mlp = build_mlp((8, 8, 4))
+        x = mlp.random_inputs(1)["x"]
+        try:  # a session (a stream answered without a thread), a load (a stream), infers
+            with Client(sys.argv[1], shm=False) as client:
+                got = client.load(mlp.neff)(x=x)["probs"]
+            close = abs(got - mlp.reference({"x": x})["probs"]).max() < 1e-5
+            answers["client"] = ["OK" if close else "WRONG", ""]
+        except Exception as error:
+            answers["client"] = [type(error).__name__, str(error)]
         print(json.dumps(answers))
         """
     )
@@ -308,10 +319,12 @@ def test_on_tcp_the_caller_is_the_owner_of_its_socket(tmp_path: Path) -> None:
             member = call_as(STAND_IN_UID, STAND_IN_GID)
             stranger = call_as(STRANGER_UID, STRANGER_UID)
         assert member["own"] == ["OK", ""] and member["list"] == ["OK", ""]
+        assert member["client"] == ["OK", ""]
         code_name, details = member["roots"]
         assert code_name == "INVALID_ARGUMENT"
         assert f"uid {STAND_IN_UID} (nobody) could not open it itself" in details
         assert stranger["ready"] == ["OK", ""] and stranger["version"] == ["OK", ""]
+        assert "PERMISSION_DENIED" in stranger["client"][1], stranger
         for key in ("roots", "own", "list"):
             code_name, details = stranger[key]
             assert code_name == "PERMISSION_DENIED", stranger

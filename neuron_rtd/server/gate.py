@@ -70,11 +70,12 @@ class MembersOnly(grpc.ServerInterceptor):
 
     def _gate(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         @functools.wraps(behavior)  # keeps the behaviour's flags (its pool, non-blocking)
-        def gated(request: Any, context: grpc.ServicerContext, **kwargs: Any) -> Any:
+        def gated(request: Any, context: grpc.ServicerContext, *more: Any) -> Any:
+            # `more`: the answer's callback of a behaviour that answers without a thread
             caller = self.caller_of(context)
             if not caller.in_group(self.gid):
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, self.refusal(method, caller))
-            return behavior(request, context, **kwargs)
+            return behavior(request, context, *more)
 
         return gated
 
