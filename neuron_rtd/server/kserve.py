@@ -5,8 +5,8 @@ its answer encoded.
 Tensors arrive as `raw_input_contents` (one per input that is neither typed nor in shared
 memory, in the order of the inputs), as typed `contents`, or in a registered system
 shared-memory region (input parameters `shared_memory_region`, `shared_memory_offset`,
-`shared_memory_byte_size`), read through the core's `shm`. Outputs go back as
-`raw_output_contents`, one per output in output order; an output asked for in shared
+`shared_memory_byte_size`), read through the caller's regions (`ServingApi.shm(caller)`).
+Outputs go back as `raw_output_contents`, one per output in output order; an output asked for in shared
 memory is written there and sent with empty contents and its parameters echoed, as
 Triton does.
 
@@ -14,19 +14,16 @@ A `ServingError` answers with its status's gRPC code and its message as it is; a
 else answers INTERNAL with a one-line message, its traceback going to the daemon's log
 only. In `ModelStreamInfer` a request's error is its answer's `error_message` and the
 stream goes on (Triton's behaviour); answers come in request order, up to `STREAM_WINDOW`
-requests of one stream running at once (so a stream's requests can be batched together).
+requests of one stream running at once (so a stream's requests can be batched together:
+the stream table, `server/streams.py`, keeps that window).
 CUDA shared memory, tracing and log settings answer UNIMPLEMENTED, saying why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import queue
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -59,7 +56,6 @@ from neuron_rtd.serving.datatypes import datatype_of
 log = logging.getLogger("nrtd.KSERVE")
 
 STREAM_WINDOW = 16  # requests of one stream running at once
-_DRAIN_CHECK_S = 0.5  # how often an idle stream looks whether the daemon drains
 
 # The protocol's status kinds as gRPC codes.
 CODES: dict[Status, grpc.StatusCode] = {
@@ -137,28 +133,18 @@ def raw_output(array: np.ndarray) -> bytes:
 
 
 class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
-    """`inference.GRPCInferenceService` over `serving`. `stream_pool` runs the requests of
-    `ModelStreamInfer` and `read_pool` reads each stream's requests as they come (the
-    caller sizes them; see `neuron_rtd.server.add_servicers`)."""
+    """`inference.GRPCInferenceService` over `serving`. `ModelStreamInfer` is served by the
+    daemon's stream table (`server/streams.py`, see `neuron_rtd.server.add_servicers`),
+    each request of a stream answered by `stream_answer`."""
 
     def __init__(
         self,
         serving: ServingApi,
         *,
         caller_of: Callable[[grpc.ServicerContext], Caller] = lambda context: stranger(),
-        stream_pool: ThreadPoolExecutor | None = None,
-        read_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.serving = serving
         self.caller_of = caller_of  # who a call comes from: whose shared memory it names
-        self._stream_pool = stream_pool or ThreadPoolExecutor(16, "kserve-stream-infer")
-        self._read_pool = read_pool or ThreadPoolExecutor(16, "kserve-stream-read")
-        self._draining = threading.Event()
-
-    def drain(self) -> None:
-        """The daemon stops: each open stream ends (OK) as soon as it has answered every
-        request it has read, instead of holding the drain for its whole grace."""
-        self._draining.set()
 
     # --- how every call answers ---------------------------------------------------------
     def _call(self, method: str, context: grpc.ServicerContext, make: Callable[[], R]) -> R:
@@ -257,48 +243,6 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         return self._call(
             "ModelInfer", context, lambda: self.infer(request, self.caller_of(context))
         )
-
-    def ModelStreamInfer(
-        self,
-        request_iterator: Iterator[kserve_pb.ModelInferRequest],
-        context: grpc.ServicerContext,
-    ) -> Iterator[kserve_pb.ModelStreamInferResponse]:
-        """Each request runs as it arrives (up to `STREAM_WINDOW` at once); the answers go
-        back in request order. A reader takes the requests off the stream, so that a
-        client waiting for an answer before it sends more is answered. At the daemon's
-        drain a stream ends once it has answered what it has read."""
-        running: queue.Queue[Future[kserve_pb.ModelStreamInferResponse] | None] = queue.Queue(
-            STREAM_WINDOW
-        )
-        ended = threading.Event()  # the answers' side is gone: the reader stops
-        caller = self.caller_of(context)
-
-        def read() -> None:
-            try:
-                for request in request_iterator:
-                    future = self._stream_pool.submit(self.stream_answer, request, caller)
-                    if not _put(running, future, ended):
-                        return
-            except grpc.RpcError:  # the client went away: nothing more to read
-                pass
-            except Exception:
-                log.exception("reading the stream", extra={"fn": "ModelStreamInfer"})
-            _put(running, None, ended)
-
-        self._read_pool.submit(read)
-        try:
-            while True:
-                try:
-                    future = running.get(timeout=_DRAIN_CHECK_S)
-                except queue.Empty:
-                    if self._draining.is_set():
-                        return
-                    continue
-                if future is None:
-                    return
-                yield future.result()
-        finally:
-            ended.set()
 
     def stream_answer(
         self, request: kserve_pb.ModelInferRequest, caller: Caller
@@ -556,17 +500,3 @@ def load_parameters(parameters: Mapping[str, Any]) -> tuple[str, dict[str, bytes
                 f"unknown load parameter {name!r}: this server takes 'config' and 'file:<path>'"
             )
     return config, files
-
-
-def _put(
-    running: queue.Queue[Future[kserve_pb.ModelStreamInferResponse] | None],
-    item: Future[kserve_pb.ModelStreamInferResponse] | None,
-    ended: threading.Event,
-) -> bool:
-    """`item` queued for the answers' side, waiting while the window is full; False when
-    that side is gone."""
-    while not ended.is_set():
-        with contextlib.suppress(queue.Full):
-            running.put(item, timeout=0.5)
-            return True
-    return False
