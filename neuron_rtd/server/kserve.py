@@ -6,9 +6,9 @@ Tensors arrive as `raw_input_contents` (one per input that is neither typed nor 
 memory, in the order of the inputs), as typed `contents`, or in a registered system
 shared-memory region (input parameters `shared_memory_region`, `shared_memory_offset`,
 `shared_memory_byte_size`), read through the caller's regions (`ServingApi.shm(caller)`).
-Outputs go back as `raw_output_contents`, one per output in output order; an output asked for in shared
-memory is written there and sent with empty contents and its parameters echoed, as
-Triton does.
+Outputs go back as `raw_output_contents`, one per output in output order; an output asked
+for in shared memory is written there and sent with empty contents and its parameters
+echoed, as Triton does.
 
 A `ServingError` answers with its status's gRPC code and its message as it is; anything
 else answers INTERNAL with a one-line message, its traceback going to the daemon's log
