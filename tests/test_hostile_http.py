@@ -38,12 +38,14 @@ from typing import Any, cast
 import numpy as np
 import pytest
 import test_service_user
+from test_hostile_local import printed
 from test_service_user import (
     OTHER_UID,
     STAND_IN_GID,
     STAND_IN_UID,
     Service,
     as_user,
+    model_repository,
     unit_service,
 )
 
@@ -101,18 +103,15 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     top = Path(tempfile.mkdtemp(prefix="nrtd-http-"))
-    top.chmod(0o755)
     try:
-        repository = top / "repo"
-        for name, neff in (
-            (MODEL, build_mlp(name=MODEL).neff),
-            (OTHER_MODEL, build_mlp((16, 8, 4), name=OTHER_MODEL).neff),
-            (BIG, build_relu(BIG_SHAPE, name=BIG)),
-        ):
-            (repository / name / "1").mkdir(parents=True)
-            (repository / name / "1" / "model.neff").write_bytes(neff)
-        for path in [repository, *repository.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
+        repository = model_repository(
+            top,
+            {
+                MODEL: build_mlp(name=MODEL).neff,
+                OTHER_MODEL: build_mlp((16, 8, 4), name=OTHER_MODEL).neff,
+                BIG: build_relu(BIG_SHAPE, name=BIG),
+            },
+        )
         token = secrets.token_urlsafe(32)
         token_file = top / "http-token"
         token_file.write_text(token + "\n")
@@ -169,16 +168,8 @@ def process_member() -> list[str]:
 def run_as(who: list[str], daemon: Daemon, code: str, timeout: float = 120) -> Any:
     """`code` run as `who` (setpriv) with CLIENT's `call` at hand; what it printed last,
     as JSON."""
-    done = subprocess.run(
-        [*who, sys.executable, "-c", CLIENT + textwrap.dedent(code), str(daemon.port)],
-        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/",
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    code = CLIENT + textwrap.dedent(code)
+    return printed([*who, sys.executable, "-c", code, str(daemon.port)], timeout)
 
 
 def calls(who: list[str], daemon: Daemon, requests: list[list[Any]]) -> list[list[Any]]:

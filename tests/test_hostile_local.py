@@ -62,15 +62,16 @@ def shm_infer(model, inputs, outputs, metadata=()):
 def probe(service: Service, code: str, *args: str, timeout: float = 120) -> Any:
     """Run `code` as the hostile user (a member of the socket's group); what it printed
     last, as JSON."""
+    who = as_user(OTHER_UID, OTHER_UID, STAND_IN_GID)
+    code = PRELUDE + textwrap.dedent(code)
+    return printed([*who, sys.executable, "-c", code, address(service), *args], timeout)
+
+
+def printed(command: list[str], timeout: float = 120) -> Any:
+    """`command` run from / with a bare environment (no HOME); what it printed last, as
+    JSON (it must succeed)."""
     done = subprocess.run(
-        [
-            *as_user(OTHER_UID, OTHER_UID, STAND_IN_GID),
-            sys.executable,
-            "-c",
-            PRELUDE + textwrap.dedent(code),
-            address(service),
-            *args,
-        ],
+        command,
         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
         capture_output=True,
         text=True,

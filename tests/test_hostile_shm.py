@@ -24,7 +24,14 @@ import numpy as np
 import psutil
 import pytest
 from test_hostile_local import probe
-from test_service_user import STAND_IN_GID, STAND_IN_UID, Service, as_user, unit_service
+from test_service_user import (
+    STAND_IN_GID,
+    STAND_IN_UID,
+    Service,
+    as_user,
+    model_repository,
+    unit_service,
+)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -44,14 +51,8 @@ def mlp() -> SampleModel:
 def served(mlp: SampleModel) -> Iterator[Service]:
     top = Path(tempfile.mkdtemp(prefix="nrtd-shm-repo-"))
     try:
-        top.chmod(0o755)
-        version = top / "repo" / "mlp" / "1"
-        version.mkdir(parents=True)
-        for folder in (top / "repo", top / "repo" / "mlp", version):
-            folder.chmod(0o755)
-        (version / "model.neff").write_bytes(mlp.neff)
-        (version / "model.neff").chmod(0o644)
-        with unit_service("--model-repository", str(top / "repo")) as service:
+        repository = model_repository(top, {"mlp": mlp.neff})
+        with unit_service("--model-repository", str(repository)) as service:
             yield service
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -31,7 +31,14 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from test_service_user import OTHER_UID, STAND_IN_GID, Service, as_user, unit_service
+from test_service_user import (
+    OTHER_UID,
+    STAND_IN_GID,
+    Service,
+    as_user,
+    model_repository,
+    unit_service,
+)
 
 from neuron_rtd.client import Client
 from neuron_rtd.errors import Nerr
@@ -435,14 +442,8 @@ class Daemon:
 def daemon() -> Iterator[Daemon]:
     top = Path(tempfile.mkdtemp(prefix="nrtd-streams-"))
     try:
-        top.chmod(0o755)
-        version = top / "repo" / "mlp" / "1"
-        version.mkdir(parents=True)
-        for folder in (top / "repo", top / "repo" / "mlp", version):
-            folder.chmod(0o755)
-        (version / "model.neff").write_bytes(MLP.neff)
-        (version / "model.neff").chmod(0o644)
-        args = ["--model-repository", str(top / "repo"), "--model-control-mode", "explicit"]
+        repository = model_repository(top, {"mlp": MLP.neff})
+        args = ["--model-repository", str(repository), "--model-control-mode", "explicit"]
         with unit_service(*args, "--load-model", "mlp") as service:
             yield Daemon(service, top / "repo")
     finally:

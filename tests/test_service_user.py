@@ -24,7 +24,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,19 @@ def moved(text: str, run: Path) -> str:
     return text.replace("/var/lib/neuron-rtd/", f"{run.parent}/var-lib/").replace(
         "/run/", f"{run}/"
     )
+
+
+def model_repository(top: Path, models: Mapping[str, bytes]) -> Path:
+    """A model repository in `top/repo` holding each model's NEFF as its version 1, all
+    of it readable by the daemon's user (`top` too may be entered)."""
+    top.chmod(0o755)
+    repository = top / "repo"
+    for name, neff in models.items():
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.neff").write_bytes(neff)
+    for path in [repository, *repository.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return repository
 
 
 @pytest.fixture(scope="module")
