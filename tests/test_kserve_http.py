@@ -32,7 +32,8 @@ from neuron_rtd.compiler.compile import bucket_ranges, compile_model
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
 from neuron_rtd.proto import kserve_pb, model_config_pb
 from neuron_rtd.runtime import LocalRuntime
-from neuron_rtd.server.kserve_http import HTTP_STATUS, HttpServer
+from neuron_rtd.server.http_server import HttpServer
+from neuron_rtd.server.kserve_http import HTTP_STATUS
 from neuron_rtd.server.kserve_json import load_parameters, message_json, statistics_json
 from neuron_rtd.serving import InferRequest, InferResponse, Serving, ServingApi, Status
 

@@ -377,7 +377,7 @@ def http_host(address: str, where: str = "config") -> str:
     """The host of the HTTP front end's `HOST:PORT` (brackets stripped); ConfigError
     when `address` is not one (port 0: any free port)."""
     # imported here: the HTTP front end (and waitress) load only when one is asked for
-    from neuron_rtd.server.kserve_http import split_http_address
+    from neuron_rtd.server.http_server import split_http_address
 
     split = split_http_address(address)
     if split is None:

@@ -72,7 +72,7 @@ from neuron_rtd.typed_json import ConfigError
 from neuron_rtd.visible import DEVICES_ENV, show_indices
 
 if TYPE_CHECKING:
-    from neuron_rtd.server.kserve_http import HttpServer
+    from neuron_rtd.server.http_server import HttpServer
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -465,7 +465,7 @@ class Daemon:
 
     def _http(self, serving: Serving, address: str) -> HttpServer:
         """The v2 HTTP/REST front end, listening on `address`."""
-        from neuron_rtd.server.kserve_http import HttpServer
+        from neuron_rtd.server.http_server import HttpServer
 
         try:
             http = HttpServer(serving, address, http_options(self.config))
