@@ -229,7 +229,17 @@ def test_ncg_id_0_makes_the_ncg_and_direct_file_load_sends_the_path(
     # NEFF streamed from there loads
     refused = failed(neuron_cli(cli, "load", neff, "--enable-direct-file-load"))
     assert "is outside the folders this daemon loads NEFF files from" in refused
-    assert "(NERR_INVALID)" in refused
+    assert refused.endswith(  # the hint for the path; the NEFF itself is fine
+        "(NERR_INVALID): put it in one of the daemon's neff_file_dirs, or stream it (load it "
+        "without --enable-direct-file-load)"
+    )
+    assert "whole?" not in refused
+    truncated = module_work / "allowed" / "truncated.neff"  # read by the daemon: malformed
+    truncated.write_bytes(neff.read_bytes()[:3000])
+    malformed = failed(neuron_cli(cli, "load", truncated, "--enable-direct-file-load"))
+    assert malformed.endswith(
+        "(NERR_INVALID): is it a NEFF neuron-cc compiled, whole? (neuron-cc compiles one from ONNX)"
+    )
     streamed = ok_json(neuron_cli(cli, "load", neff, "--json"))
     assert streamed["direct_file_load"] is False and streamed["state"] == "READY"
 

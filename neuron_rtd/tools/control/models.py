@@ -21,6 +21,7 @@ from neuron_rtd.tools.control.command import (
     Command,
     Failure,
     Stopped,
+    explain,
     int_at_least,
 )
 
@@ -107,6 +108,12 @@ class Load(Command):
     hints = {
         Nerr.INVALID: "is it a NEFF neuron-cc compiled, whole? (neuron-cc compiles one from ONNX)"
     }
+    # a path the daemon would not read (outside its neff_file_dirs, unreadable to its user):
+    # nothing is wrong with the NEFF, so not the hint above
+    path_hints: dict[int, str] = {
+        Nerr.INVALID: "put it in one of the daemon's neff_file_dirs, or stream it (load it "
+        "without --enable-direct-file-load)"
+    }
 
     def arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("neff", metavar="NEFF", help="the compiled model (a .neff file)")
@@ -166,10 +173,12 @@ class Load(Command):
             )
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: undone, what stays said
             raise Stopped(stop, undo_load(client, stop, None, made_ncg)) from None
-        except BaseException:
+        except BaseException as exc:
             if made_ncg is not None:
                 with contextlib.suppress(grpc.RpcError, NrtClientError):
                     client.destroy_ncg(made_ncg)
+            if isinstance(exc, NrtClientError) and _path_refused(exc):
+                raise Failure(explain(exc, self.path_hints)) from None
             raise
         try:
             info = loaded_model(client, model.id)
@@ -190,6 +199,13 @@ class Load(Command):
         data = {**model_json(info), "neff": str(path.resolve())}
         data["direct_file_load"] = args.enable_direct_file_load
         return Answer(f"{where}: {info.state} ({note})", data)
+
+
+def _path_refused(exc: NrtClientError) -> bool:
+    """Whether the daemon refused a load by path for the path, not for the file's bytes
+    (runtime/admission.py: `neff_file '...' is outside the folders ...`, `cannot read
+    neff_file '...'`)."""
+    return exc.code == Nerr.INVALID and "neff_file " in exc.details
 
 
 def undo_load(
