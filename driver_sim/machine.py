@@ -9,8 +9,8 @@ import pathlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from driver_sim.device import Device
 from driver_sim.errors import (
     DeviceBusy,
     DeviceNotFound,
@@ -30,7 +30,9 @@ from driver_sim.stats import (
     read_stats,
 )
 from driver_sim.tree import TreePaths, build_tree, parse_connected, read_machine_json, read_text
-from neuron_rtd.onnxrt import WHILE_BUSY
+
+if TYPE_CHECKING:  # a device, its NCs and their kernels: imported by `acquire` only
+    from driver_sim.device import Device
 
 OWNER_WAIT_S = 0.5  # how long DeviceBusy waits for a new owner to write its owner file
 
@@ -167,11 +169,16 @@ class Machine:
         version: str,
         engine: str = "reference",
         threads: int = 1,
-        spinning: str = WHILE_BUSY,
+        spinning: str | None = None,
     ) -> list[Device]:
         """Own the devices `indices`, all or none: DeviceBusy names a current owner. Their
         NCs compute with `engine` (`threads`: the fast engine's threads per NC run,
-        `spinning`: how they wait for work, see `neuron_rtd.onnxrt`)."""
+        `spinning`: how they wait for work, see `neuron_rtd.onnxrt`; None: WHILE_BUSY)."""
+        # a device, its NCs, their kernels and onnxruntime: imported here, not by a reader
+        # of the tree (neuron-ls)
+        from driver_sim.device import Device
+        from neuron_rtd.onnxrt import WHILE_BUSY
+
         wanted = list(indices)
         for index in wanted:
             self._check_index(index)
@@ -189,7 +196,7 @@ class Machine:
                     record,
                     engine=engine,
                     threads=threads,
-                    spinning=spinning,
+                    spinning=WHILE_BUSY if spinning is None else spinning,
                 )
                 taken.append(device)
         except BaseException:

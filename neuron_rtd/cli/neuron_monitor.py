@@ -16,8 +16,10 @@ configuration names its key).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -90,7 +92,23 @@ def run(monitor: Monitor, out: TextIO, *, reports: int | None = None) -> None:
         out.flush()
         written += 1
         if reports is None or written < reports:
-            time.sleep(monitor.seconds_to_next())
+            wait(out, monitor.seconds_to_next())
+
+
+def wait(out: TextIO, seconds: float) -> None:
+    """Sleep `seconds`, until the next report is due, unless `out`'s reader goes away
+    meanwhile (a pipe whose reader closed polls POLLERR): BrokenPipeError then, as the next
+    write would raise, so that `neuron-monitor | head -n 1` ends with its first line, not a
+    period later."""
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # not a file: nothing to watch
+        time.sleep(seconds)
+        return
+    poller = select.poll()
+    poller.register(fd, 0)  # no event asked for: only POLLERR, POLLHUP and POLLNVAL come
+    if poller.poll(seconds * 1000):
+        raise BrokenPipeError(f"{PROG}: stdout's reader went away")
 
 
 @entry(PROG)

@@ -6,17 +6,51 @@
 as a dict of numpy arrays.
 """
 
-from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
-from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, default_address
-from neuron_rtd.client.client import Client
-from neuron_rtd.client.errors import NrtClientError, NrtConnectionError
-from neuron_rtd.client.model import Model, Staged
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
+    from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, default_address
+    from neuron_rtd.client.client import Client
+    from neuron_rtd.client.errors import DaemonStopping, NrtClientError, NrtConnectionError
+    from neuron_rtd.client.model import Model, Staged
+
+# Each name and its module, imported when the name is first asked for: a tool that needs
+# only `neuron_rtd.client.address` or `.observe` (neuron-ls, neuron-monitor, neuron-cli's
+# listings) does not import the client and numpy with it.
+_WHERE = {
+    "NCG_SIZES_ENV": "_config",
+    "parse_ncg_sizes": "_config",
+    "DEFAULT_ADDRESS": "address",
+    "AddressError": "address",
+    "default_address": "address",
+    "Client": "client",
+    "DaemonStopping": "errors",
+    "NrtClientError": "errors",
+    "NrtConnectionError": "errors",
+    "Model": "model",
+    "Staged": "model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    try:  # a submodule, as `neuron_rtd.client.errors` was once the package had imported it
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
 
 __all__ = [
     "DEFAULT_ADDRESS",
     "NCG_SIZES_ENV",
     "AddressError",
     "Client",
+    "DaemonStopping",
     "Model",
     "NrtClientError",
     "NrtConnectionError",

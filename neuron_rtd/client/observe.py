@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from neuron_rtd.client.address import grpc_target
-from neuron_rtd.client.errors import NrtClientError, transport_errors
+from neuron_rtd.client.errors import NrtClientError, check, transport_errors
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 
@@ -151,6 +151,13 @@ class Watch:
         """The daemon's `nmgr_counters` (read_inference_counters): how its inferences
         ended and their error subtypes, counted since it started; reading takes nothing."""
         return self._call("read_inference_counters", pb.empty(), self._nmgr).nmgr_counters
+
+    def ncgs(self) -> Any:
+        """The daemon's NCGs, and its device and NC counts (nmgr's list_egs)."""
+        with transport_errors("list_egs", self.address, self.timeout_s):
+            response = self._nmgr.list_egs(pb.empty(), timeout=self.timeout_s)
+        check("list_egs", response.status)
+        return response
 
     def profile(self, model_id: int, last: int = 0) -> Any:
         """The per-op profiles of a model loaded with profiling (its last `last`

@@ -7,23 +7,27 @@ import contextlib
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from neuron_rtd.arguments import unreadable
-from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.client.errors import NrtClientError
 from neuron_rtd.errors import Nerr, NrtError
-from neuron_rtd.neff import read_neff_file
 from neuron_rtd.tools.control.command import (
     Answer,
     BadInput,
     Command,
     Failure,
+    Listing,
     Stopped,
     explain,
     int_at_least,
 )
+
+if TYPE_CHECKING:
+    from neuron_rtd.client import Client
+    from neuron_rtd.client.observe import Watch
 
 
 def tensor_json(tensor: Any) -> dict[str, Any]:
@@ -64,7 +68,7 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-class ListModel(Command):
+class ListModel(Listing):
     """`neuron-cli list-model [-j]`: the models loaded on the daemon.
 
     After a count, one line per model: its id, its state and its NCG's id, then its name.
@@ -73,8 +77,8 @@ class ListModel(Command):
     from; UNLOADING: on its way out. -j adds what each model takes and answers (names,
     dtypes, shapes; -1 marks an axis of varying size), its NCs and memory."""
 
-    def execute(self, args: argparse.Namespace, client: Client) -> Answer:
-        models = sorted(client.connection.snapshot().models, key=lambda m: m.id)
+    def read(self, args: argparse.Namespace, watch: Watch) -> Answer:
+        models = sorted(watch.snapshot().models, key=lambda m: m.id)
         lines = [f"Found {counted(len(models), 'model')}"]
         lines += [f"{m.id} {m.state} {m.ncg_id} {m.name}" for m in models]
         return Answer("\n".join(lines), [model_json(m) for m in models])
@@ -152,6 +156,8 @@ class Load(Command):
             raise BadInput(f"{args.neff}: {why}")
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
+        from neuron_rtd.neff import read_neff_file  # numpy: only the commands that read one
+
         path = Path(args.neff)
         made_ncg = None
         target = args.ncg_id if args.ncg_id > 0 else None

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuron_rtd.client import Client, NrtClientError
-from neuron_rtd.client.errors import check
+from neuron_rtd.client.errors import NrtClientError, check
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import pb
-from neuron_rtd.tools.control.command import Answer, Command, Failure, explain, int_at_least
+from neuron_rtd.tools.control.command import (
+    Answer,
+    Command,
+    Failure,
+    Listing,
+    explain,
+    int_at_least,
+)
+
+if TYPE_CHECKING:
+    from neuron_rtd.client import Client
+    from neuron_rtd.client.observe import Watch
 
 NCG_HEADERS = ("NCG ID", "NC COUNT", "DEVICE START INDEX", "NC START INDEX")
 
@@ -34,7 +44,7 @@ def list_egs(client: Client) -> Any:
     return response
 
 
-class ListNcg(Command):
+class ListNcg(Listing):
     """`neuron-cli list-ncg [-j]`: the NeuronCore Groups on the daemon.
 
     The first line counts the runtime's devices and NeuronCores; then one row per NCG: its
@@ -42,8 +52,8 @@ class ListNcg(Command):
     made by a framework, by neuron-cli create-ncg or by the runtime for a model loaded
     without one are all listed; neuron-cli list-model shows which models each holds."""
 
-    def execute(self, args: argparse.Namespace, client: Client) -> Answer:
-        response = list_egs(client)
+    def read(self, args: argparse.Namespace, watch: Watch) -> Answer:
+        response = watch.ncgs()
         ncgs = sorted(response.eg_info, key=lambda e: e.eg.id)
         rows = [(e.eg.id, e.nc_count, e.mla_start_index, e.nc_start_index) for e in ncgs]
         text = f"Device {response.mla_count} NC count {response.nc_count}\n"
