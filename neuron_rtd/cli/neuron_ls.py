@@ -166,13 +166,22 @@ def _described(address: str) -> Any:
         raise Failed(exc.details) from None
 
 
-def _machine(address: str | None, instance_type: str | None) -> tuple[Any, set[int] | None]:
+def _machine(
+    address: str | None, instance_type: str | None, *, from_env: bool = False
+) -> tuple[Any, set[int] | None]:
     """The machine to list (the one the daemon at `address` serves, if one is named), and
-    the devices of it to list (None: all)."""
+    the devices of it to list (None: all). An address `from_env` ($NEURON_RTD_ADDRESS,
+    maybe stale) where no daemon answers: the machine's tree is listed if it is there,
+    saying so on stderr."""
     root: str | None = None
     only: set[int] | None = None
     if address:
-        described = _described(address)
+        try:
+            described = _described(address)
+        except Failed as unanswered:
+            if not from_env:
+                raise
+            return _tree_instead(address, unanswered, instance_type), None
         root = described.sim_root
         only = {d.index for d in described.devices}
     try:
@@ -193,18 +202,35 @@ def _machine(address: str | None, instance_type: str | None) -> tuple[Any, set[i
         raise Failed(f"{exc} ({_root_source(address)})") from None
 
 
+def _tree_instead(address: str, unanswered: Failed, instance_type: str | None) -> Any:
+    """The machine's tree at its root ($NEURON_SIM_ROOT, else the default), as no daemon
+    answers at `address` (from $NEURON_RTD_ADDRESS); Failed saying both when it is not
+    there either."""
+    try:
+        machine = driver_sim.Machine.open(None, instance_type=instance_type, create=False)
+    except (driver_sim.DriverError, ValueError, OSError) as exc:
+        raise Failed(f"{unanswered}, and {exc} ({_root_source(None)})") from None
+    print(
+        f"neuron-ls: {unanswered}; listing the simulated machine's tree at {machine.root} "
+        f"instead ({_root_source(None)}; unset ${ADDRESS_ENV} or fix it to ask the daemon)",
+        file=sys.stderr,
+    )
+    return machine
+
+
 @entry("neuron-ls")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from_env = False
     try:  # read as every tool reads an address (client/address.py)
         address = grpc_target(args.address) if args.address else None
         if address is None and os.environ.get(ADDRESS_ENV):
-            address = default_address()
+            address, from_env = default_address(), True
     except AddressError as exc:
         print(f"neuron-ls: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        machine, only = _machine(address, args.instance_type)
+        machine, only = _machine(address, args.instance_type, from_env=from_env)
     except Failed as exc:
         print(f"neuron-ls: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -249,7 +249,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(
             f"{where}: server_address {config.server_address} is not a loopback address: "
             "anyone who reaches it could use the daemon, over unencrypted gRPC; set "
-            '"allow_remote_clients": true in the config to mean it, or listen on '
+            '"allow_remote_clients": true in the config (or --allow-remote-clients) to mean '
+            "it, or listen on "
             "127.0.0.1:PORT or a unix:/path"
         )
     return validate_serving(config, where)
@@ -289,7 +290,8 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
             raise ConfigError(
                 f"{where}: http_address {config.http_address} is not a loopback address: "
                 "anyone who reaches it could use the models, over unencrypted HTTP; set "
-                '"allow_remote_clients": true in the config to mean it, or listen on '
+                '"allow_remote_clients": true in the config (or --allow-remote-clients) to mean '
+                "it, or listen on "
                 "127.0.0.1:PORT"
             )
     if config.http_token_file is not None and not os.path.isabs(config.http_token_file):

@@ -87,6 +87,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="neuron-rtd",
         description="Neuron runtime daemon: serves the nrt gRPC API for its Neuron devices.",
+        epilog="Environment: NEURON_SIM_ROOT, the folder of the simulated machine it serves "
+        "(made there if absent; default /run/neuron-sim for root and for whoever can read "
+        "the service's machine there, else /tmp/neuron-sim-UID; it overrides the config's "
+        "sim root); NEURON_RTD_ADDRESS, the address it listens on (as -a); "
+        "AWS_NEURON_VISIBLE_DEVICES, the devices it serves (as -t).",
         formatter_class=PlainHelp,
     )
     parser.add_argument(
@@ -174,7 +179,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="http_address",
         metavar="HOST:PORT",
         help="also serve the protocol over HTTP/REST here, e.g. 127.0.0.1:8000 (default: "
-        "off; a host beyond loopback needs allow_remote_clients in the config)",
+        "off; a host beyond loopback needs --allow-remote-clients)",
+    )
+    parser.add_argument(
+        "--allow-remote-clients",
+        dest="allow_remote_clients",
+        action="store_const",
+        const=True,
+        help="let -a HOST:PORT and --http-address listen beyond loopback, in plaintext: anyone "
+        "who reaches the address can use the daemon (default: the config's "
+        "allow_remote_clients, else off)",
     )
     add_version(parser, "-v")
     return parser.parse_args(argv)

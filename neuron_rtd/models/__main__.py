@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,25 @@ def parse_setting(text: str) -> tuple[str, Any]:
     except (ValueError, SyntaxError):
         value = raw
     return key, value
+
+
+def unknown_settings(name: str, build: Callable[..., Any], keys: list[str]) -> str | None:
+    """What is wrong with settings `build` does not take (None: it takes them all): each
+    one, a close match where there is one, and every key it takes with its default."""
+    parameters = inspect.signature(build).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None
+    wrong = [key for key in keys if key not in parameters]
+    if not wrong:
+        return None
+    said = []
+    for key in wrong:
+        close = [k for k in parameters if key in k] or difflib.get_close_matches(key, parameters)
+        said.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    valid = ", ".join(
+        key if p.default is p.empty else f"{key}={p.default!r}" for key, p in parameters.items()
+    )
+    return f"{name} has no setting {', '.join(said)}: its settings are {valid}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     kwargs: dict[str, Any] = dict(SMALL[args.name]) if args.small else {}
     kwargs.update(dict(args.settings))
+    wrong = unknown_settings(args.name, MODELS[args.name], [key for key, _ in args.settings])
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        return 2
     try:
         model = MODELS[args.name](**kwargs)
     except (TypeError, ValueError) as e:

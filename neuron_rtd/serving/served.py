@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -389,9 +389,10 @@ def load_version(
     config = complete(user, neff, name, source, version)
     count = instance_count(config)
     model_ids: list[int] = []
+    named = replace(neff, name=name)  # on the runtime (list-model, its log) as served
     try:
         for _ in range(count):
-            model_ids.append(runtime.load(neff).id)
+            model_ids.append(runtime.load(named).id)
     except NrtError as exc:
         unload_copies(runtime, model_ids)
         if isinstance(exc, ResourceNcError):

@@ -182,12 +182,25 @@ class Package:
                 got = str(tensor.dtype).removeprefix("torch.")
                 raise InputMismatch(
                     f"input {index}: expected {self.expected(spec)}, got {got} {tuple(shape)}"
+                    + self._batch_hint(shape, spec.shape)
                 )
             arrays.append(array)
         if self.batch_limit is not None and len({a.shape[0] for a in arrays}) > 1:
             sizes = [a.shape[0] for a in arrays]
             raise InputMismatch(f"inputs have different batch sizes {sizes}: give one size")
         return arrays
+
+    def _batch_hint(self, shape: tuple[int, ...], traced: tuple[int, ...]) -> str:
+        """What to do about a batch other than the traced one, in a module traced for
+        that one batch only ("" when the shapes differ elsewhere)."""
+        if self.batch_limit is not None or not traced or len(shape) != len(traced):
+            return ""
+        if shape[1:] != traced[1:]:
+            return ""
+        return (
+            f": this module was traced for a batch of {traced[0]} only; trace it with "
+            "trace(..., dynamic_batch_size=True) to take any batch size"
+        )
 
     def _other_batch(self, shape: tuple[int, ...], traced: tuple[int, ...]) -> bool:
         """`shape` is `traced` but for its batch, and this NEFF takes any batch."""
