@@ -34,7 +34,7 @@ from neuron_rtd.client.errors import (
     wait_reconnected,
 )
 from neuron_rtd.errors import BadInput, Nerr
-from neuron_rtd.neff import Neff, TensorSpec, as_input
+from neuron_rtd.neff import Neff, TensorSpec, input_array
 from neuron_rtd.proto import pb
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ class Model:
         return self.signature.outputs
 
     def __repr__(self) -> str:
-        return f"Model(id={self.id}, name={self.signature.name!r}, ncg={self.ncg})"
+        where = f"ncg={self.ncg}" if self.ncg is not None else "implicit NCG"
+        return f"Model(id={self.id}, name={self.signature.name!r}, {where})"
 
     # --- inference ------------------------------------------------------------------
     def __call__(self, **inputs: Any) -> dict[str, np.ndarray]:
@@ -157,13 +158,15 @@ class Model:
     def infer(self, inputs: Inputs | Staged, *, cast: bool = False) -> dict[str, np.ndarray]:
         """Run one inference: the outputs by name, shaped and typed by the NEFF.
 
-        Each input is an array of the NEFF's dtype, or one whose every value that dtype
-        holds: a safe cast (int32 for int64, float16 for float32) or values that survive
-        the conversion (float64 zeros for float32; Python floats are rounded to a float
-        input's precision). Anything else is refused before it is sent, NrtClientError
-        NERR_INFER_BAD_INPUT naming the input, its dtype, the model's and a value that does
-        not fit (docs/dtypes.md). `cast`: convert as numpy's unsafe cast does instead,
-        losing precision, overflowing to inf, wrapping integers."""
+        Each input is an array of the NEFF's shape (any size along an axis it says may
+        vary, a dynamic batch's, up to its largest bucket) and dtype, or one whose every
+        value that dtype holds: a safe cast (int32 for int64, float16 for float32) or
+        values that survive the conversion (float64 zeros for float32; Python floats are
+        rounded to a float input's precision). Anything else is refused before it is
+        sent, NrtClientError NERR_INFER_BAD_INPUT naming the input and what the model
+        takes: the shape it expects, or its dtype and a value that does not fit
+        (docs/dtypes.md). `cast`: convert as numpy's unsafe cast does instead, losing
+        precision, overflowing to inf, wrapping integers."""
         if isinstance(inputs, Staged):
             slot = inputs.take(self)
             return self._run(inputs.inputs, posted=False, slot=slot, cast=cast)
@@ -481,11 +484,12 @@ class Model:
 
 
 def _of_dtype(value: Any, spec: TensorSpec, cast: bool) -> np.ndarray:
-    """An input's value as an array of its NEFF dtype, under the one dtype policy
-    (`neuron_rtd.neff.casting`); a value refused is the client's NERR_INFER_BAD_INPUT, as
-    an input the daemon refuses is."""
+    """An input's value as an array of its NEFF dtype and shape, under the one dtype
+    policy and shape check (`neuron_rtd.neff.casting.input_array`), before anything is
+    sent; a value refused is the client's NERR_INFER_BAD_INPUT, as an input the daemon
+    refuses is."""
     try:
-        return as_input(value, spec.dtype, spec.name, cast=cast)
+        return input_array(value, spec, cast=cast)
     except BadInput as exc:
         raise NrtClientError(exc.code, str(exc), "infer") from None
 

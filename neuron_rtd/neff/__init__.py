@@ -7,7 +7,7 @@ model's inputs. This package imports only the stdlib, numpy and `neuron_rtd.erro
 """
 
 from neuron_rtd.neff.builder import InstructionLike, NeffBuilder, StageSpec, write_neff
-from neuron_rtd.neff.casting import as_input, safe_cast
+from neuron_rtd.neff.casting import as_input, input_array, safe_cast, shape_problem
 from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
 from neuron_rtd.neff.header import (
     FEATURE_GZIP,
@@ -44,8 +44,10 @@ __all__ = [
     "TensorSpec",
     "as_input",
     "build_mlp",
+    "input_array",
     "read_neff",
     "read_neff_file",
     "safe_cast",
+    "shape_problem",
     "write_neff",
 ]

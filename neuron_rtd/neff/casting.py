@@ -1,4 +1,7 @@
-"""The one dtype policy: how a caller's values become a model input of the NEFF's dtype.
+"""The one dtype policy: how a caller's values become a model input of the NEFF's dtype;
+and the one shape check (`input_array`, `shape_problem`): an input's shape is the NEFF's,
+but for the axes it says may vary (a dynamic batch's, a bucketed length: any size up to
+its largest bucket; which bucket holds it is the runtime's to say).
 
 Used by every path that sends inputs (the client's `Model`, `LocalRuntime`, neuron-cli
 infer, validate and profile, neuron-batch), so each takes the same values and refuses the
@@ -31,6 +34,7 @@ import numpy as np
 
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff.dtypes import int_range, is_narrow, number_kind
+from neuron_rtd.neff.model import TensorSpec
 
 _NUMBERS = "biuf"  # the dtype kinds a NEFF's tensors have
 _PYTHON = (bool, int, float, list, tuple)  # values np.asarray gives a dtype of its choice
@@ -69,6 +73,42 @@ def as_input(
         f"({lost}): convert them (.astype('{dtype.name}')) or pass {option} for numpy's "
         "unsafe cast (precision lost, out-of-range values become inf or wrap)"
     )
+
+
+def input_array(
+    value: object, spec: TensorSpec, *, cast: bool = False, option: str = "cast=True"
+) -> np.ndarray:
+    """`value` as input `spec` of a model: of its dtype (`as_input`) and of its shape
+    (`shape_problem`), checked before anything is sent or run; BadInput naming what does
+    not fit. Every front that takes arrays checks them here."""
+    array = as_input(value, spec.dtype, spec.name, cast=cast, option=option)
+    if array.shape != spec.shape:
+        problem = shape_problem(array.shape, spec)
+        if problem is not None:
+            raise BadInput(problem)
+    return array
+
+
+def shape_problem(shape: tuple[int, ...], spec: TensorSpec) -> str | None:
+    """What is wrong with an array of `shape` as input `spec` (None: nothing): the rank
+    and each fixed axis must be the NEFF's; an axis that may vary takes any size up to
+    its bound (the largest bucket's; none for an unbounded one)."""
+    varying = spec.varying_axes
+    fits = len(shape) == len(spec.shape) and all(
+        size == want or (axis in varying and (want == 0 or size <= want))
+        for axis, (size, want) in enumerate(zip(shape, spec.shape, strict=True))
+    )
+    if fits:
+        return None
+    return (
+        f"input {spec.name!r} has shape {shape_text(shape)}; the model takes "
+        f"{spec.describe()}: give it an array of that shape"
+    )
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """`(2, 8)`, `(5,)`, `()`: as Python writes a tuple."""
+    return str(tuple(int(d) for d in shape))
 
 
 def fitted(

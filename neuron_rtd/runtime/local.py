@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from neuron_rtd.errors import ResourceNcError
-from neuron_rtd.neff import Neff, as_input
+from neuron_rtd.neff import Neff, input_array
 from neuron_rtd.neff.dtypes import is_narrow
 from neuron_rtd.runtime.api import ModelInfo, NcgInfo
 from neuron_rtd.runtime.driver import DeviceApi, open_sim
@@ -111,8 +111,8 @@ class LocalRuntime:
         self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False
     ) -> dict[str, np.ndarray]:
         """Run `model` on numpy arrays in this thread; the outputs as arrays of their true
-        shapes. Inputs of another dtype than the NEFF's are taken or refused (BadInput) as
-        the client's `Model.infer` takes them; `cast`: numpy's unsafe cast instead."""
+        shapes. Inputs of another dtype or shape than the NEFF's are taken or refused
+        (BadInput) as the client's `Model.infer` takes them; `cast`: numpy's unsafe cast instead."""
         result = self.runtime.infer(model.id, _raw(model, inputs, cast))
         return _arrays(model, result.outputs)
 
@@ -129,14 +129,15 @@ class LocalRuntime:
 
 
 def _raw(model: ModelInfo, inputs: Mapping[str, Any], cast: bool) -> dict[str, np.ndarray]:
-    """The inputs as contiguous arrays of the model's dtypes, under the one dtype policy
-    (`neuron_rtd.neff.casting`; unknown names kept, for the model to refuse); those of a
-    narrow type of ml_dtypes, which offer no buffer, as their bytes."""
-    dtypes = {spec.name: spec.dtype for spec in model.neff.inputs}
+    """The inputs as contiguous arrays of the model's dtypes and shapes, under the one
+    dtype policy and shape check (`neuron_rtd.neff.casting.input_array`; unknown names
+    kept, for the model to refuse); those of a narrow type of ml_dtypes, which offer no
+    buffer, as their bytes."""
+    specs = {spec.name: spec for spec in model.neff.inputs}
     raw = {}
     for name, value in inputs.items():
-        dtype = dtypes.get(name)
-        array = np.asarray(value) if dtype is None else as_input(value, dtype, name, cast=cast)
+        spec = specs.get(name)
+        array = np.asarray(value) if spec is None else input_array(value, spec, cast=cast)
         contiguous = np.ascontiguousarray(array)
         raw[name] = contiguous.view(np.uint8) if is_narrow(contiguous.dtype) else contiguous
     return raw

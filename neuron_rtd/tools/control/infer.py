@@ -17,7 +17,7 @@ from neuron_rtd.client import Client
 from neuron_rtd.command_line import add_cast
 from neuron_rtd.errors import BadInput as RefusedInput
 from neuron_rtd.errors import Nerr
-from neuron_rtd.neff import TensorSpec, as_input
+from neuron_rtd.neff import TensorSpec, as_input, shape_problem
 from neuron_rtd.tools.control.command import Answer, BadInput, Command, Failure
 from neuron_rtd.tools.control.models import model_id
 
@@ -54,11 +54,6 @@ def shape_text(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def declared(spec: TensorSpec) -> str:
-    dims = ["?" if axis in spec.varying_axes else str(d) for axis, d in enumerate(spec.shape)]
-    return f"{spec.dtype.name} ({', '.join(dims)}{',' if len(dims) == 1 else ''})"
-
-
 def mismatches(
     arrays: Mapping[str, np.ndarray],
     specs: Sequence[TensorSpec],
@@ -67,10 +62,11 @@ def mismatches(
     cast: bool = False,
 ) -> list[str]:
     """What does not fit between the npz's arrays and the model's inputs, one line each:
-    dtypes under the one dtype policy (`neuron_rtd.neff.casting`; `cast`: any)."""
+    dtypes under the one dtype policy and shapes by the one shape check
+    (`neuron_rtd.neff.casting`; `cast`: any dtype), then what the model takes of the
+    inputs no line stated already (a shape's line states it: said once)."""
     problems = []
     by_name = {spec.name: spec for spec in specs}
-    takes = ", ".join(f"{s.name}: {declared(s)}" for s in specs) or "no inputs"
     missing = [name for name in by_name if name not in arrays]
     extra = sorted(set(arrays) - set(by_name))
     if missing:
@@ -78,6 +74,7 @@ def mismatches(
     if extra:
         names = ", ".join(map(repr, extra))
         problems.append(f"{where} has arrays the model does not take: {names}")
+    stated = set()
     for name, array in arrays.items():
         spec = by_name.get(name)
         if spec is None:
@@ -86,22 +83,15 @@ def mismatches(
             as_input(array, spec.dtype, name, cast=cast, option="--cast")
         except RefusedInput as exc:
             problems.append(f"{where}: {exc}")
-        if not fits(array.shape, spec):
-            problems.append(
-                f"{name!r} has shape {shape_text(array.shape)} in {where}; "
-                f"the model takes {declared(spec)}"
-            )
-    if problems:
+        shape = shape_problem(array.shape, spec)
+        if shape is not None:
+            problems.append(f"{where}: {shape}")
+            stated.add(name)
+    rest = [s for s in specs if s.name not in stated]
+    if problems and (rest or not specs):
+        takes = ", ".join(f"{s.name}: {s.describe()}" for s in rest) or "no inputs"
         problems.append(f"model {model} takes {takes}")
     return problems
-
-
-def fits(shape: Sequence[int], spec: TensorSpec) -> bool:
-    """Same rank, fixed axes equal (a varying axis takes any size; the daemon checks it)."""
-    if len(shape) != len(spec.shape):
-        return False
-    varying = set(spec.varying_axes)
-    return all(axis in varying or size == spec.shape[axis] for axis, size in enumerate(shape))
 
 
 def summary(name: str, array: np.ndarray) -> dict[str, Any]:
