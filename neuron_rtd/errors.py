@@ -110,6 +110,25 @@ class ModelNotRunning(NrtError):
     code = Nerr.FAIL
 
 
+# What a stopping daemon answers every new call (its `Stopping`), and what the client
+# recognizes in an answer's details: the wire API has no nerr of its own for it.
+STOPPING = "the daemon is stopping"
+
+
+class Stopping(NrtError):
+    """A new call to a daemon that is stopping (NERR_FAIL): it takes none, while the calls
+    under way finish and its models are unloaded."""
+
+    code = Nerr.FAIL
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(
+            message
+            or f"{STOPPING}: it takes no new calls (those under way finish, then every model "
+            "is unloaded); call again once a daemon is back"
+        )
+
+
 class BadInput(NrtError):
     """Missing, unknown or wrongly sized input tensors."""
 

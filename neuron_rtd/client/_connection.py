@@ -25,8 +25,10 @@ from neuron_rtd.client.errors import (
     NrtConnectionError,
     check,
     retry_unavailable,
+    says_stopping,
     settle_before_close,
     transport_errors,
+    wait_restarted,
 )
 from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import (
@@ -43,6 +45,9 @@ log = logging.getLogger("neuron_rtd.client")
 T = TypeVar("T")
 
 PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
+# Calls made again on the next daemon when the one asked answered that it is stopping
+# (those naming a model of the daemon that stops are not: the model goes with it).
+RESTARTABLE = frozenset({"create_eg"})
 
 
 class ClientClosed(RuntimeError):
@@ -86,7 +91,9 @@ class Connection:
     # --- calls ----------------------------------------------------------------------
     def unary(self, method: str, request: Any, *, retry: bool = True, stub: Any = None) -> Any:
         """Call `method` (of the nmgr service, or of `stub`'s); retried once when the daemon
-        is UNAVAILABLE (unless `retry` is False). NrtConnectionError when no daemon answers."""
+        is UNAVAILABLE (unless `retry` is False), and, for a `RESTARTABLE` method, once the
+        next daemon is up when the daemon answered that it is stopping (as it waits for a
+        restart by systemd). NrtConnectionError when no daemon answers."""
         call: Callable[..., Any] = getattr(stub or self.stub, method)
         metadata = self.metadata
         with transport_errors(method, self.address, self.timeout_s):
@@ -95,8 +102,17 @@ class Connection:
                 if retry
                 else call(request, timeout=self.timeout_s, metadata=metadata)
             )
+            if retry and method in RESTARTABLE and self._restarted(answer):
+                answer = self.retry(
+                    lambda: call(request, timeout=self.timeout_s, metadata=self.metadata)
+                )
         self.answered = True
         return answer
+
+    def _restarted(self, answer: Any) -> bool:
+        """Whether `answer` is a stopping daemon's and the next one is up since."""
+        status = getattr(answer, "status", None)
+        return status is not None and says_stopping(status) and wait_restarted(self.channel)
 
     def retry(self, call: Callable[[], T]) -> T:
         """`call()`, with the clients' one retry when the daemon is UNAVAILABLE but likely
@@ -171,9 +187,12 @@ class Connection:
 
     def load(self, stream: Callable[[], Iterator[pb.load_request]]) -> pb.load_response:
         """The `load` call on a fresh `stream()`; retried once on UNAVAILABLE (a broken
-        stream loads nothing). Interrupted (`_load_once`), it leaves no model behind."""
+        stream loads nothing), or once the next daemon is up when the one asked answered
+        that it is stopping. Interrupted (`_load_once`), it leaves no model behind."""
         with transport_errors("load", self.address, self.timeout_s):
             answer = self.retry(lambda: self._load_once(stream()))
+            if self._restarted(answer):
+                answer = self.retry(lambda: self._load_once(stream()))
         self.answered = True
         return answer
 

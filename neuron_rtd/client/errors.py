@@ -1,12 +1,15 @@
 """The client's exceptions: a daemon answer other than success, with its nerr code
 (`NrtClientError`); a daemon not reached or not answering in time (`NrtConnectionError`,
-one too, naming the address, what is wrong there and what to do); and the one retry of a
-call the daemon was UNAVAILABLE for, made only when a daemon is likely back soon.
+one too, naming the address, what is wrong there and what to do), or one that answered
+that it is stopping (`DaemonStopping`, one of those: it is going away, and what was
+loaded on it with it); and the one retry of a call the daemon was UNAVAILABLE for (or
+stopping), made only when a daemon is likely back soon.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -15,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from neuron_rtd.client.reach import restart_likely, unreachable
-from neuron_rtd.errors import Nerr
+from neuron_rtd.errors import STOPPING, Nerr
 
 # INFER_COMPLETED_WITH_NUM_ERR finished with NaN/Inf: the clients treat it as success.
 SUCCESS = frozenset({Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR})
@@ -57,8 +60,13 @@ class NrtConnectionError(NrtClientError):
     def of(
         cls, method: str, address: str, exc: grpc.RpcError, timeout_s: float | None
     ) -> NrtConnectionError:
-        """The failure gRPC reported as `exc`."""
-        return cls(method, address, code_of(exc), transport_message(exc, address, timeout_s))
+        """The failure gRPC reported as `exc`: a call the daemon cancelled (its gRPC
+        server does only as it stops) is DaemonStopping."""
+        code = code_of(exc)
+        if code == grpc.StatusCode.CANCELLED:
+            said = f"{STOPPING} at {address}: it cancelled the call (gRPC CANCELLED)"
+            return DaemonStopping(method, said, address, code)
+        return cls(method, address, code, transport_message(exc, address, timeout_s))
 
     @classmethod
     def timed_out(cls, method: str, address: str, timeout_s: float | None) -> NrtConnectionError:
@@ -66,6 +74,29 @@ class NrtConnectionError(NrtClientError):
         DEADLINE_EXCEEDED says it, on a path that is not gRPC's (the fast lane)."""
         late = grpc.StatusCode.DEADLINE_EXCEEDED
         return cls(method, address, late, late_message(address, timeout_s))
+
+
+class DaemonStopping(NrtConnectionError):
+    """The daemon answered `method` that it is stopping (NERR_FAIL): it takes no new call,
+    and unloads every model once the calls under way are done. A connection error: as
+    with a daemon gone, what was loaded on it must be loaded again on the next one."""
+
+    def __init__(
+        self,
+        method: str,
+        details: str,
+        address: str = "",
+        grpc_code: grpc.StatusCode | None = None,
+    ) -> None:
+        super().__init__(method, address, grpc_code, details)
+
+
+def says_stopping(status: Any) -> bool:
+    """Whether a wire `status` is a stopping daemon's refusal (`errors.Stopping`)."""
+    if status.code != Nerr.FAIL:
+        return False
+    details = status.details.decode(errors="replace")
+    return any(line.startswith(STOPPING) for line in details.splitlines())
 
 
 def transport_message(exc: grpc.RpcError, address: str, timeout_s: float | None) -> str:
@@ -104,9 +135,13 @@ def transport_errors(method: str, address: str, timeout_s: float | None) -> Iter
 
 
 def check(method: str, status: Any) -> None:
-    """Raise NrtClientError unless `status` (a wire `status`) is a success."""
+    """Raise NrtClientError unless `status` (a wire `status`) is a success: DaemonStopping
+    when the daemon said it is stopping."""
     if status.code not in SUCCESS:
-        raise NrtClientError(status.code, status.details.decode(errors="replace"), method)
+        details = status.details.decode(errors="replace")
+        if says_stopping(status):
+            raise DaemonStopping(method, details)
+        raise NrtClientError(status.code, details, method)
 
 
 def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
@@ -180,3 +215,30 @@ def wait_reconnected(
     finally:
         ready.cancel()  # stop watching the channel
         _last_wait[channel] = time.monotonic()
+
+
+def wait_restarted(channel: grpc.Channel, timeout_s: float = RECONNECT_S) -> bool:
+    """After a stopping daemon's answer: True once `channel` has lost that daemon (its
+    drain over) and is connected again, to the daemon started next (as systemd restarts
+    one), each within `timeout_s`; False when either does not come."""
+    lost = threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state != grpc.ChannelConnectivity.READY:
+            lost.set()
+
+    channel.subscribe(watch)
+    try:
+        if not lost.wait(timeout_s):
+            return False
+    finally:
+        channel.unsubscribe(watch)
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        ready.cancel()
+        _last_wait[channel] = time.monotonic()
+    return True

@@ -313,6 +313,7 @@ class Daemon:
         self._log_signals()
         sd.notify("STOPPING=1", "STATUS=Stopping: draining requests")
         log.info("Stopping: draining requests", extra={"fn": "RunServer"})
+        runtime.begin_stop()  # every new call told so from now on, the fast lane's too
         servicers.health.drain()
         stopped = server.stop(DRAIN_GRACE_S)  # new calls refused; in-flight ones finish
         if self.http:

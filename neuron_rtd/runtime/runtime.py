@@ -16,7 +16,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from neuron_rtd import __version__
-from neuron_rtd.errors import HwError, InvalidError, NrtError, ResourceError
+from neuron_rtd.errors import (
+    HwError,
+    InvalidError,
+    InvalidHandle,
+    NrtError,
+    ResourceError,
+    Stopping,
+)
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.access import Caller
 from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
@@ -88,12 +95,22 @@ class Runtime:
         self._sessions = SessionTable(
             limit=self.options.session_max_open, per_peer=self.options.session_max_per_peer
         )
+        self._stopping = False  # `begin_stop`: new work refused
 
     # --- devices -------------------------------------------------------------------
     def init_devices(self) -> None:
         """Reset and initialize every device; a failure leaves the runtime answering
         NERR_HW_ERROR (retrying the init at most once a second) until one succeeds."""
         self._init.run()
+
+    def begin_stop(self) -> None:
+        """The daemon stops: from now on a new inference, load or NCG is refused
+        (`Stopping`, saying so), while those under way finish; `close` then unloads."""
+        self._stopping = True
+
+    def _refuse_if_stopping(self) -> None:
+        if self._stopping:
+            raise Stopping
 
     def ensure_ready(self) -> None:
         """HwError while the devices' init keeps failing (every call that needs them
@@ -160,6 +177,7 @@ class Runtime:
         NEURON_RT_VISIBLE_CORES names them). `implicit`: made for one model, as a load
         without an NCG makes one (the model loaded into it is its only one, and its
         unload destroys the NCG)."""
+        self._refuse_if_stopping()
         self.ensure_ready()
         with self._lock:
             self._sessions.check(session_id)
@@ -256,6 +274,7 @@ class Runtime:
         NCs (started) when `ncg_id` is None,
         among the NCs `visible` when given (as `create_ncg`).
         `profile` (enable_node_profiling): its inferences record each op (`profile`)."""
+        self._refuse_if_stopping()
         self.ensure_ready()
         parsed: Neff | None = None
         try:
@@ -388,8 +407,15 @@ class Runtime:
     ) -> InferResult:
         """One inference, in this thread: inputs as bytes-like objects or `ShmInput`s by
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
+        if self._stopping:
+            raise Stopping
         self._init.ensure()  # `ensure_ready`, a call less on the hottest path
-        model = self._models[model_id]
+        try:
+            model = self._models[model_id]
+        except InvalidHandle:
+            if self._stopping:  # checked just before the stop began; unloaded since
+                raise Stopping from None
+            raise
         return self._data.infer(model, inputs, shm_outputs or {}, self._sessions.presented(session))
 
     def post(
@@ -402,6 +428,7 @@ class Runtime:
     ) -> int:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
+        self._refuse_if_stopping()
         self.ensure_ready()
         model = self._models[model_id]
         return self._data.post(model, inputs, shm_outputs or {}, self._sessions.presented(session))

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from neuron_rtd.errors import Nerr, NrtError
+from neuron_rtd.errors import Nerr, NrtError, Stopping
 from neuron_rtd.proto import pb
 from neuron_rtd.server.request_log import capture
 
@@ -29,13 +29,18 @@ _NERR_CODES = frozenset(int(code) for code in Nerr)
 def finish(method: str, make: Callable[[], R], empty: Callable[[], R]) -> R:
     """Run `make`, turning a runtime error into `empty()` with its nerr code (an
     unexpected exception into NERR_FAIL, logged with its traceback); either way
-    `status.details` gets the request's log lines."""
+    `status.details` gets the request's log lines. A call refused because the daemon is
+    stopping is not logged (each of a client's calls in a loop would be: the daemon
+    logged its stop once), its details saying so."""
     with capture() as lines:
         try:
             response = make()
             code = response.status.code
             if code not in _NERR_CODES:
                 code = Nerr(code)  # raises: a response with no nerr value is a bug
+        except Stopping as exc:
+            response, code = empty(), exc.code
+            lines.append(str(exc))
         except NrtError as exc:
             log.error("%s", exc, extra={"fn": method})
             response, code = empty(), exc.code
