@@ -3,9 +3,7 @@
 What it holds:
 - the project and its dependencies in a virtual environment, /opt/neuron-rtd, built in a
   staging directory and then made to name /opt/neuron-rtd (shebangs, pyvenv.cfg);
-- every console command of pyproject.toml linked into /usr/bin, and the original SDK's
-  tools (neuron-ls, neuron-cli, neuron-top, neuron-monitor) into /opt/aws/neuron/bin too,
-  where it put them and where Ray looks for neuron-ls to count NeuronCores;
+- every console command of pyproject.toml linked into /usr/bin;
 - the systemd units in /lib/systemd/system: the daemon runs as its own user `neuron-rtd`,
   in the group `neuron`, with no capabilities;
 - that user and group (/usr/lib/sysusers.d/neuron-rtd.conf), and the daemon's folder in
@@ -15,9 +13,17 @@ What it holds:
   and mode 0660: members of `neuron` connect without root;
 - the README and docs/ in /usr/share/doc/neuron-rtd;
 - maintainer scripts (packaging/debian/): the user, group and /run made by postinst (with
-  groupadd/useradd where there is no systemd-sysusers), the service enabled and started
-  where systemd runs (enabled, and what to run said, where it does not), the daemon
-  stopped by prerm however it was started, and remove/purge that leave nothing behind.
+  groupadd/useradd where there is no systemd-sysusers; which of the user and group it made
+  written down, so that purge removes those and only those), the original SDK's tools
+  (neuron-ls, neuron-cli, neuron-top, neuron-monitor) linked into /opt/aws/neuron/bin,
+  where it put them and where Ray looks for neuron-ls, only where nothing is there (a
+  checkout's links, scripts/bootstrap.sh's, stay as they are, and remove takes only its
+  own), the service enabled and started where systemd runs (enabled, and what to run said,
+  where it does not), the daemon stopped by prerm however it was started, and remove/purge
+  that leave nothing of the package's behind.
+
+It says each step as it starts (`build_deb.py: ...`), and pip says each package it takes:
+its progress bars where the output is a terminal, a line per package where it is not.
 
 Every file and folder has the mode it is given here (0644/0755), whatever the builder's
 umask: the umask is set to 022 before anything is laid out.
@@ -26,7 +32,8 @@ umask: the umask is set to 022 before anything is laid out.
     python packaging/build_deb.py --install ROOT    (packaging/install.sh: no dpkg)
 
 `--install ROOT` lays the same tree out under ROOT instead of packing it (config files
-already there are kept) and, when ROOT is /, does what the package's postinst does.
+already there are kept) and, when ROOT is /, does what the package's postinst does
+(elsewhere, the SDK's tools are linked into ROOT/opt/aws/neuron/bin as postinst would).
 """
 
 from __future__ import annotations
@@ -66,17 +73,30 @@ def run(*command: str | Path) -> None:
     subprocess.run([str(c) for c in command], check=True)
 
 
+def step(what: str) -> None:
+    """Say what the build does now (before it does it: the steps take seconds to a minute)."""
+    print(f"build_deb.py: {what}", flush=True)
+
+
+def pip_progress() -> str:
+    """pip's --progress-bar: its bars on a terminal; in a log (make test, CI) none, pip's
+    line per package saying enough."""
+    return "on" if sys.stdout.isatty() else "off"
+
+
 def build_venv(stage: Path, python: str) -> Path:
     """The virtual environment with the project installed, at stage + PREFIX."""
     venv = stage / PREFIX.lstrip("/")
+    step(f"a virtual environment on {python}, for {PREFIX}")
     run(python, "-m", "venv", venv)
     pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip"]
     # systemd-python is built here, against this Python (a wheel cached from another
     # Python's build would carry that Python's library path)
+    step("pip: the project and its dependencies into it (systemd-python compiled)")
     run(
         *pip,
         "install",
-        "-q",
+        f"--progress-bar={pip_progress()}",
         "--no-compile",
         "--no-warn-script-location",
         "--no-binary=systemd-python",
@@ -162,6 +182,7 @@ def lay_out(stage: Path, version: str) -> list[str]:
     paths."""
     scripts = project()["scripts"]
     assert isinstance(scripts, dict)
+    step(f"each command's link in /usr/bin and man page (its --help): {len(scripts)}")
     bin_dir = stage / "usr" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     man_dir = stage / "usr" / "share" / "man" / "man1"
@@ -173,12 +194,7 @@ def lay_out(stage: Path, version: str) -> list[str]:
         link.symlink_to(f"{PREFIX}/bin/{command}")
         page = man_page(venv_python, command, str(scripts[command]), version)
         (man_dir / f"{command}.1.gz").write_bytes(gzip.compress(page.encode(), 9, mtime=0))
-    sdk_bin = stage / SDK_BIN
-    sdk_bin.mkdir(parents=True, exist_ok=True)
-    for command in SDK_TOOLS:
-        link = sdk_bin / command
-        link.unlink(missing_ok=True)
-        link.symlink_to(f"{PREFIX}/bin/{command}")
+    step("units, sysusers.d and tmpfiles.d files, config, docs")
     units = stage / UNIT_DIR
     for unit in sorted((ROOT / "systemd").glob("*.service")):
         install_file(unit, units / unit.name)
@@ -211,7 +227,22 @@ def lay_out(stage: Path, version: str) -> list[str]:
     return conffiles
 
 
+def link_sdk_tools(root: Path) -> None:
+    """The SDK's tools linked into root/opt/aws/neuron/bin as postinst links them: where
+    nothing is there (or a dead link)."""
+    sdk_bin = root / SDK_BIN
+    sdk_bin.mkdir(parents=True, exist_ok=True)
+    for command in SDK_TOOLS:
+        link = sdk_bin / command
+        if link.exists():  # a checkout's link, the SDK's tool: left as it is
+            print(f"build_deb.py: /{SDK_BIN}/{command} is there already: left as it is")
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"{PREFIX}/bin/{command}")
+
+
 def control(stage: Path, version: str, arch: str, conffiles: list[str]) -> None:
+    step("control files, md5sums, maintainer scripts")
     meta = stage / "DEBIAN"
     meta.mkdir()
     size_kib = sum(p.lstat().st_size for p in stage.rglob("*") if not p.is_dir()) // 1024
@@ -254,12 +285,48 @@ def build(out: Path, python: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="neuron-rtd-deb-") as tmp:
         stage = Path(tmp) / "root"
         venv = build_venv(stage, python)
+        step("the environment made to name its installed place; no compiled Python")
         relocate(venv)
         tidy(venv)
         conffiles = lay_out(stage, version)
         control(stage, version, arch, conffiles)
-        run("dpkg-deb", "--root-owner-group", "-Zgzip", "--build", stage, deb)
+        pack(stage, deb)
     return deb
+
+
+PACK_REPORT_S = 10  # how often the packing says how far it is
+
+
+def pack(stage: Path, deb: Path) -> None:
+    """dpkg-deb --build, saying every PACK_REPORT_S how much of the tree its tar has read
+    (it says nothing itself for the minute gzip takes)."""
+    size = sum(p.lstat().st_size for p in stage.rglob("*") if not p.is_dir())
+    step(f"packing {size // 2**20} MiB with dpkg-deb (gzip) into {deb}: the longest step")
+    command = ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(stage), str(deb)]
+    with subprocess.Popen(command) as packing:
+        while True:
+            try:
+                packing.wait(PACK_REPORT_S)
+                break
+            except subprocess.TimeoutExpired:
+                read = tar_read(packing.pid)
+                if read is not None:
+                    step(f"packing: {min(99, 100 * read // max(size, 1))}% of the tree read")
+    if packing.returncode:
+        raise subprocess.CalledProcessError(packing.returncode, command)
+
+
+def tar_read(parent: int) -> int | None:
+    """The bytes read so far by the tar that process `parent` (dpkg-deb) runs, if any."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+            if fields[0].endswith("(tar") and int(fields[1].split()[1]) == parent:
+                io = (stat.parent / "io").read_text()
+                return int(io.split("rchar:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return None
 
 
 def install(root: Path, python: str) -> None:
@@ -274,7 +341,10 @@ def install(root: Path, python: str) -> None:
     tidy(venv)
     lay_out(root, str(project()["version"]))
     if root == Path("/"):
+        step("what the package's postinst does")
         run("sh", PACKAGING / "postinst", "configure")
+    else:
+        link_sdk_tools(root)
 
 
 PREREQUISITES = (  # (check run by the venv's Python, what is missing, the Debian package)
