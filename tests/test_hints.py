@@ -18,6 +18,7 @@ from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.daemon import main as daemon_main
 from neuron_rtd.daemon.config import load_config
 from neuron_rtd.models import __main__ as models_main
+from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.typed_json import ConfigError
 
 
@@ -82,6 +83,26 @@ def test_a_stale_neuron_rtd_address_falls_back_to_the_machines_tree(
         check=False,
     )
     assert named.returncode == 1 and "no runtime answers" in named.stderr
+
+
+@pytest.mark.daemon
+def test_a_repository_model_is_listed_under_its_repository_name(work: Path) -> None:
+    """Its NEFF's graph is `main_graph` (as torch exports it); neuron-cli list-model shows
+    the name it is served under."""
+    repository = work / "models"
+    (repository / "resnet_small" / "1").mkdir(parents=True)
+    neff = build_mlp((8, 4), name="main_graph").neff
+    (repository / "resnet_small" / "1" / "model.neff").write_bytes(neff)
+    with DaemonProcess(sim_root=work / "sim", args=["--model-repository", str(repository)]) as d:
+        done = subprocess.run(
+            [sys.executable, "-m", "neuron_rtd.cli.neuron_cli", "list-model", "-a", d.address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].endswith(" READY 1 resnet_small"), done.stdout
 
 
 @pytest.fixture(scope="module")
