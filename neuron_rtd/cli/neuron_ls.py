@@ -16,8 +16,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
-
 import driver_sim
 from neuron_rtd.client.address import (
     ADDRESS_ENV,
@@ -26,10 +24,8 @@ from neuron_rtd.client.address import (
     default_address,
     grpc_target,
 )
-from neuron_rtd.client.errors import NrtConnectionError, transport_errors
 from neuron_rtd.command_line import EXIT_FAILED, EXIT_USAGE, add_json_output, add_version, entry
 from neuron_rtd.help_format import PlainHelp
-from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
 
 HEADERS = (
     ("NEURON", "DEVICE"),
@@ -116,6 +112,10 @@ def render_topology(
 
 
 def ask_daemon(address: str) -> Any:
+    import grpc  # gRPC and the wire only when a daemon is asked: the tree needs neither
+
+    from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc
+
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = ext_pb_grpc.nmgr_extStub(channel)
         return stub.describe(ext_pb.describe_request(), timeout=DESCRIBE_TIMEOUT_S)
@@ -159,6 +159,8 @@ class Failed(Exception):
 
 def _described(address: str) -> Any:
     """The daemon's describe; Failed in the words every tool says it in."""
+    from neuron_rtd.client.errors import NrtConnectionError, transport_errors
+
     try:
         with transport_errors("describe", address, DESCRIBE_TIMEOUT_S):
             return ask_daemon(address)
