@@ -89,8 +89,9 @@ def test_neuron_ls_imports_no_kernel_compiler_or_onnx(loaded: DaemonProcess) -> 
         assert "NEURON" in out
         assert heavy(modules) == [], env
         assert not {"driver_sim.ops", "driver_sim.core", "driver_sim.fast"} & modules, env
-        if env is by_tree:  # no daemon asked: neither gRPC nor the wire
+        if env is by_tree:  # no daemon asked: neither gRPC nor the wire, nor numpy
             assert "grpc" not in modules and "neuron_rtd.proto" not in modules
+            assert "numpy" not in modules  # the stats files read as plain arrays
 
 
 MONITOR_CONFIG = (
