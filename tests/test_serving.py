@@ -218,6 +218,7 @@ def test_every_runtime_error_has_a_status() -> None:
         errors.HwError: Status.UNAVAILABLE,
         errors.ResourceError: Status.UNAVAILABLE,
         errors.ResourceNcError: Status.UNAVAILABLE,
+        errors.Stopping: Status.UNAVAILABLE,  # the restarted daemon may take it
     }
     for cls in errors.all_error_classes():
         error = serving_error(cls("what happened"), "model 'm' version 1")

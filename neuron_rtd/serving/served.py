@@ -29,6 +29,7 @@ from neuron_rtd.errors import (
     QueueFull,
     ResourceError,
     ResourceNcError,
+    Stopping,
     UnsupportedVersion,
 )
 from neuron_rtd.neff import Neff
@@ -52,6 +53,7 @@ _UNAVAILABLE: tuple[type[NrtError], ...] = (
     InvalidHandle,
     ResourceError,
     ResourceNcError,
+    Stopping,  # the daemon stops: the next one (systemd's restart) may take it
 )
 _UNAVAILABLE_CODES = {
     Nerr.TIMEOUT,
