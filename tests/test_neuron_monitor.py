@@ -17,7 +17,9 @@ from monitor_helpers import ALL_RUNTIME_GROUPS, Reports, command, config, stop, 
 from neuron_rtd.cli import neuron_monitor
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError
+from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
+from neuron_rtd.proto import pb
 from neuron_rtd.tools.monitor.config import everything, from_document, parse_period
 from neuron_rtd.tools.monitor.monitor import Monitor
 from neuron_rtd.typed_json import ConfigError
@@ -186,8 +188,11 @@ def test_reports_over_inferences_an_error_and_a_daemon_stop(work: Path) -> None:
             with pytest.raises(NrtClientError, match="HW_ERROR"):
                 model.infer(sample.random_inputs(0))
             model.start()  # the device reset (its NCs' busy time with it), the model reloaded
-            with pytest.raises(NrtClientError, match="INFER_BAD_INPUT"):
-                model.infer({"x": np.zeros((1, 3), np.float32)})  # the wrong shape
+            # the wrong size, sent as the original's clients may (ours refuses it unsent)
+            request = pb.infer_request(h_nn=pb.h_nn(id=model.id))
+            request.ifmap.add(name="x", buf=np.zeros((1, 3), np.float32).tobytes())
+            refused = client.connection.unary("infer", request)
+            assert refused.status.code == Nerr.INFER_BAD_INPUT, refused.status
             for seed in range(40):
                 model.infer(sample.random_inputs(seed))
 
