@@ -20,6 +20,24 @@ def short_tmpdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="nrt-"))
 
 
+# What a user's environment may name outside their HOME for the tools a test starts.
+_USER_FOLDERS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test, and whatever it starts, runs with a HOME of the session's own, empty,
+    and no XDG folders: nothing in the user's home (~/.ray's auth token, ~/.cache,
+    ~/.config) or left there by an earlier run reaches it. The venv's paths do not
+    depend on HOME."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        for name in _USER_FOLDERS:
+            patch.delenv(name, raising=False)
+        yield home
+
+
 @pytest.fixture(autouse=True)
 def _no_env_faults(monkeypatch: pytest.MonkeyPatch) -> None:
     """Faults come only from what a test injects, never from the caller's environment."""

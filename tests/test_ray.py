@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -90,10 +91,21 @@ def stop_nodes(nodes: list[RayNode]) -> None:
         node.proc.wait()
 
 
-def node_env(daemon: DaemonProcess) -> dict[str, str]:
-    env = {**os.environ, "NEURON_RTD_ADDRESS": daemon.address, "NEURON_SIM_ROOT": daemon.sim_root}
-    env.pop("NEURON_RT_VISIBLE_CORES", None)
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+def ray_env(home: Path) -> dict[str, str]:
+    """The environment of the cluster's and its drivers' processes: none of this user's
+    Ray settings (RAY_*: an address, an auth mode or token) and a HOME of the test's own,
+    so that nothing another Ray run left on the machine (~/.ray/auth_token, which turns
+    token authentication on) reaches them; no NeuronCores or daemon chosen."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RTD_ADDRESS"):
+        env.pop(name, None)
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0")
+    return env
+
+
+def node_env(home: Path, daemon: DaemonProcess) -> dict[str, str]:
+    env = ray_env(home)
+    env.update(NEURON_RTD_ADDRESS=daemon.address, NEURON_SIM_ROOT=daemon.sim_root)
     # Serve's proxy (on the head) sends a request to a replica of its own node while one
     # is free: spread them, so that both nodes' replicas answer sequential requests
     env["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
@@ -110,6 +122,8 @@ def cluster(module_work: Path) -> Iterator[dict[str, Any]]:
         DaemonProcess(sim_root=module_work / f"sim{i}", args=["-c", str(config)]).start()
         for i in range(2)
     ]
+    home = module_work / "home"
+    home.mkdir()
     temp = Path(tempfile.mkdtemp(prefix="ray-"))  # Ray's socket paths stay short
     port = free_port()
     common = ["--num-cpus=2", "--object-store-memory=80000000"]
@@ -124,29 +138,35 @@ def cluster(module_work: Path) -> Iterator[dict[str, Any]]:
                 "--include-dashboard=false",
                 *common,
             ],
-            node_env(daemons[0]),
+            node_env(home, daemons[0]),
             module_work / "head.log",
         )
         nodes.append(head)
         head.wait_started()
         worker = RayNode(
-            [f"--address=127.0.0.1:{port}", *common], node_env(daemons[1]), module_work / "w.log"
+            [f"--address=127.0.0.1:{port}", *common],
+            node_env(home, daemons[1]),
+            module_work / "w.log",
         )
         nodes.append(worker)
         worker.wait_started()
         started_s = time.monotonic() - began
         print(f"\nfigure: two Ray nodes started in {started_s:.1f} s")
-        yield {"address": f"127.0.0.1:{port}", "daemons": daemons, "work": module_work}
+        yield {
+            "address": f"127.0.0.1:{port}",
+            "daemons": daemons,
+            "work": module_work,
+            "env": ray_env(home),
+        }
     finally:
         stop_nodes(nodes)
         for daemon in daemons:
             daemon.stop()
+        shutil.rmtree(temp, ignore_errors=True)  # the cluster's sessions, logs, sockets
 
 
-def run_python(*args: str, timeout: float = 120) -> str:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("NEURON_RT_VISIBLE_CORES", None)
-    env.pop("NEURON_RTD_ADDRESS", None)
+def run_python(*args: str, env: dict[str, str], timeout: float = 120) -> str:
+    """`python ARGS` with `env` (`ray_env`'s: a Ray driver joins the cluster as its nodes)."""
     done = subprocess.run(
         [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -154,10 +174,10 @@ def run_python(*args: str, timeout: float = 120) -> str:
     return done.stdout
 
 
-def list_models(address: str) -> dict[int, list[int]]:
+def list_models(address: str, env: dict[str, str]) -> dict[int, list[int]]:
     """neuron-cli list-model -j on a daemon: each model's NCs (a whole machine: its vncs
     are the machine-wide indices)."""
-    out = run_python("-m", "neuron_rtd.cli.neuron_cli", "-a", address, "list-model", "-j")
+    out = run_python("-m", "neuron_rtd.cli.neuron_cli", "-a", address, "list-model", "-j", env=env)
     return {m["model_id"]: m["vncs"] for m in json.loads(out)}
 
 
@@ -165,7 +185,7 @@ def test_tasks_and_actors_get_neuron_cores_and_their_models_sit_there(
     cluster: dict[str, Any],
 ) -> None:
     began = time.monotonic()
-    out = run_python(str(ROOT / "tests" / "ray_checks.py"), cluster["address"])
+    out = run_python(str(ROOT / "tests" / "ray_checks.py"), cluster["address"], env=cluster["env"])
     report = json.loads(out.strip().splitlines()[-1])  # after whatever Ray printed
     print(f"figure: tasks and actors on both nodes answered in {time.monotonic() - began:.1f} s")
     # Ray found each node's NeuronCores itself, through neuron-ls
@@ -180,7 +200,7 @@ def test_tasks_and_actors_get_neuron_cores_and_their_models_sit_there(
             assert len(visible) == count
             assert set(one["ncs"]) == visible, one  # the model sits on Ray's cores
     for actor in report["actors"]:  # still held by the detached actors: neuron-cli sees it
-        assert list_models(actor["daemon"])[actor["model_id"]] == actor["ncs"]
+        assert list_models(actor["daemon"], cluster["env"])[actor["model_id"]] == actor["ncs"]
 
 
 def post(url: str, body: object) -> tuple[int, dict[str, Any]]:
@@ -207,6 +227,7 @@ def test_serve_replicas_on_both_nodes_answer_through_the_http_proxy(
         f"--port={http}",
         "--replicas=2",
         "--max-replicas-per-node=1",
+        env=cluster["env"],
         timeout=180,
     )
     print(f"figure: Serve application of 2 replicas up in {time.monotonic() - began:.1f} s")
@@ -226,7 +247,7 @@ def test_serve_replicas_on_both_nodes_answer_through_the_http_proxy(
     assert {b["daemon"] for b in answered.values()} == {d.address for d in cluster["daemons"]}
     for body in answered.values():
         (core,) = parse_indices(body["neuron_cores"], "NEURON_RT_VISIBLE_CORES")
-        assert list_models(body["daemon"])[body["model_id"]] == [core]
+        assert list_models(body["daemon"], cluster["env"])[body["model_id"]] == [core]
     print(
         f"figure: request through Serve's HTTP proxy: median "
         f"{statistics.median(latencies) * 1000:.1f} ms over {len(latencies)}"
