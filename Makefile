@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench proto fuzz deb
+.PHONY: setup demo test lint bench proto fuzz deb perf-analyzer
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -44,3 +44,8 @@ proto: setup
 # The Debian package (dpkg-deb): dist/neuron-rtd_VERSION_ARCH.deb; check it with lintian.
 deb: setup
 	$(PY) packaging/build_deb.py --out dist
+
+# Triton's perf_analyzer (docs/kserve.md) as .venv/bin/perf_analyzer: tritonclient
+# 2.51.0's build, the last that runs on Debian 12, with its libraries (pip download).
+perf-analyzer: setup
+	$(PY) scripts/perf_analyzer.py

@@ -11,19 +11,16 @@ One daemon serves a model repository on its unix socket and on HTTP (loopback):
   served with and without `dynamic_batching`; `perf_analyzer` (Triton's load generator,
   unmodified) at concurrency 8 on each: throughput and p50/p99 latency.
 
-perf_analyzer: the last build that runs on this Debian (glibc 2.36) is the binary inside
-the `tritonclient==2.51.0` manylinux1 wheel; it needs `libb64.so.0d` (Debian `libb64-0d`)
-and `libcudart.so.12` (PyPI `nvidia-cuda-runtime-cu12`), no GPU. `fetch_perf_analyzer`
-puts both wheels' files under ~/.cache/neuron-rtd/perf_analyzer (pip download) and
-installs libb64-0d with apt-get when it is missing and we are root.
+perf_analyzer: the build `make perf-analyzer` installs (scripts/perf_analyzer.py: the
+binary of the `tritonclient==2.51.0` wheel, the last that runs on Debian 12, as
+.venv/bin/perf_analyzer), installed first when it is not there.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes.util
-import os
 import re
+import runpy
 import shutil
 import socket
 import statistics
@@ -31,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +45,7 @@ from neuron_rtd.compiler.compile import bucket_ranges, compile_model
 from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.proto import CHANNEL_OPTIONS, kserve_pb, kserve_pb_grpc, pb, pb_grpc
 
-CACHE = Path.home() / ".cache" / "neuron-rtd" / "perf_analyzer"
-PA_WHEEL = "tritonclient==2.51.0"
-CUDART_WHEEL = "nvidia-cuda-runtime-cu12"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -208,41 +202,16 @@ def sides(
     }
 
 
-def fetch_perf_analyzer() -> tuple[Path, dict[str, str]]:
-    """The perf_analyzer binary and the environment it runs in (see the docstring)."""
-    binary = CACHE / "perf_analyzer"
-    cudart = CACHE / "lib"
-    if not binary.exists() or not (cudart / "libcudart.so.12").exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            for wheel, platform in ((PA_WHEEL, "manylinux1_x86_64"), (CUDART_WHEEL, None)):
-                command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
-                command += ["--only-binary=:all:", "-d", tmp, wheel]
-                if platform:
-                    command += ["--platform", platform]
-                subprocess.run(command, check=True)
-            for path in Path(tmp).glob("*.whl"):
-                with zipfile.ZipFile(path) as whl:
-                    for member in whl.namelist():
-                        if member.endswith("/bin/perf_analyzer"):
-                            binary.write_bytes(whl.read(member))
-                            binary.chmod(0o755)
-                        elif member.endswith("/libcudart.so.12"):
-                            cudart.mkdir(exist_ok=True)
-                            (cudart / "libcudart.so.12").write_bytes(whl.read(member))
-    if (
-        ctypes.util.find_library("b64") is None
-        and not Path("/usr/lib/x86_64-linux-gnu/libb64.so.0d").exists()
-    ):
-        if os.geteuid() != 0:
-            raise SystemExit("perf_analyzer needs libb64.so.0d: apt-get install libb64-0d")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "libb64-0d"], check=True)
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{cudart}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    return binary, env
+def fetch_perf_analyzer() -> Path:
+    """perf_analyzer as `make perf-analyzer` installs it in this Python's prefix (the
+    venv's bin/, a wrapper that finds its libraries itself): installed first when it is
+    not there, by scripts/perf_analyzer.py, the one implementation."""
+    install = runpy.run_path(str(ROOT / "scripts" / "perf_analyzer.py"))["install"]
+    return Path(install(Path(sys.prefix)))
 
 
 def perf_analyzer(socket_path: str, seconds: float) -> None:
-    binary, env = fetch_perf_analyzer()
+    binary = fetch_perf_analyzer()
     print("\nperf_analyzer (tritonclient 2.51.0's), gRPC on the daemon's socket, concurrency 8")
     results: dict[str, tuple[float, float, float]] = {}
     for name in ("plain", "batched"):
@@ -251,7 +220,7 @@ def perf_analyzer(socket_path: str, seconds: float) -> None:
             "--concurrency-range", "8", "-b", "1", "--measurement-mode", "time_windows",
             "-p", str(int(seconds * 1000)), "--percentile", "99",
         ]  # fmt: skip
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             print(done.stdout[-3000:], done.stderr[-3000:])
             raise SystemExit(f"perf_analyzer failed on {name} (exit {done.returncode})")
