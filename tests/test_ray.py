@@ -17,7 +17,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -124,7 +123,9 @@ def cluster(module_work: Path) -> Iterator[dict[str, Any]]:
     ]
     home = module_work / "home"
     home.mkdir()
-    temp = Path(tempfile.mkdtemp(prefix="ray-"))  # Ray's socket paths stay short
+    # Ray's socket paths stay short (module_work's is); the folder goes with module_work
+    # too, after whatever a node's last process wrote there as it stopped
+    temp = module_work / "ray"
     port = free_port()
     common = ["--num-cpus=2", "--object-store-memory=80000000"]
     nodes: list[RayNode] = []
