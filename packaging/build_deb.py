@@ -192,6 +192,7 @@ def lay_out(stage: Path, version: str) -> list[str]:
         link = bin_dir / command
         link.unlink(missing_ok=True)
         link.symlink_to(f"{PREFIX}/bin/{command}")
+        step(f"man page: {command}")
         page = man_page(venv_python, command, str(scripts[command]), version)
         (man_dir / f"{command}.1.gz").write_bytes(gzip.compress(page.encode(), 9, mtime=0))
     step("units, sysusers.d and tmpfiles.d files, config, docs")
@@ -291,6 +292,7 @@ def build(out: Path, python: str) -> Path:
         conffiles = lay_out(stage, version)
         control(stage, version, arch, conffiles)
         pack(stage, deb)
+        step(f"built {deb} ({deb.stat().st_size // 2**20} MiB); removing the staging tree")
     return deb
 
 
@@ -298,8 +300,9 @@ PACK_REPORT_S = 10  # how often the packing says how far it is
 
 
 def pack(stage: Path, deb: Path) -> None:
-    """dpkg-deb --build, saying every PACK_REPORT_S how much of the tree its tar has read
-    (it says nothing itself for the minute gzip takes)."""
+    """dpkg-deb --build, saying every PACK_REPORT_S how far it is (it says nothing itself
+    for the minute gzip takes): how much of the tree its tar has read, then how much of
+    the .deb it has written."""
     size = sum(p.lstat().st_size for p in stage.rglob("*") if not p.is_dir())
     step(f"packing {size // 2**20} MiB with dpkg-deb (gzip) into {deb}: the longest step")
     command = ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(stage), str(deb)]
@@ -312,6 +315,9 @@ def pack(stage: Path, deb: Path) -> None:
                 read = tar_read(packing.pid)
                 if read is not None:
                     step(f"packing: {min(99, 100 * read // max(size, 1))}% of the tree read")
+                else:  # the tree read: its compression ends, then the .deb is written
+                    written = deb.stat().st_size if deb.exists() else 0
+                    step(f"packing: the tree read; {written // 2**20} MiB of the .deb written")
     if packing.returncode:
         raise subprocess.CalledProcessError(packing.returncode, command)
 

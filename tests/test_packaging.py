@@ -202,11 +202,15 @@ def test_make_deb_says_each_step_as_it_starts_and_pip_a_line_per_package(
     lines = said.splitlines()
     steps = [line for line in lines if line.startswith("build_deb.py: ")]
     # while dpkg-deb packs (a minute), how far its tar has read, every 10 s
-    packing = re.compile(r"build_deb\.py: packing: [0-9]{1,2}% of the tree read")
+    packing = re.compile(
+        r"build_deb\.py: packing: "
+        r"([0-9]{1,2}% of the tree read|the tree read; [0-9]+ MiB of the \.deb written)"
+    )
     reports = [line for line in steps if packing.fullmatch(line)]
-    steps = [line for line in steps if line not in reports]
-    if reports:
-        assert lines.index(reports[0]) > lines.index(steps[-1])  # once it packs
+    pages = [line for line in steps if line.startswith("build_deb.py: man page: ")]
+    steps = [line for line in steps if line not in reports + pages]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert pages == [f"build_deb.py: man page: {command}" for command in sorted(scripts)]
     assert [step.split(":")[1].split()[0] for step in steps] == [
         "a",  # a virtual environment on /usr/bin/python3, for /opt/neuron-rtd
         "pip",  # the project and its dependencies
@@ -215,8 +219,13 @@ def test_make_deb_says_each_step_as_it_starts_and_pip_a_line_per_package(
         "units,",
         "control",
         "packing",
+        "built",
     ], steps
-    assert steps[-1].startswith("build_deb.py: packing ") and str(built) in steps[-1]
+    assert steps[-2].startswith("build_deb.py: packing ") and str(built) in steps[-2]
+    at = [lines.index(line) for line in steps]
+    assert at == sorted(at)
+    assert all(at[3] < lines.index(page) < at[4] for page in pages)  # after "each command's"
+    assert all(at[-2] < lines.index(report) < at[-1] for report in reports)  # as it packs
     pip_said = lines[lines.index(steps[1]) + 1 : lines.index(steps[2])]
     for package in ("numpy", "grpcio", "onnxruntime", "systemd-python"):  # a line each
         assert any(package in line for line in pip_said), package
