@@ -22,20 +22,29 @@ def short_tmpdir() -> Path:
 
 # What a user's environment may name outside their HOME for the tools a test starts.
 _USER_FOLDERS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+_OWN_HOME = pytest.StashKey[tuple[pytest.MonkeyPatch, Path]]()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _own_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every test, and whatever it starts, runs with a HOME of the session's own, empty,
-    and no XDG folders: nothing in the user's home (~/.ray's auth token, ~/.cache,
-    ~/.config) or left there by an earlier run reaches it. The venv's paths do not
-    depend on HOME."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(home))
-        for name in _USER_FOLDERS:
-            patch.delenv(name, raising=False)
-        yield home
+def pytest_configure(config: pytest.Config) -> None:
+    """The session, from before it imports the test modules, and whatever its tests start,
+    run with a HOME of its own, empty, and no XDG folders: nothing in the user's home
+    (~/.ray's auth token, ~/.cache, ~/.config) or left there by an earlier run reaches
+    them. Each process of the session (pytest-xdist's workers too) has its own; the venv's
+    paths do not depend on HOME."""
+    home = Path(tempfile.mkdtemp(prefix="nrt-home-"))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOME", str(home))
+    for name in _USER_FOLDERS:
+        patch.delenv(name, raising=False)
+    config.stash[_OWN_HOME] = (patch, home)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_HOME, None)
+    if own is not None:
+        patch, home = own
+        patch.undo()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
