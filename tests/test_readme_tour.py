@@ -88,7 +88,8 @@ def test_the_serving_section_runs_as_written(work: Path) -> None:
     assert "8" in lines  # max_batch_size, completed from the NEFF's buckets
     assert re.search(r"^\[\d+ \d+ \d+\]$", said, re.M), said  # 3 images' classes
     assert "True 3" in lines  # ready over HTTP, and the 3 rows counted
-    assert re.search(r"^Found 1 model\n10001 READY \d+ main_graph$", said, re.M), said
+    # the repository model under its repository name (its NEFF says main_graph)
+    assert re.search(r"^Found 1 model\n10001 READY \d+ resnet$", said, re.M), said
 
 
 def run_as_written(script: str, work: Path) -> str:
