@@ -60,7 +60,7 @@ def test_cnn_with_dynamic_batch(client: Client) -> None:
             model(input=np.zeros((5, 3, 64, 64), np.float32))
         assert (
             info.value.code == Nerr.INFER_BAD_INPUT
-            and "no bucket for batch=5" in info.value.details
+            and "the model takes float32 (batch<=4, 3, 64, 64)" in info.value.details
         )
     finally:
         model.unload()

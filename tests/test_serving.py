@@ -192,7 +192,7 @@ def test_unknown_models_and_versions(serving: Serving) -> None:
 def test_a_stopped_copy_is_unavailable_with_the_nerr_kept(
     serving: Serving, local: LocalRuntime
 ) -> None:
-    (copy,) = [m for m in local.runtime.models() if m.name == "mlp"]
+    (copy,) = [m for m in local.runtime.models() if m.name == "m"]  # its repository name
     local.runtime.stop(copy.id)
     error = refused(serving, InferRequest("m", MLP.random_inputs()))
     assert error.status is Status.UNAVAILABLE

@@ -310,7 +310,7 @@ def test_instance_group_count_makes_runtime_models(local: LocalRuntime, tmp_path
     models = local.runtime.models()
     assert len(models) == 3
     assert len({m.ncg_id for m in models}) == 3  # each copy on an NCG of its own
-    assert {m.name for m in models} == {"mlp"}
+    assert {m.name for m in models} == {"m"}  # each under its repository name
     x = MLP.random_inputs()
     for _ in range(4):
         out = serving.infer(InferRequest("m", x)).outputs["probs"]

@@ -252,7 +252,8 @@ def test_neuron_cli_tells_a_bad_list_in_one_line(tmp_path: Path) -> None:
             "neuron_rtd.cli.neuron_cli",
             "-a",
             f"unix:{tmp_path}/s",
-            "list-model",
+            "unload",  # a command that makes a client (a listing reads the daemon only)
+            "10001",
         ],
         env=env,
         capture_output=True,
