@@ -291,17 +291,18 @@ PER_CHANNEL = 100
 async def opened(kind, index, channel, metadata):
     if kind == "infer_stream":
         call = pb_grpc.nmgr_streamStub(channel).infer_stream(metadata=metadata)
-        await call.write(pb.infer_request(h_nn=pb.h_nn(id=424242)))
+        first = pb.infer_request(h_nn=pb.h_nn(id=424242))
     elif kind == "ModelStreamInfer":
         call = kserve_pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
             metadata=metadata
         )
-        await call.write(kserve_pb.ModelInferRequest(model_name="nothing-here"))
+        first = kserve_pb.ModelInferRequest(model_name="nothing-here")
     else:
         call = pb_grpc.nmgr_v1Stub(channel).load(metadata=metadata)
         await call.write(pb.load_request(neff_size=4096))
         return call, True
-    try:
+    try:  # a stream refused at once may end before its first request is written
+        await call.write(first)
         answered = await asyncio.wait_for(call.read(), 60) is not grpc.aio.EOF
     except (asyncio.TimeoutError, grpc.RpcError):
         answered = False
