@@ -396,6 +396,17 @@ def test_system_shared_memory_in_and_out(served: Served, client: Any) -> None:
         shm.destroy_shared_memory_region(handle)
 
 
+def test_a_tensor_claiming_gigabytes_in_shared_memory_costs_nothing(served: Served) -> None:
+    """Issue 38, point 6, over HTTP: 3.5e9 bytes in a region that does not exist are
+    refused before any buffer is made, whether the shape says so or not."""
+    path = f"/v2/models/{MLP}/infer"
+    for shape, said in (([1, 8], "takes 32 bytes, got 3500000000"), ([875_000_000], "nowhere")):
+        place = {"shared_memory_region": "nowhere", "shared_memory_byte_size": 3_500_000_000}
+        tensor = {"name": "x", "shape": shape, "datatype": "FP32", "parameters": place}
+        answer = raw(served.server.port, "POST", path, json.dumps({"inputs": [tensor]}).encode())
+        assert answer.status in (400, 404) and said in answer.error, answer.error
+
+
 def test_register_needs_its_fields(served: Served) -> None:
     path = "/v2/systemsharedmemory/region/r/register"
     answer = raw(served.server.port, "POST", path, b'{"offset": 0, "byte_size": 8}')

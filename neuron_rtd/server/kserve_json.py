@@ -36,6 +36,7 @@ from neuron_rtd.server.kserve_tensors import (
     SHM_REGION,
     ShmPlace,
     byte_count,
+    check_size,
     from_bytes,
     invalid,
     shm_place,
@@ -338,6 +339,7 @@ def _decode_inputs(
         if len(given) > 1:
             raise invalid(f"{what} has both {given[0]!r} and {given[1]!r}: give one of them")
         if place is not None:
+            check_size(what, place.byte_size, dtype, shape)  # before a byte is fetched
             data = shm.read(place.region, place.offset, place.byte_size)
             inputs[name] = from_bytes(what, data, dtype, shape)
         elif size is not None:
