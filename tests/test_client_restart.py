@@ -28,12 +28,15 @@ class Daemon(pb_grpc.nmgr_v1Servicer):
         self.answered = threading.Event()
 
     def create_eg(self, request: pb.create_eg_request, context: grpc.ServicerContext) -> object:
-        self.answered.set()
         if self.stopping:
+            if self.answered.is_set():  # its server stops: a call reaching it now is refused
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+            self.answered.set()
             status = pb.status(
                 code=Nerr.FAIL, details=f"{STOPPING}: it takes no new calls".encode()
             )
             return pb.create_eg_response(status=status)
+        self.answered.set()
         return pb.create_eg_response(status=pb.status(code=Nerr.OK), h_eg=pb.h_eg(id=self.ncg))
 
 
