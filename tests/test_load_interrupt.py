@@ -56,13 +56,25 @@ class Log:
             file.seek(self.start)
             return file.read().decode(errors="replace")
 
-    def wait_for(self, *words: str, timeout_s: float = 60.0) -> str:
-        """The first line holding one of `words` (waited for)."""
+    def wait_for(
+        self,
+        *words: str,
+        timeout_s: float = 60.0,
+        client: subprocess.Popen[str] | None = None,
+    ) -> str:
+        """The first line holding one of `words` (waited for; failing at once, with what
+        it said, when `client` ends meanwhile)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in self.text().splitlines():
                 if any(each in line for each in words):
                     return line
+            if client is not None and client.poll() is not None:
+                out, err = client.communicate()
+                raise AssertionError(
+                    f"the client ended ({client.returncode}) before the daemon logged "
+                    f"{words!r}:\n{out}{err}\nthe daemon logged:\n{self.text()}"
+                )
             time.sleep(0.05)
         raise AssertionError(f"the daemon never logged {words!r}; it logged:\n{self.text()}")
 
@@ -117,7 +129,7 @@ def test_a_signal_while_the_daemon_loads_leaves_nothing(
     daemon: DaemonProcess, held: Log, neff: Path, signum: int, ncg: str, said: str
 ) -> None:
     command = neuron_cli_load(daemon, neff, "--ncg-id", ncg)
-    held.wait_for(HOLDING)  # the NEFF has come whole; the daemon is loading it
+    held.wait_for(HOLDING, client=command)  # the NEFF has come whole; the daemon loads it
     command.send_signal(signum)
     out, err = command.communicate(timeout=60)
     assert (command.returncode, out) == (128 + signum, "")
