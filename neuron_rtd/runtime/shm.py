@@ -95,22 +95,13 @@ class ShmTable:
             return len(self._maps)
 
     # --- map / unmap ----------------------------------------------------------------
-    def map(
-        self,
-        path: str,
-        prot: int,
-        session_id: int = NO_SESSION,
-        *,
-        limit: int = 0,
-        who: Caller | None = None,
-    ) -> None:
+    def map(self, path: str, prot: int, session_id: int = NO_SESSION, *, limit: int = 0) -> None:
         """Open the object `path` names with the daemon's own rights (read-write when
         `prot` has PROT_WRITE); with a `limit`, ResourceError if the session has that many
-        objects mapped already; with `who`, only an object that caller could open itself.
-        An object this process (or `who`) may not open, or that does not exist, is refused
-        alike: the answer does not tell which."""
+        objects mapped already. An object this process may not open, or that does not
+        exist, is refused alike: the answer does not tell which."""
         writable = bool(prot & PROT_WRITE)
-        fd = self.open(path, writable, who, "shm_map")
+        fd = self.open(path, writable, None, "shm_map")
         self._add(ShmMapping(path, fd, writable, session_id, passed=False), limit)
 
     def open(self, path: str, writable: bool, who: Caller | None, what: str) -> int:
@@ -144,9 +135,11 @@ class ShmTable:
             os.close(fd)
             raise
         writable = bool(prot & PROT_WRITE)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise InvalidError(f"shm_map: '{path}' is not a shared memory object")
         mapping = ShmMapping(path, fd, writable, session_id, passed=True)
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            self._give_view(mapping)  # while it is ours alone: no call can close it yet
+        self._give_view(mapping)  # while it is ours alone: no call can close it yet
         self._add(mapping, limit)
 
     def _give_view(self, mapping: ShmMapping) -> None:
@@ -164,15 +157,11 @@ class ShmTable:
             with self._lock:
                 self._viewed -= size
 
-    def _close(self, mapping: ShmMapping, *, locked: bool = False) -> None:
-        """Close the object (and its view, counted off); `locked`: the caller holds the
-        table's lock."""
+    def _close(self, mapping: ShmMapping) -> None:
+        """Close the object (and its view, counted off)."""
         if mapping.view is not None:
-            if locked:
+            with self._lock:
                 self._viewed -= len(mapping.view)
-            else:
-                with self._lock:
-                    self._viewed -= len(mapping.view)
         mapping.close()
 
     def _check_enabled(self) -> None:
@@ -183,21 +172,21 @@ class ShmTable:
             )
 
     def _add(self, mapping: ShmMapping, limit: int) -> None:
-        if not stat.S_ISREG(os.fstat(mapping.fd).st_mode):
-            self._close(mapping)
-            raise InvalidError(f"shm_map: '{mapping.path}' is not a shared memory object")
+        """Put a regular object's mapping in the table (`open` and `adopt` checked it)."""
         key = (mapping.session_id, mapping.path)
         with self._lock:
             held = sum(s == mapping.session_id for s, _ in self._maps)
-            if limit and key not in self._maps and held >= limit:
-                self._close(mapping, locked=True)
-                raise ResourceError(
-                    f"shm_map: {session_name(mapping.session_id)} has {held} shared memory "
-                    f"objects mapped, the most one may (session_max_shm_maps {limit}): unmap "
-                    "one first"
-                )
-            old = self._maps.pop(key, None)
-            self._maps[key] = mapping
+            full = bool(limit) and key not in self._maps and held >= limit
+            old = None if full else self._maps.pop(key, None)
+            if not full:
+                self._maps[key] = mapping
+        if full:
+            self._close(mapping)
+            raise ResourceError(
+                f"shm_map: {session_name(mapping.session_id)} has {held} shared memory "
+                f"objects mapped, the most one may (session_max_shm_maps {limit}): unmap "
+                "one first"
+            )
         if old is not None:  # mapped again (the client made a new object of that name)
             self._drop(old)
 
