@@ -88,20 +88,19 @@ class Bench:
         self.last = unary
         self.pool = futures.ThreadPoolExecutor(3)
         handler = self.table.handler(
-            "chat", lambda context: Answers(self), pool=self.pool, unary=unary
+            "chat",
+            lambda context: Answers(self),
+            request=pb.infer_request,
+            response=pb.infer_response,
+            pool=self.pool,
+            unary=unary,
         )
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         self.server.add_generic_rpc_handlers(
             (
                 grpc.method_handlers_generic_handler(
                     "test.Streams",
-                    {
-                        "Chat": grpc.stream_stream_rpc_method_handler(
-                            handler,
-                            request_deserializer=pb.infer_request.FromString,
-                            response_serializer=pb.infer_response.SerializeToString,
-                        )
-                    },
+                    {"Chat": handler},
                 ),
             )
         )

@@ -124,27 +124,23 @@ def add_servicers(
     table = StreamTable()
     infer_pool = server_pool(STREAM_THREADS, "stream")  # infer_stream's and v2's
     nmgr = NmgrServicer(runtime)
-    load = table.handler(
-        "load",
-        lambda context: LoadAnswers(nmgr, context),
-        pool=server_pool(STREAM_THREADS, "load"),
-        unary=True,
-    )
     replaced = {
-        "load": grpc.stream_stream_rpc_method_handler(
-            load,
-            request_deserializer=pb.load_request.FromString,
-            response_serializer=pb.load_response.SerializeToString,
+        "load": table.handler(
+            "load",
+            lambda context: LoadAnswers(nmgr, context),
+            request=pb.load_request,
+            response=pb.load_response,
+            pool=server_pool(STREAM_THREADS, "load"),
+            unary=True,
         )
     }
-    infer_stream = table.handler(
-        "infer_stream", lambda context: InferAnswers(nmgr, context), pool=infer_pool
-    )
     streamed = {
-        "infer_stream": grpc.stream_stream_rpc_method_handler(
-            infer_stream,
-            request_deserializer=pb.infer_request.FromString,
-            response_serializer=pb.infer_response.SerializeToString,
+        "infer_stream": table.handler(
+            "infer_stream",
+            lambda context: InferAnswers(nmgr, context),
+            request=pb.infer_request,
+            response=pb.infer_response,
+            pool=infer_pool,
         )
     }
     sessions = SessionServicer(runtime, tickets)
@@ -168,17 +164,14 @@ def add_servicers(
             caller_of=CallerOf(address),
         )
         v2 = kserve
-        stream_infer = table.handler(
-            "ModelStreamInfer",
-            lambda context: _KServeStream(v2, context),
-            pool=infer_pool,
-            window=STREAM_WINDOW,
-        )
         kserve_streamed = {
-            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-                stream_infer,
-                request_deserializer=kserve_pb.ModelInferRequest.FromString,
-                response_serializer=kserve_pb.ModelStreamInferResponse.SerializeToString,
+            "ModelStreamInfer": table.handler(
+                "ModelStreamInfer",
+                lambda context: _KServeStream(v2, context),
+                request=kserve_pb.ModelInferRequest,
+                response=kserve_pb.ModelStreamInferResponse,
+                pool=infer_pool,
+                window=STREAM_WINDOW,
             )
         }
         kserve_pb_grpc.add_GRPCInferenceServiceServicer_to_server(

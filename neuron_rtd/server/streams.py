@@ -343,12 +343,14 @@ class StreamTable:
         kind: str,
         answers: Callable[[grpc.ServicerContext], Answers],
         *,
+        request: Any,
+        response: Any,
         pool: futures.Executor,
         window: int = 1,
         unary: bool = False,
-    ) -> Callable[..., None]:
-        """A non-blocking gRPC stream handler serving each call through this table, its
-        requests answered by `answers(context)` on `pool`."""
+    ) -> grpc.RpcMethodHandler:
+        """A gRPC method (of `request` and `response` messages) serving each call through
+        this table without a thread, its requests answered by `answers(context)` on `pool`."""
 
         def handle(
             requests: Iterator[Any], context: grpc.ServicerContext, send: Callable[[Any], None]
@@ -371,7 +373,11 @@ class StreamTable:
             self.serve(kind, requests, context, send, made, pool=pool, window=window, unary=unary)
 
         handle.experimental_non_blocking = True  # type: ignore[attr-defined]
-        return handle
+        return grpc.stream_stream_rpc_method_handler(
+            handle,
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
 
     def serve(
         self,
