@@ -7,7 +7,16 @@ machine. Devices reach it through the driver port (`DeviceApi`; `acquire_sim` ow
 simulated ones).
 """
 
-from neuron_rtd.runtime.access import Caller, User, caller, may_open, socket_caller, stranger
+from neuron_rtd.runtime.access import (
+    Caller,
+    User,
+    caller,
+    group_member,
+    group_name,
+    may_open,
+    socket_caller,
+    stranger,
+)
 from neuron_rtd.runtime.admission import read_model_file
 from neuron_rtd.runtime.api import (
     DeviceInfo,
@@ -105,6 +114,8 @@ __all__ = [
     "User",
     "acquire_sim",
     "caller",
+    "group_member",
+    "group_name",
     "may_open",
     "nc_engine",
     "nc_spinning",

@@ -55,7 +55,7 @@ class User:
     def describe(self) -> str:
         if self.uid == STRANGER:
             if self.gids:
-                return f"a member of group {_group_name(min(self.gids))}"
+                return f"a member of group {group_name(min(self.gids))}"
             return "a caller the daemon cannot name"
         try:
             return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
@@ -91,11 +91,18 @@ class Caller:
         return "a client of the daemon's socket (gRPC cannot say which of its users)"
 
 
-def _group_name(gid: int) -> str:
+def group_name(gid: int) -> str:
+    """Group `gid`'s name, as a message says it (its number when it has none)."""
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
-        return str(gid)
+        return f"gid {gid}"
+
+
+def group_member(gid: int) -> User:
+    """A member of group `gid` the daemon cannot name (one the user database does not
+    list, a bearer of a token the group's members hold): it owns nothing."""
+    return User(STRANGER, frozenset({gid}))
 
 
 def user(uid: int) -> User:
@@ -122,7 +129,7 @@ def socket_caller(path: str | os.PathLike[str]) -> Caller:
         uids |= _database.members(info.st_gid)
     users = [user(u) for u in sorted(uids)]
     if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid):
-        users.append(User(STRANGER, frozenset({info.st_gid})))  # a member it does not list
+        users.append(group_member(info.st_gid))
     if info.st_mode & stat.S_IWOTH:
         users.append(User(STRANGER, frozenset()))
     return Caller(tuple(users))

@@ -13,13 +13,12 @@ runs on a pool of its own, or answers without a thread, still does).
 from __future__ import annotations
 
 import functools
-import grp
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from neuron_rtd.runtime import Caller
+from neuron_rtd.runtime import Caller, group_name
 
 # What anyone may ask: health, reflection, and the v2 service's metadata, readiness,
 # configs, statistics and index (the HTTP front's open routes); nmgr's version.
@@ -80,12 +79,9 @@ class MembersOnly(grpc.ServerInterceptor):
         return gated
 
     def refusal(self, method: str, caller: Caller) -> str:
-        try:
-            group = grp.getgrgid(self.gid).gr_name
-        except KeyError:
-            group = str(self.gid)
         return (
-            f"{method} on this TCP address is for root and members of group {group}, and "
+            f"{method} on this TCP address is for root and members of group "
+            f"{group_name(self.gid)}, and "
             f"{caller.describe()} is neither (a caller not on this host is no one): run the "
             "client as such a user, or use the daemon's unix socket (docs/wire-api.md, "
             "who may do what)"

@@ -33,7 +33,6 @@ anything unexpected 500 with a one-line message, its traceback in the daemon's l
 
 from __future__ import annotations
 
-import grp
 import gzip
 import hmac
 import http
@@ -48,7 +47,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from neuron_rtd.errors import shown
-from neuron_rtd.runtime import Caller, User
+from neuron_rtd.runtime import Caller, group_member, group_name
 from neuron_rtd.server.kserve_json import (
     decode_infer,
     dumps,
@@ -155,17 +154,10 @@ class HttpOptions:
         return os.getegid() if self.group is None else self.group
 
 
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return f"gid {gid}"
-
-
 def token_caller(gid: int) -> Caller:
     """Who a bearer of the token is: a member of group `gid` with no user of its own (it
     owns nothing; it may open what the group may)."""
-    return Caller((User(-1, frozenset({gid})),))
+    return Caller((group_member(gid),))
 
 
 # --- one request ------------------------------------------------------------------------
