@@ -485,6 +485,9 @@ class Runtime:
     def shm_hold(self, path: str, who: Caller, what: str) -> ShmMapping:
         return self._shm.hold(path, who, what)
 
+    def shm_size(self, mapping: ShmMapping, what: str) -> int:
+        return self._shm.size(mapping, what)
+
     def shm_release(self, mapping: ShmMapping) -> None:
         self._shm.release(mapping)
 

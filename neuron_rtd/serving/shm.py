@@ -14,7 +14,6 @@ the object's fd, so a client that truncates its object gets a clean error.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
@@ -69,36 +68,39 @@ class CallerRegions:
             )
         shared = self._shared
         with shared._lock:
-            mine = shared._regions.get(self._key, {})
-            if name in mine:
-                raise _exists(name)
-            if len(mine) >= shared.limit:
-                raise ServingError(
-                    Status.UNAVAILABLE,
-                    f"{what}: {self.caller.describe()} has {len(mine)} regions registered, the "
-                    f"most one caller may (session_max_shm_maps {shared.limit}): unregister one",
-                )
+            self._check_room(shared._regions.get(self._key, {}), name, what)
         path = _path(key)
         try:
             mapping = shared.runtime.shm_hold(path, self.caller, "SystemSharedMemoryRegister")
         except NrtError as exc:
             raise ServingError(Status.INVALID_ARGUMENT, exc.message) from None
         try:
-            size = _size(mapping)
+            size = shared.runtime.shm_size(mapping, what)
             if offset + byte_size > size:
                 raise ServingError(
                     Status.INVALID_ARGUMENT,
                     f"{what}: offset {offset} + byte_size {byte_size} is past the end of shm "
                     f"object '{key}' ({size} bytes)",
                 )
-            with shared._lock:
+            with shared._lock:  # another call may have registered meanwhile: again
                 mine = shared._regions.setdefault(self._key, {})
-                if name in mine:  # registered by another call meanwhile
-                    raise _exists(name)
+                self._check_room(mine, name, what)
                 mine[name] = _Held(ShmRegion(name, key, offset, byte_size), mapping)
         except BaseException:
             shared.runtime.shm_release(mapping)
             raise
+
+    def _check_room(self, mine: dict[str, _Held], name: str, what: str) -> None:
+        """Raises unless this caller may register region `name` besides `mine`."""
+        if name in mine:
+            raise _exists(name)
+        if len(mine) >= self._shared.limit:
+            raise ServingError(
+                Status.UNAVAILABLE,
+                f"{what}: {self.caller.describe()} has {len(mine)} regions registered, the "
+                f"most one caller may (session_max_shm_maps {self._shared.limit}): "
+                "unregister one",
+            )
 
     def unregister(self, name: str = "") -> None:
         shared = self._shared
@@ -162,10 +164,6 @@ class CallerRegions:
                 f"'{shown(name)}' do not lie within it ({region.byte_size} bytes)",
             )
         return held, region.offset + offset
-
-
-def _size(mapping: ShmMapping) -> int:
-    return os.fstat(mapping.fd).st_size
 
 
 def _check_name(name: str) -> None:
