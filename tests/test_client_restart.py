@@ -5,7 +5,6 @@ just started (as systemd's restart brings it)."""
 
 from __future__ import annotations
 
-import functools
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -57,9 +56,15 @@ def test_a_call_refused_as_stopping_is_made_on_the_next_daemon(
 ) -> None:
     # the client waits RECONNECT_S (5 s) for the next daemon; gRPC's reconnect backoff on
     # a loaded test machine may take longer: the same wait, with room
-    monkeypatch.setattr(
-        _connection, "wait_restarted", functools.partial(errors.wait_restarted, timeout_s=60)
-    )
+    # and the test stops the first daemon only once the client holds its answer and waits
+    # (stopping it when its handler has answered may cancel the answer on its way)
+    waiting = threading.Event()
+
+    def wait_restarted(channel: grpc.Channel) -> bool:
+        waiting.set()
+        return errors.wait_restarted(channel, timeout_s=60)
+
+    monkeypatch.setattr(_connection, "wait_restarted", wait_restarted)
     socket_path = tmp_path / "neuron.sock"
     first = Daemon(stopping=True)
     server = serve(socket_path, first)
@@ -72,7 +77,7 @@ def test_a_call_refused_as_stopping_is_made_on_the_next_daemon(
             )
         )
         caller.start()
-        assert first.answered.wait(10)
+        assert waiting.wait(10)
         server.stop(None).wait()  # the stopping daemon goes; the next one starts
         second = Daemon(stopping=False, ncg=7)
         server = serve(socket_path, second)
