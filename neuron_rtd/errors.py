@@ -1,4 +1,7 @@
-"""One exception tree for the runtime: every error carries the nerr code it answers with.
+"""One exception tree for the runtime and its clients: every error carries the nerr code
+it answers with, and each code has one class (`for_code`), so that `except QueueFull`
+catches a full queue alike from `LocalRuntime` and from the client, whose errors
+(`neuron_rtd/client/errors.py`) are these classes too.
 
 The server maps an exception to the wire with `exc.code` alone; `tests/test_errors.py`
 proves every class here has a code that exists in the wire API's `nerr` enum.
@@ -10,7 +13,7 @@ import enum
 
 
 class Nerr(enum.IntEnum):
-    """The wire API's `nerr` values (spec/runtime-api.md)."""
+    """The wire API's `nerr` values (`proto/nrt/nmgr.proto`, `docs/wire-api.md`)."""
 
     OK = 0
     FAIL = 1
@@ -151,6 +154,29 @@ def shown(text: str, limit: int = 100) -> str:
     """A caller's `text` (a name, a path) as a message shows it: cut to `limit` characters,
     "..." saying it was, so that no message or log line carries a caller's 100 KB."""
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def for_code(code: int) -> type[NrtError]:
+    """The class that stands for nerr `code` (NrtError for FAIL, INFER_PENDING and a code
+    the wire API does not define)."""
+    return _BY_CODE.get(code, NrtError)
+
+
+_BY_CODE: dict[int, type[NrtError]] = {
+    Nerr.INVALID: InvalidError,
+    Nerr.INVALID_HANDLE: InvalidHandle,
+    Nerr.RESOURCE: ResourceError,
+    Nerr.TIMEOUT: InferTimeout,
+    Nerr.HW_ERROR: HwError,
+    Nerr.QUEUE_FULL: QueueFull,
+    Nerr.FAILED_STATE: FailedState,
+    Nerr.RESOURCE_NC: ResourceNcError,
+    Nerr.UNSUPPORTED_VERSION: UnsupportedVersion,
+    Nerr.INFER_CANCELLED: InferCancelled,
+    Nerr.INFER_BAD_INPUT: BadInput,
+    Nerr.INFER_COMPLETED_WITH_NUM_ERR: InferNumericalError,
+    Nerr.INFER_COMPLETED_WITH_ERR: InferError,
+}
 
 
 def all_error_classes() -> list[type[NrtError]]:

@@ -15,7 +15,12 @@ if TYPE_CHECKING:
     from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
     from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, default_address
     from neuron_rtd.client.client import Client
-    from neuron_rtd.client.errors import DaemonStopping, NrtClientError, NrtConnectionError
+    from neuron_rtd.client.errors import (
+        DaemonStopping,
+        DaemonTimeout,
+        NrtClientError,
+        NrtConnectionError,
+    )
     from neuron_rtd.client.model import Model, Staged
 
 # Each name and its module, imported when the name is first asked for: a tool that needs
@@ -29,6 +34,7 @@ _WHERE = {
     "default_address": "address",
     "Client": "client",
     "DaemonStopping": "errors",
+    "DaemonTimeout": "errors",
     "NrtClientError": "errors",
     "NrtConnectionError": "errors",
     "Model": "model",
@@ -51,6 +57,7 @@ __all__ = [
     "AddressError",
     "Client",
     "DaemonStopping",
+    "DaemonTimeout",
     "Model",
     "NrtClientError",
     "NrtConnectionError",

@@ -18,35 +18,79 @@ from typing import Any, TypeVar
 import grpc
 
 from neuron_rtd.client.reach import restart_likely, unreachable
-from neuron_rtd.errors import STOPPING, Nerr
+from neuron_rtd.errors import STOPPING, InferTimeout, Nerr, NrtError, Stopping, for_code
 
 # INFER_COMPLETED_WITH_NUM_ERR finished with NaN/Inf: the clients treat it as success.
 SUCCESS = frozenset({Nerr.OK, Nerr.INFER_COMPLETED_WITH_NUM_ERR})
 
 
-class NrtClientError(Exception):
-    """The daemon answered `method` with nerr `code`; `details` holds its log lines."""
+class NrtClientError(NrtError):
+    """The daemon answered `method` with nerr `code`; `details` holds its log lines.
+
+    One of the runtime's own classes too (`neuron_rtd.errors`): `NrtClientError(code, ...)`
+    makes the subclass for `code` (as `OSError(errno.ENOENT, ...)` makes a
+    FileNotFoundError), so `except QueueFull` catches a full queue from the client as it
+    does from `LocalRuntime`, and `except NrtClientError` every error the daemon answered."""
+
+    def __new__(cls, code: int, details: str = "", method: str = "", *args: Any) -> Any:
+        chosen = _BY_CODE.get(code, cls) if cls is NrtClientError else cls
+        return super().__new__(chosen)
 
     def __init__(self, code: int, details: str, method: str) -> None:
-        self.code = code
-        self.details = details
-        self.method = method
-        nerr = self.nerr
+        nerr = _nerr(code)
         name = f"NERR_{nerr.name}" if nerr is not None else f"nerr {code}"
         super().__init__(f"{method}: {name}: {details}")
+        self.code = nerr if nerr is not None else Nerr.FAIL
+        self.wire_code = code  # as answered, a code the wire API may not define
+        self.details = details
+        self.method = method
 
     @property
     def nerr(self) -> Nerr | None:
         """The code as a `Nerr` (None for a code the wire API does not define)."""
-        try:
-            return Nerr(self.code)
-        except ValueError:
-            return None
+        return _nerr(self.wire_code)
+
+    def __reduce__(self) -> Any:  # made again from what it was made of (a Ray task's error)
+        return NrtClientError, (self.wire_code, self.details, self.method)
+
+
+def _nerr(code: int) -> Nerr | None:
+    try:
+        return Nerr(code)
+    except ValueError:
+        return None
+
+
+def _answered(runtime_class: type[NrtError]) -> type[NrtClientError]:
+    """The client's class for a code: an NrtClientError and `runtime_class` both."""
+    name = runtime_class.__name__
+    return type(
+        name,
+        (NrtClientError, runtime_class),
+        {
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"The daemon answered a call with {name}'s nerr code.",
+        },
+    )
+
+
+# One client class per code the runtime has a class of its own for; FAIL (and a code the
+# wire API does not define) is NrtClientError itself.
+_BY_CODE: dict[int, type[NrtClientError]] = {
+    code: _answered(for_code(code)) for code in Nerr if for_code(code) is not NrtError
+}
 
 
 class NrtConnectionError(NrtClientError):
     """No daemon answered `method` at `address` (NERR_FAIL), or none in time (NERR_TIMEOUT):
     a transport failure. `grpc_code` is gRPC's status code for it."""
+
+    def __new__(
+        cls, method: str, address: str = "", grpc_code: grpc.StatusCode | None = None, *args: Any
+    ) -> Any:
+        late = grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
+        return Exception.__new__(DaemonTimeout if late and cls is NrtConnectionError else cls)
 
     def __init__(
         self, method: str, address: str, grpc_code: grpc.StatusCode | None, message: str
@@ -55,6 +99,9 @@ class NrtConnectionError(NrtClientError):
         self.grpc_code = grpc_code
         late = grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED
         super().__init__(Nerr.TIMEOUT if late else Nerr.FAIL, message, method)
+
+    def __reduce__(self) -> Any:
+        return NrtConnectionError, (self.method, self.address, self.grpc_code, self.details)
 
     @classmethod
     def of(
@@ -76,10 +123,16 @@ class NrtConnectionError(NrtClientError):
         return cls(method, address, late, late_message(address, timeout_s))
 
 
-class DaemonStopping(NrtConnectionError):
+class DaemonTimeout(NrtConnectionError, InferTimeout):
+    """The daemon did not answer `method` in time (NERR_TIMEOUT): an InferTimeout, as a
+    request past its time limit is in `LocalRuntime`."""
+
+
+class DaemonStopping(NrtConnectionError, Stopping):
     """The daemon answered `method` that it is stopping (NERR_FAIL): it takes no new call,
     and unloads every model once the calls under way are done. A connection error: as
-    with a daemon gone, what was loaded on it must be loaded again on the next one."""
+    with a daemon gone, what was loaded on it must be loaded again on the next one; and
+    the runtime's `Stopping`, as `LocalRuntime` raises it."""
 
     def __init__(
         self,
@@ -89,6 +142,9 @@ class DaemonStopping(NrtConnectionError):
         grpc_code: grpc.StatusCode | None = None,
     ) -> None:
         super().__init__(method, address, grpc_code, details)
+
+    def __reduce__(self) -> Any:
+        return DaemonStopping, (self.method, self.details, self.address, self.grpc_code)
 
 
 def says_stopping(status: Any) -> bool:
