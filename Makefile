@@ -17,10 +17,13 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# scripts/house_rules.py: the project's own rules (module length, one class per name, the
+# import contracts covering every module, cited files existing).
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy \
 		&& $(VENV)/bin/lint-imports \
-		&& $(PY) -m neuron_rtd.protogen --check
+		&& $(PY) -m neuron_rtd.protogen --check \
+		&& $(PY) scripts/house_rules.py
 
 # Each fuzz harness for FUZZ_SECONDS (default 60), growing its working corpus in
 # fuzz/.work/NAME from the seeds in fuzz/corpus/NAME; what it finds goes to fuzz/.work.

@@ -1,4 +1,5 @@
-"""The generated wire API matches shared/spec/runtime-api.md, field by field.
+"""The generated wire API matches the outside reference, ../shared/spec/runtime-api.md,
+field by field.
 
 The tables below are transcribed from the spec by hand, independently of proto/nrt/*.proto,
 so that a drift on either side (an edited .proto, stale generated code, or a spec change

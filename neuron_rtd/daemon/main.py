@@ -66,8 +66,7 @@ from neuron_rtd.server import (
     add_servicers,
 )
 from neuron_rtd.server.pool import server_pool, waiting
-from neuron_rtd.serving.api import ServingError
-from neuron_rtd.serving.service import Serving
+from neuron_rtd.serving import Serving, ServingError
 from neuron_rtd.typed_json import ConfigError
 from neuron_rtd.visible import DEVICES_ENV, show_indices
 

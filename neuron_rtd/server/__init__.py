@@ -38,7 +38,7 @@ from neuron_rtd.server.streams import (
     STALLED_AFTER_S,
     StreamTable,
 )
-from neuron_rtd.serving.api import ServingApi
+from neuron_rtd.serving import ServingApi
 
 __all__ = [
     "MAX_OPEN_STREAMS",
