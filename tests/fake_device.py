@@ -3,6 +3,7 @@ a simulated device and changes what its NCs' run functions do, never the driver 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -100,3 +101,68 @@ class OffByOneDevice(WrappedDevice):
             return cycles
 
         return off_by_one
+
+
+GATE_WAIT_S = 30.0  # a run held longer than this fails: a test that forgot to let it go
+
+
+class GatedDevice(WrappedDevice):
+    """Its NCs' runs say when they begin and, once `hold()` is called, wait there until
+    the test lets them through (`let`, `open`): a test orders itself by the runs it has
+    seen begin, never by a sleep. `failing`, while set, is raised by every run that is let
+    through, in place of its work (the run's error, as the driver would raise it)."""
+
+    def __init__(self, device: DeviceApi) -> None:
+        super().__init__(device)
+        self.begun: list[int] = []  # the NC of each run begun, in order
+        self.failing: BaseException | None = None
+        self._passes: int | None = None  # runs still let through; None: all of them
+        self._cond = threading.Condition()
+
+    def hold(self) -> None:
+        """From now on each run waits where it begins until it is let through."""
+        with self._cond:
+            self._passes = 0
+
+    def let(self, runs: int = 1) -> None:
+        """Let `runs` more held runs through (the first to come, in no promised order)."""
+        with self._cond:
+            self._passes = (self._passes or 0) + runs
+            self._cond.notify_all()
+
+    def open(self) -> None:
+        """Let every run through, now and from now on."""
+        with self._cond:
+            self._passes = None
+            self._cond.notify_all()
+
+    def wait_begun(self, count: int, timeout_s: float = GATE_WAIT_S) -> list[int]:
+        """The NCs of the first `count` runs begun, once that many have; AssertionError
+        if they have not within `timeout_s`."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.begun) >= count, timeout_s):
+                raise AssertionError(f"{len(self.begun)} run(s) began, not {count}")
+            return self.begun[:count]
+
+    def _pass(self, nc: int) -> None:
+        with self._cond:
+            self.begun.append(nc)
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._passes != 0, GATE_WAIT_S):
+                raise AssertionError(f"a run on NC {nc} was never let through")
+            if self._passes is not None:
+                self._passes -= 1
+            failing = self.failing
+        if failing is not None:
+            raise failing
+
+    def wrap_run(self, nc: int, run: RunFn) -> RunFn:
+        def gated(
+            inputs: Mapping[str, Any],
+            outputs: Mapping[str, Any],
+            recorder: InstrRecorder | None = None,
+        ) -> int:
+            self._pass(nc)
+            return run(inputs, outputs, recorder)
+
+        return gated
