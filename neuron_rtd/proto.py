@@ -69,3 +69,6 @@ DEVICE_PLUGIN_VERSION = "v1beta1"
 # session_monitor the peer ticket that names the caller's user.
 SESSION_METADATA = "nrt-session-id"
 TICKET_METADATA = "nrt-peer-ticket"
+# The peer socket's bound on one message, either way (an infer request or its answer, tensors
+# in shared memory): the daemon's lanes and the client's hold to it.
+MAX_PEER_MESSAGE = 64 << 10

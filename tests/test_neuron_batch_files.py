@@ -29,7 +29,7 @@ from neuron_rtd.tools.stream import output_folder
 from neuron_rtd.tools.stream.checkpoint import Checkpoint
 from neuron_rtd.tools.stream.output_folder import Temporary, UnsafeOutput, prepare
 from neuron_rtd.tools.stream.sources import Shard, expand, redact
-from neuron_rtd.tools.stream.units import Unit
+from neuron_rtd.tools.stream.units import WorkUnit
 
 USER, PASSWORD = "reader", "pw-Xq7s3cr3t"  # the http server's Basic auth
 NOBODY = 65534
@@ -150,7 +150,7 @@ def test_a_run_never_writes_through_links_planted_at_its_names(
     out.mkdir(mode=0o700)
     victim = work / "victim"
     victim.write_text("precious")
-    units = [Unit(0, shard).name for shard in expand([str(work / "in" / "*")])]
+    units = [WorkUnit(0, shard).name for shard in expand([str(work / "in" / "*")])]
     planted = [".checkpoint.tmp", ".checkpoint.json"]
     planted += [f".{u}.tfrecord.partial" for u in units] + [f"{u}.tfrecord" for u in units]
     for name in planted:
@@ -239,9 +239,9 @@ def test_a_unit_done_whose_output_is_missing_or_cut_short_is_done_again(
 
 def test_a_checkpoint_is_replaced_through_a_temporary(work: Path) -> None:
     checkpoint = Checkpoint(work, resume=False)
-    checkpoint.mark(Unit(0, Shard("a.tfrecord")))
+    checkpoint.mark(WorkUnit(0, Shard("a.tfrecord")))
     assert json.loads((work / ".checkpoint.json").read_text())["done"] == [
-        Unit(0, Shard("a.tfrecord")).name
+        WorkUnit(0, Shard("a.tfrecord")).name
     ]
     assert Checkpoint(work, resume=True).done == checkpoint.done
     assert [p.name for p in work.iterdir()] == [".checkpoint.json"]
@@ -287,7 +287,7 @@ def test_credentials_in_urls_are_redacted() -> None:
     assert redact("/data/a@2x.tfrecord") == "/data/a@2x.tfrecord"
     # a unit's name (its outputs', the checkpoint's) holds none, and credentials changed
     # between a run and its resume leave it the same
-    one, two = (Unit(0, Shard(f"http://{who}@h/x.tfrecord")) for who in ("u:p1", "v:p2"))
+    one, two = (WorkUnit(0, Shard(f"http://{who}@h/x.tfrecord")) for who in ("u:p1", "v:p2"))
     assert one.name == two.name and "p1" not in one.name
 
 

@@ -39,7 +39,7 @@ SHARED_FOLDERS = frozenset({Path("/"), Path("/run"), Path("/var/run"), Path("/va
 SOCKET_PATH_MAX = 107  # bytes of a unix socket's path (sun_path, its NUL left out)
 
 
-class UsageError(ValueError):
+class FlagError(ValueError):
     """A flag the plugin cannot run with: exit 2 with this message."""
 
 
@@ -91,14 +91,14 @@ def _runtime_socket(text: str) -> Path:
     try:
         address = parse_address(text)
     except AddressError as exc:
-        raise UsageError(f"--runtime-socket {text!r}: {exc}") from None
+        raise FlagError(f"--runtime-socket {text!r}: {exc}") from None
     if address.unix_path is None:
-        raise UsageError(
+        raise FlagError(
             f"--runtime-socket {text!r} is not a socket path: give the daemon's unix socket, "
             f"e.g. {DEFAULT_RUNTIME_SOCKET}"
         )
     if address.unix_path.parent in SHARED_FOLDERS:
-        raise UsageError(
+        raise FlagError(
             f"--runtime-socket {text!r}: its folder {address.unix_path.parent} would be "
             "mounted into every container, with the host's other sockets in it; put the "
             f"daemon's socket in a folder of its own, e.g. {DEFAULT_RUNTIME_SOCKET}"
@@ -107,13 +107,13 @@ def _runtime_socket(text: str) -> Path:
 
 
 def config_of(args: argparse.Namespace) -> PluginConfig:
-    """The config the flags say; UsageError for one the plugin cannot run with."""
+    """The config the flags say; FlagError for one the plugin cannot run with."""
     folder: Path = args.device_plugin_path.absolute()
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--device-plugin-path {folder} is not a folder")
+        raise FlagError(f"--device-plugin-path {folder} is not a folder")
     longest = folder / "neuron-core.sock"
     if len(bytes(longest)) > SOCKET_PATH_MAX:
-        raise UsageError(
+        raise FlagError(
             f"--device-plugin-path {folder} is too long for a socket path "
             f"({longest}: over {SOCKET_PATH_MAX} bytes)"
         )
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = config_of(args)
-    except UsageError as exc:
+    except FlagError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:

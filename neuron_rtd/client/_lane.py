@@ -21,9 +21,8 @@ import threading
 import time
 
 from neuron_rtd.errors import Nerr
-from neuron_rtd.proto import ext_pb, pb
+from neuron_rtd.proto import MAX_PEER_MESSAGE, ext_pb, pb
 
-MAX_MESSAGE = 64 << 10  # the daemon's bound on a peer message, either way
 IDLE_KEPT = 8  # idle lanes kept per client (more threads calling at once close theirs)
 RETRY_AFTER_S = 1.0  # after the daemon refused a lane or none could be opened
 MESSAGES_KEPT = 256  # requests' messages kept (a model's slots' requests, see `_message`)
@@ -52,13 +51,13 @@ class Lanes:
         did not answer: then nothing ran, or the daemon went away meanwhile, as a gRPC
         call would have found it. LaneTimeout past `timeout_s` (None: no bound)."""
         message = self._message(request, session_id)
-        if len(message) > MAX_MESSAGE:
+        if len(message) > MAX_PEER_MESSAGE:
             return None
         lane = self._sent(message, timeout_s)
         if lane is None:
             return None
         try:
-            data = lane.recv(MAX_MESSAGE)
+            data = lane.recv(MAX_PEER_MESSAGE)
         except TimeoutError:
             lane.close()  # its late answer must not reach the next call
             raise LaneTimeout from None

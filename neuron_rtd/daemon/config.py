@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_rtd.client.address import ADDRESS_ENV, DEFAULT_ADDRESS
-from neuron_rtd.daemon.listener import AddressError, listen_address
+from neuron_rtd.daemon.listener import ListenError, listen_address
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.runtime import nc_engine, nc_spinning
 from neuron_rtd.typed_json import ConfigError, Expected, check_object
@@ -207,7 +207,7 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
     any socket path); ConfigError naming `where` for the first wrong value."""
     try:
         address = listen_address(config.server_address)
-    except AddressError as exc:
+    except ListenError as exc:
         raise ConfigError(f"{where}: server_address: {exc}") from None
     config = replace(config, server_address=address.target)
     if config.default_timeout < 1:

@@ -26,7 +26,7 @@ from neuron_rtd.client.address import Address, lock_path, parse_address
 from neuron_rtd.client.address import AddressError as ClientAddressError
 
 
-class AddressError(Exception):
+class ListenError(Exception):
     """An address we cannot serve on, or one another daemon already serves."""
 
 
@@ -37,9 +37,9 @@ def listen_address(text: str) -> Address:
     try:
         address = parse_address(text)
     except ClientAddressError as exc:
-        raise AddressError(str(exc)) from None
+        raise ListenError(str(exc)) from None
     if address.unix_path is None and not address.host_port:
-        raise AddressError(
+        raise ListenError(
             f"neuron-rtd listens on a socket path (/run/neuron.sock, unix:/path) or on "
             f"host:port, not on '{text}'"
         )
@@ -84,7 +84,7 @@ class UnixListener:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock = self._take_lock()
         except PermissionError as exc:  # a folder the daemon's user may not write
-            raise AddressError(
+            raise ListenError(
                 f"cannot listen on unix:{self.path}: {exc.strerror} on "
                 f"{exc.filename or self.path.parent}: let this user write that folder (for "
                 "the package after a reboot without systemd: systemd-tmpfiles --create "
@@ -94,7 +94,7 @@ class UnixListener:
         try:
             if self.path.exists() or self.path.is_symlink():
                 if _answers(self.path):
-                    raise AddressError(f"a live server already answers on unix:{self.path}")
+                    raise ListenError(f"a live server already answers on unix:{self.path}")
                 self.path.unlink()
         except BaseException:
             self._drop_lock()
@@ -105,7 +105,7 @@ class UnixListener:
         self._lock.flush()
 
     def _take_lock(self) -> IO[str]:
-        """The lock file, locked by us; AddressError naming the holder if it is held."""
+        """The lock file, locked by us; ListenError naming the holder if it is held."""
         while True:
             lock = open(self.lock_path, "a+")  # noqa: SIM115 - held for the process's life
             try:
@@ -114,7 +114,7 @@ class UnixListener:
                 lock.seek(0)
                 owner = lock.read().strip() or "unknown"
                 lock.close()
-                raise AddressError(
+                raise ListenError(
                     f"another neuron-rtd (pid {owner}) already serves unix:{self.path}"
                 ) from None
             if _names(self.lock_path, lock):
@@ -136,11 +136,11 @@ class UnixListener:
         try:
             port = server.add_insecure_port(f"unix:{self.path}")
         except RuntimeError as exc:
-            raise AddressError(f"cannot listen on unix:{self.path}: {exc}") from exc
+            raise ListenError(f"cannot listen on unix:{self.path}: {exc}") from exc
         finally:
             os.umask(old)
         if port == 0:
-            raise AddressError(f"cannot listen on unix:{self.path}")
+            raise ListenError(f"cannot listen on unix:{self.path}")
 
     @property
     def peer_socket_path(self) -> Path:
@@ -155,7 +155,7 @@ class UnixListener:
         try:
             return grp.getgrnam(self.group).gr_gid
         except KeyError:
-            raise AddressError(f"socket_group '{self.group}' does not exist") from None
+            raise ListenError(f"socket_group '{self.group}' does not exist") from None
 
     def finish(self) -> None:
         """Fix mode and group once the server started (the socket file exists then)."""
@@ -164,14 +164,14 @@ class UnixListener:
         self._inode = self.path.stat().st_ino
 
     def give_to_group(self, path: Path) -> None:
-        """Chown `path` to `socket_group` (AddressError if the daemon may not)."""
+        """Chown `path` to `socket_group` (ListenError if the daemon may not)."""
         gid = self.gid()
         if gid is None or path.stat().st_gid == gid:
             return
         try:
             os.chown(path, -1, gid)
         except OSError as exc:
-            raise AddressError(
+            raise ListenError(
                 f"cannot give {path} to socket_group '{self.group}' ({exc.strerror}): run "
                 "the daemon in that group, as the unit does (Group=)"
             ) from None
@@ -190,6 +190,6 @@ def bind_tcp(server: grpc.Server, address: Address) -> None:
     try:
         port = server.add_insecure_port(address.target)
     except RuntimeError as exc:
-        raise AddressError(f"cannot listen on {address.target}: {exc}") from exc
+        raise ListenError(f"cannot listen on {address.target}: {exc}") from exc
     if port == 0:
-        raise AddressError(f"cannot listen on {address.target}")
+        raise ListenError(f"cannot listen on {address.target}")

@@ -46,7 +46,7 @@ from neuron_rtd.daemon.fronts import (
     http_front,
 )
 from neuron_rtd.daemon.listener import (
-    AddressError,
+    ListenError,
     UnixListener,
     bind_tcp,
     listen_address,
@@ -291,7 +291,7 @@ class Daemon:
     def run(self) -> int:
         try:
             runtime, server, servicers = self._start()
-        except (StartupError, AddressError, driver_sim.DriverError, ValueError) as exc:
+        except (StartupError, ListenError, driver_sim.DriverError, ValueError) as exc:
             log.error("%s", exc, extra={"fn": "RunServer"})
             if not self.logs_to_stderr:
                 print(f"neuron-rtd: error: {exc}", file=sys.stderr)
@@ -411,7 +411,7 @@ class Daemon:
                     runtime, tickets, path, mode=config.socket_mode, gid=self.listener.gid()
                 )
             except OSError as exc:
-                raise AddressError(f"cannot listen on {path}: {exc.strerror}") from None
+                raise ListenError(f"cannot listen on {path}: {exc.strerror}") from None
         servicers = add_servicers(
             server,
             runtime,

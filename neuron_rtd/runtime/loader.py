@@ -34,12 +34,12 @@ from neuron_rtd.runtime.model import LoadedModel, LoadMode, ModelParams
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.variant import HostRun, StageRun, Step, Variant
 
-ALIGN = 64
+WEIGHT_ALIGN = 64  # each weight in a stage's block of DRAM starts on this boundary
 HOST = -1  # placement of a tensor that only CPU nodes touch
 
 
 def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+    return (n + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
 
 
 def choose_mode(neff: Neff, ncg: Ncg) -> LoadMode:

@@ -41,14 +41,13 @@ from collections import Counter
 from pathlib import Path
 
 from neuron_rtd.errors import InvalidError, Nerr, NrtError
-from neuron_rtd.proto import ext_pb, pb
+from neuron_rtd.proto import MAX_PEER_MESSAGE, ext_pb, pb
 from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server.nmgr import answer_infer
 from neuron_rtd.server.streams import guarded
 
 log = logging.getLogger("nrtd.NMGR")
 
-MAX_MESSAGE = 64 << 10  # an infer request or its answer, tensors in shared memory
 MAX_CONNECTIONS = 1024
 MAX_PER_UID = 256  # a user's clients starting at once each connect briefly
 IDLE_S = 10.0
@@ -293,11 +292,11 @@ class PeerSocket:
             for fd in fds:  # whatever the request did not take
                 os.close(fd)
         answer = response.SerializeToString()
-        if len(answer) > MAX_MESSAGE:  # an infer with its outputs inline, say
+        if len(answer) > MAX_PEER_MESSAGE:  # an infer with its outputs inline, say
             answer = ext_pb.peer_response(
                 status_code=int(Nerr.INVALID),
                 details=f"the answer holds {len(answer)} bytes, more than a peer message "
-                f"carries ({MAX_MESSAGE}): name shm_ofmap outputs, or call over gRPC",
+                f"carries ({MAX_PEER_MESSAGE}): name shm_ofmap outputs, or call over gRPC",
             ).SerializeToString()
         return answer
 
@@ -305,7 +304,7 @@ class PeerSocket:
         """One request of user `uid`; a descriptor it takes is removed from `fds`."""
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise _Refused(
-                f"a peer message holds one peer_request of at most {MAX_MESSAGE} bytes and "
+                f"a peer message holds one peer_request of at most {MAX_PEER_MESSAGE} bytes and "
                 "at most one file descriptor"
             )
         request = _parse(data)
@@ -361,7 +360,7 @@ def _receive(conn: socket.socket) -> _Message | None:
     the connection fails, BlockingIOError on a non-blocking one with nothing to read,
     TimeoutError on a lane that said nothing for LANE_IDLE_S)."""
     data, ancdata, flags, _ = conn.recvmsg(
-        MAX_MESSAGE, socket.CMSG_SPACE(4 * _FDS), socket.MSG_CMSG_CLOEXEC
+        MAX_PEER_MESSAGE, socket.CMSG_SPACE(4 * _FDS), socket.MSG_CMSG_CLOEXEC
     )
     fds = _passed_fds(ancdata)
     if not data and not fds:

@@ -36,7 +36,7 @@ _SESSION = {"fn": "session_monitor"}
 RELEASE_WORKERS = 2  # sessions released at once (their models unloaded, NCGs destroyed)
 
 
-class _Stream:
+class _SessionStream:
     """One open session stream: its id, and its end, which happens once."""
 
     def __init__(
@@ -81,7 +81,7 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
     def __init__(self, runtime: Runtime, tickets: Tickets) -> None:
         self.runtime = runtime
         self.tickets = tickets
-        self._open: dict[int, _Stream] = {}
+        self._open: dict[int, _SessionStream] = {}
         self._stopping = False
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(RELEASE_WORKERS, thread_name_prefix="session-end")
@@ -108,7 +108,7 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
             context.set_details(str(exc))
             send_response(None)
             return
-        stream = _Stream(self, session_id, request_iterator, context, send_response)
+        stream = _SessionStream(self, session_id, request_iterator, context, send_response)
         with self._lock:
             self._open[session_id] = stream
         who = "unidentified" if peer is None else f"uid {peer}"
@@ -133,7 +133,7 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
         except RuntimeError:
             guarded("session_monitor", work)
 
-    def ended(self, stream: _Stream) -> None:
+    def ended(self, stream: _SessionStream) -> None:
         """Release what the session holds (unless the daemon stops: its drain does)."""
         with self._lock:
             self._open.pop(stream.session_id, None)

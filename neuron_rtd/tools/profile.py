@@ -61,7 +61,7 @@ PROG = "neuron-cli profile"
 TOP = 10
 
 
-class Failed(Exception):
+class ProfileFailed(Exception):
     """The daemon or the model failed: exit 1 with this message."""
 
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Failed as exc:
+    except ProfileFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
@@ -148,7 +148,7 @@ def _fetch(address: str, model_id: int, last: int, timeout_s: float) -> Any:
         try:
             return watch.profile(model_id, last)
         except NrtClientError as exc:
-            raise Failed(_said(exc)) from None
+            raise ProfileFailed(_said(exc)) from None
 
 
 def _said(exc: NrtClientError) -> str:
@@ -200,10 +200,10 @@ def _profile_neff(args: argparse.Namespace) -> Any:
                         file=sys.stderr,
                     )
     except NrtClientError as exc:
-        raise Failed(f"{args.target}: {_said(exc)}") from None
+        raise ProfileFailed(f"{args.target}: {_said(exc)}") from None
     except grpc.RpcError as exc:
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        raise Failed(
+        raise ProfileFailed(
             f"cannot reach the daemon at {args.address}: {_one_line(Exception(details))}"
         ) from None
 

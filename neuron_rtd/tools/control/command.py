@@ -49,7 +49,7 @@ class Failure(Exception):
     """The command could not do what was asked: exit 1 with this message."""
 
 
-class BadInput(Failure):
+class UnusableInput(Failure):
     """What the command was given cannot be used (a file that is not there or not readable,
     an npz that does not fit the model): exit 2 with this message."""
 
@@ -89,7 +89,7 @@ class Command:
         """The command's own arguments (none by default)."""
 
     def check(self, args: argparse.Namespace) -> None:
-        """What can be checked before connecting (the files named): BadInput if wrong."""
+        """What can be checked before connecting (the files named): UnusableInput if wrong."""
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         raise NotImplementedError
@@ -116,7 +116,7 @@ class Command:
     def run(self, args: argparse.Namespace) -> int:
         try:
             self.check(args)
-        except BadInput as exc:
+        except UnusableInput as exc:
             return fail(str(exc), EXIT_USAGE)
         address = args.address or default_address()
         try:
@@ -132,7 +132,7 @@ class Command:
             return fail(exc.details)
         except NrtClientError as exc:
             return fail(explain(exc, self.hints))
-        except BadInput as exc:
+        except UnusableInput as exc:
             return fail(str(exc), EXIT_USAGE)
         except (Failure, NrtError) as exc:
             return fail(str(exc))

@@ -18,24 +18,24 @@ from neuron_rtd.command_line import add_cast
 from neuron_rtd.errors import BadInput as RefusedInput
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import TensorSpec, as_input, shape_problem
-from neuron_rtd.tools.control.command import Answer, BadInput, Command, Failure
+from neuron_rtd.tools.control.command import Answer, Command, Failure, UnusableInput
 from neuron_rtd.tools.control.models import model_id
 
 SHOWN_VALUES = 6  # values of each output printed without --outputs
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
-    """The arrays of an npz file by name (no pickled objects); BadInput saying why not."""
+    """The arrays of an npz file by name (no pickled objects); UnusableInput saying why not."""
     why = unreadable(path)
     if why:
-        raise BadInput(f"{path}: {why}")
+        raise UnusableInput(f"{path}: {why}")
     if not zipfile.is_zipfile(path):
-        raise BadInput(f"{path}: not an npz file (numpy.savez writes one)")
+        raise UnusableInput(f"{path}: not an npz file (numpy.savez writes one)")
     try:
         with np.load(path, allow_pickle=False) as npz:  # a zip: always an NpzFile
             return {name: npz[name] for name in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise BadInput(f"{path}: not a readable npz file ({exc})") from None
+        raise UnusableInput(f"{path}: not a readable npz file ({exc})") from None
 
 
 def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -165,16 +165,16 @@ class Infer(Command):
     def check(self, args: argparse.Namespace) -> None:
         why = unreadable(args.inputs)
         if why:
-            raise BadInput(f"{args.inputs}: {why}")
+            raise UnusableInput(f"{args.inputs}: {why}")
         if not zipfile.is_zipfile(args.inputs):
-            raise BadInput(f"{args.inputs}: not an npz file (numpy.savez writes one)")
+            raise UnusableInput(f"{args.inputs}: not an npz file (numpy.savez writes one)")
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         arrays = read_npz(args.inputs)
         model = client.attach(args.model_id)
         problems = mismatches(arrays, model.inputs, args.inputs, args.model_id, args.cast)
         if problems:
-            raise BadInput("; ".join(problems))
+            raise UnusableInput("; ".join(problems))
         outputs = model.infer(arrays, cast=args.cast)
         transport = "through shared memory" if client.shm_enabled else "inline"
         docs = [summary(name, array) for name, array in outputs.items()]

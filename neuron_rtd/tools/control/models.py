@@ -16,11 +16,11 @@ from neuron_rtd.client.errors import NrtClientError
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.tools.control.command import (
     Answer,
-    BadInput,
     Command,
     Failure,
     Listing,
     Stopped,
+    UnusableInput,
     explain,
     int_at_least,
 )
@@ -153,7 +153,7 @@ class Load(Command):
         if why and why.startswith("permission denied"):
             why += _READ_HERE
         if why:
-            raise BadInput(f"{args.neff}: {why}")
+            raise UnusableInput(f"{args.neff}: {why}")
 
     def execute(self, args: argparse.Namespace, client: Client) -> Answer:
         from neuron_rtd.neff import read_neff_file  # numpy: only the commands that read one

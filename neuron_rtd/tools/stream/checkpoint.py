@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from neuron_rtd.tools.stream.output_folder import write_whole
-from neuron_rtd.tools.stream.units import Unit
+from neuron_rtd.tools.stream.units import WorkUnit
 
 CHECKPOINT = ".checkpoint.json"
 
@@ -31,7 +31,7 @@ class Checkpoint:
         if resume and self.path.exists():
             self.done, self.weights = _read_checkpoint(self.path)
 
-    def mark(self, unit: Unit, weights: list[dict[str, float]] | None = None) -> None:
+    def mark(self, unit: WorkUnit, weights: list[dict[str, float]] | None = None) -> None:
         with self._lock:
             self.done.add(unit.name)
             if weights is not None:

@@ -13,7 +13,7 @@ import numpy as np
 from neuron_rtd.records.features import output_examples
 from neuron_rtd.records.tfrecord import Writer, is_whole
 from neuron_rtd.tools.stream.output_folder import Temporary
-from neuron_rtd.tools.stream.units import OutputFormat, Unit
+from neuron_rtd.tools.stream.units import OutputFormat, WorkUnit
 
 
 def _is_written(path: Path, fmt: OutputFormat) -> bool:
@@ -31,7 +31,7 @@ def _is_written(path: Path, fmt: OutputFormat) -> bool:
 class _Outputs:
     """One unit's outputs, written in order under a temporary name."""
 
-    def __init__(self, output: Path, unit: Unit, fmt: OutputFormat) -> None:
+    def __init__(self, output: Path, unit: WorkUnit, fmt: OutputFormat) -> None:
         self.temporary = Temporary(output, unit.output_name(fmt))
         self.fmt = fmt
         self._writer = (

@@ -56,7 +56,7 @@ from neuron_rtd.tools.stream.sources import (
     read_manifest,
     shard_records,
 )
-from neuron_rtd.tools.stream.units import OutputFormat, Unit
+from neuron_rtd.tools.stream.units import OutputFormat, WorkUnit
 
 log = logging.getLogger("neuron_rtd.stream")
 
@@ -98,10 +98,10 @@ class Pipeline:
         self._busy: DaemonBusy | None = None
         self._decoders_count = options.decode_workers
 
-    def units(self) -> list[Unit]:
+    def units(self) -> list[WorkUnit]:
         o = self.options
         return [
-            Unit(epoch, shard)
+            WorkUnit(epoch, shard)
             for epoch in range(o.epochs)
             for shard in epoch_order(o.shards, o.shuffle, epoch)
         ]
@@ -160,7 +160,7 @@ class Pipeline:
         units = self.units()
         todo = [u for u in units if not self._done_before(u, checkpoint)]
         self.totals.units_skipped = len(units) - len(todo)
-        pending: deque[Unit] = deque(todo)
+        pending: deque[WorkUnit] = deque(todo)
         lock = threading.Lock()
 
         def channel() -> None:
@@ -237,13 +237,13 @@ class Pipeline:
                 part = list(itertools.islice(records, o.chunk_records))
                 if not part:
                     break
-                unit = Unit(epoch, None, chunk)
+                unit = WorkUnit(epoch, None, chunk)
                 if self._done_before(unit, checkpoint):
                     self.totals.units_skipped += 1
                     continue
                 self._unit(unit, iter(part), copies, batch, checkpoint, mixed.history)
 
-    def _done_before(self, unit: Unit, checkpoint: Checkpoint) -> bool:
+    def _done_before(self, unit: WorkUnit, checkpoint: Checkpoint) -> bool:
         """Whether an earlier run did `unit`: the checkpoint says so, and its output is
         there and whole (else it is done again, with a warning)."""
         if unit.name not in checkpoint.done:
@@ -271,7 +271,7 @@ class Pipeline:
 
     def _unit(
         self,
-        unit: Unit,
+        unit: WorkUnit,
         records: Iterator[Record] | None,
         copies: _Copies,
         batch: int,
@@ -337,7 +337,7 @@ class Pipeline:
             self.totals.nc_s += waited
 
     def _batches(
-        self, unit: Unit, records: Iterator[Record], batch: int
+        self, unit: WorkUnit, records: Iterator[Record], batch: int
     ) -> Iterator[tuple[list[str], int, Fill]]:
         """The records in batches of `batch` (the last one padded with zeros to the
         model's batch): (keys, real count, how to decode it into input arrays). Decoded

@@ -15,7 +15,7 @@ OutputFormat = Literal["tfrecord", "npy"]
 
 
 @dataclass(frozen=True)
-class Unit:
+class WorkUnit:
     epoch: int
     shard: Shard | None  # None: a chunk of a manifest's interleave
     chunk: int = 0
