@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import (
@@ -439,8 +440,14 @@ def test_a_slot_sends_its_request_again(
         assert [entry[0] for entry in lanes._messages.values()].count(kept) == 1
 
 
+def inferences_ended(stub: Any) -> int:
+    """How many inferences the daemon has ended, whatever their outcome."""
+    counters = stub.read_inference_counters(pb.empty()).nmgr_counters
+    return sum(c.count for c in counters.infer_status_counts)
+
+
 def test_an_infer_past_its_timeout_on_the_lane_is_a_timeout(
-    daemon: DaemonProcess, mlp: SampleModel, slow_ncs: Callable[[int], None]
+    daemon: DaemonProcess, stub: Any, mlp: SampleModel, slow_ncs: Callable[[int], None]
 ) -> None:
     """A lane that does not answer within the client's timeout fails the call with
     NERR_TIMEOUT, as gRPC's deadline does; its late answer never reaches the next call."""
@@ -448,13 +455,15 @@ def test_an_infer_past_its_timeout_on_the_lane_is_a_timeout(
         model = client.load(mlp.neff)
         x = mlp.random_inputs(1)["x"]
         assert_probs(model(x=x), mlp, x)
+        ended = inferences_ended(stub)
         slow_ncs(1500)
         with pytest.raises(NrtConnectionError) as late:
             model(x=x)
         assert late.value.nerr == Nerr.TIMEOUT
         assert "did not answer within 0.5 s" in late.value.details
         slow_ncs(0)
-        time.sleep(1.5)  # the late inference ends, its answer going nowhere
+        # the late inference ends, its answer going nowhere
+        wait_until(lambda: inferences_ended(stub) > ended, 30, "the late inference's end")
         y = mlp.random_inputs(2)["x"]
         assert_probs(model(x=y), mlp, y)
 
@@ -777,15 +786,17 @@ def test_an_unposted_async_inference_fails_as_infer_does(work: Path, mlp: Sample
         assert isinstance(error, NrtClientError) and error.nerr == Nerr.INFER_BAD_INPUT
         x = mlp.random_inputs(3)["x"]
         assert_probs(model.infer_async({"x": x}, posted=False).result(timeout=30), mlp, x)
-        (Path(proc.sim_root) / "neuron0" / "inject").write_text("nc_delay_ms=3000\n")
+        inject = Path(proc.sim_root) / "neuron0" / "inject"
+        inject.write_text("nc_delay_ms=3000\n")
         late = model.infer_async({"x": x}, posted=False)
-        time.sleep(0.5)  # in the daemon, sleeping on the NC
+        # in the daemon, sleeping on the NC: its run took the delay (the file emptied)
+        wait_until(lambda: inject.stat().st_size == 0, 30, "the run's injected delay")
         assert proc.proc is not None
         proc.proc.kill()
         error = late.exception(timeout=30)
         assert isinstance(error, NrtConnectionError), repr(error)
         assert error.nerr == Nerr.FAIL and "no runtime answers" in error.details
-        assert not model._idle  # its slot, which the daemon might still write into, dropped
+        assert not model._slots._idle  # its slot, which the daemon might still write into, dropped
 
 
 def test_async_errors_and_client_side_checks(
