@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from driver_sim import autocast, blas
+from driver_sim import blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import store_output
-from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
+from driver_sim.onnx_graph import InputTypes, to_onnx
 from driver_sim.ops.random import RANDOM_OPS
-from driver_sim.ops.registry import KERNELS, NARROW, tensor_attr
+from driver_sim.ops.registry import NARROW
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
 from neuron_rtd import onnxrt
 from neuron_rtd.onnxrt import IN_RUNS, WHILE_BUSY
@@ -64,8 +64,6 @@ ENGINES = ("reference", "fast")
 DEFAULT_OPSET = 17  # for programs that name none (hand-built ones)
 # Ops whose output shape depends on values however they are fed.
 DATA_SHAPED_OPS = frozenset({"NonZero", "NonMaxSuppression", "Compress", "Unique"})
-# The Winograd weight transform's left inverse: W = L U L^T undoes U = G W G^T.
-_L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 
 
 def check_engine(name: str) -> str:
@@ -74,7 +72,6 @@ def check_engine(name: str) -> str:
     return name
 
 
-InputTypes = tuple[tuple[str, int], ...]  # per program input: dtype string and rank
 Key = tuple[Shape, ...]  # the input shapes of a run
 Kind = tuple[int, str]  # a session's intra-op threads and how they wait (onnxrt's spinning)
 _UNBUILT = object()  # no session (yet) for these types and threads
@@ -435,269 +432,3 @@ def _shapes_follow_input_shapes(instructions: Sequence[Instr], weights: Mapping[
         if instr.op == "Shape" or all(name in known for name in instr.inputs):
             known.update(instr.outputs)
     return True
-
-
-# --- the ONNX graph of a program ----------------------------------------------------------
-def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
-    """The program as an ONNX model: instructions as nodes (the NC's own fused ones as
-    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks
-    `types` gives (in the program's input order). Under auto-cast, the fp32 inputs of the
-    ops cast go through a round trip to the 16-bit type (Cast, Cast back), as the
-    reference kernels round them."""
-    from onnx import helper, numpy_helper
-
-    program = loaded.program
-    weights = {name: np.asarray(value) for name, value in program.weights.items()}
-    inputs = [
-        helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [None] * rank
-        )
-        for (name, _), (dtype, rank) in zip(loaded.input_slots, types, strict=True)
-    ]
-    outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
-
-    def model(nodes: list[Any], extra: Mapping[str, np.ndarray]) -> Any:
-        used = {name for node in nodes for name in node.input}
-        initializers = [
-            numpy_helper.from_array(np.asarray(value, order="C"), name)
-            for name, value in {**weights, **extra}.items()
-            if name in used
-        ]
-        graph = helper.make_graph(nodes, "nc_program", inputs, outputs, initializers)
-        made = helper.make_model(graph, opset_imports=opsets)
-        made.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
-        return made
-
-    nodes, extra = _nodes(program, weights, opset, None)
-    if program.auto_cast != "none":
-        floats = _fp32_tensors(model(nodes, extra))
-        nodes, extra = _nodes(program, weights, opset, _Rounding(floats, program.auto_cast_type))
-    if any(node.op_type in _INT8_PRODUCTS for node in nodes):
-        nodes = _exact_products(nodes, weights, extra, _tensor_types(model(nodes, extra)))
-    return model(nodes, extra)
-
-
-class _Rounding:
-    """The rounded twin of each fp32 tensor an auto-cast op reads, made once."""
-
-    def __init__(self, floats: set[str], type_name: str) -> None:
-        self.floats = floats
-        self.narrow = {"bf16": 16, "fp16": 10}[type_name]  # TensorProto BFLOAT16, FLOAT16
-        self.made: dict[str, str] = {}
-        self.nodes: list[Any] = []
-
-    def __call__(self, name: str) -> str:
-        from onnx import helper
-
-        if name not in self.floats:
-            return name
-        if name not in self.made:
-            narrow, back = f"{name}/narrow", f"{name}/rounded"
-            self.nodes.append(helper.make_node("Cast", [name], [narrow], to=self.narrow))
-            self.nodes.append(helper.make_node("Cast", [narrow], [back], to=1))  # FLOAT
-            self.made[name] = back
-        return self.made[name]
-
-
-def _nodes(
-    program: Any, weights: Mapping[str, np.ndarray], opset: int, rounding: _Rounding | None
-) -> tuple[list[Any], dict[str, np.ndarray]]:
-    import onnx
-    from onnx import helper
-
-    nodes: list[Any] = []
-    extra: dict[str, np.ndarray] = {}
-    for index, raw in enumerate(program.instructions):
-        instr = Instr(*raw)
-        ins, outs = list(instr.inputs), list(instr.outputs)
-        if rounding is not None and autocast.casts(instr.op, program.auto_cast):
-            before = len(rounding.nodes)
-            ins = [rounding(name) for name in ins]
-            nodes.extend(rounding.nodes[before:])
-        attrs = dict(instr.attrs or {})
-        if instr.op == "MatMulBias":
-            product = f"{outs[0]}/matmul{index}"
-            nodes.append(helper.make_node("MatMul", ins[:2], [product]))
-            nodes.append(helper.make_node("Add", [product, ins[2]], outs))
-        elif instr.op == "WinogradConv":
-            weight = f"{instr.inputs[1]}/conv{index}"
-            extra[weight] = _winograd_inverse(weights[instr.inputs[1]])
-            if rounding is not None and autocast.casts(instr.op, program.auto_cast):
-                before = len(rounding.nodes)
-                weight = rounding(weight)
-                nodes.extend(rounding.nodes[before:])
-            conv_ins = [ins[0], weight, *ins[2:]]
-            nodes.append(helper.make_node("Conv", conv_ins, outs, kernel_shape=[3, 3], **attrs))
-        elif instr.op == "Gelu" and opset < 20:  # the compiler's fused GELU: exact (erf)
-            tanh = attrs.get("approximate", "none") == "tanh"
-            op = "FastGelu" if tanh else "Gelu"
-            nodes.append(helper.make_node(op, ins, outs, domain="com.microsoft"))
-        elif _onnxruntime_differs(instr.op, ins, attrs):
-            raise ValueError(f"onnxruntime's {instr.op} computes this otherwise than the NC")
-        elif instr.op == "ConvInteger" and not _one_element(weights, ins[3:]):
-            # onnxruntime takes a per-tensor W zero point only: the reference kernels run it
-            raise ValueError("ConvInteger with a per-channel W zero point")
-        elif instr.op in CONTRIB_OPS:  # onnxruntime's own quantized ops (QLinearAdd...)
-            parsed = KERNELS[instr.op].parse_attrs(attrs)
-            typed = {name: value for name, value in parsed.items() if value is not None}
-            nodes.append(helper.make_node(instr.op, ins, outs, domain=CONTRIB_DOMAIN, **typed))
-        else:
-            schema = onnx.defs.get_schema(instr.op, opset, "")
-            typed = {name: _attr(schema, name, value) for name, value in attrs.items()}
-            nodes.append(helper.make_node(instr.op, ins, outs, **typed))
-    return nodes, extra
-
-
-# The int8 products onnxruntime's kernels compute otherwise on some CPUs: uint8 A times
-# int8 B. On x86 CPUs without VNNI or AMX they multiply with vpmaddubsw, which saturates
-# each pair of products to int16 (255 * 127 * 2 > 32767), so a QLinearConv's output there
-# is one or two steps off the spec's, a MatMulInteger's far off (measured under QEMU as a
-# Haswell: 69 of 288 outputs of a QLinearConv, 64 of 64 of a MatMulInteger); its
-# session.x64quantprecision option misses QLinearMatMul-21 and refuses int8 A with it. Its
-# uint8 x uint8 and int8 x int8 kernels sum exactly everywhere, so the fast engine gives
-# such an op B + 128 as uint8 with its zero point + 128 (the same differences, the NC's
-# exact int32 sums on any CPU). Per op: the indexes of A, B and B's zero point.
-_INT8_PRODUCTS: Mapping[str, tuple[int, int, int]] = {
-    "QLinearConv": (0, 3, 5),
-    "QLinearMatMul": (0, 3, 5),
-    "QGemm": (0, 3, 5),
-    "MatMulInteger": (0, 1, 3),
-}
-_SHIFT = 128  # int8 + 128 is the same value as uint8, the same difference from its zero point
-
-
-def _exact_products(
-    nodes: list[Any],
-    weights: Mapping[str, np.ndarray],
-    extra: dict[str, np.ndarray],
-    types: Mapping[str, int],
-) -> list[Any]:
-    """`nodes` with the int8 B of each uint8 x int8 product (`_INT8_PRODUCTS`) as uint8
-    B + 128 and its zero point + 128: a weight's shifted copy joins `extra`, a computed B
-    is shifted by nodes before its op."""
-    from onnx import TensorProto, helper
-
-    out: list[Any] = []
-    made: dict[str, str] = {}
-
-    def shifted(name: str, index: int) -> str:
-        if name in made:
-            return made[name]
-        new = f"{name}/u8"
-        value = weights.get(name, extra.get(name))
-        if value is not None:
-            extra[new] = (np.asarray(value, dtype=np.int16) + _SHIFT).astype(np.uint8)
-        else:
-            wide, plus, shift = f"{name}/i32", f"{name}/i32+{_SHIFT}", f"{name}/shift{index}"
-            extra[shift] = np.array(_SHIFT, dtype=np.int32)
-            out.append(helper.make_node("Cast", [name], [wide], to=TensorProto.INT32))
-            out.append(helper.make_node("Add", [wide, shift], [plus]))
-            out.append(helper.make_node("Cast", [plus], [new], to=TensorProto.UINT8))
-        made[name] = new
-        return new
-
-    for index, node in enumerate(nodes):
-        spec = _INT8_PRODUCTS.get(node.op_type)
-        ins = list(node.input)
-        if spec is not None:
-            a, b, b_zero = spec
-            if types.get(ins[a]) == TensorProto.UINT8 and types.get(ins[b]) == TensorProto.INT8:
-                ins[b] = shifted(ins[b], index)
-                ins += [""] * (b_zero + 1 - len(ins))
-                if ins[b_zero]:
-                    ins[b_zero] = shifted(ins[b_zero], index)
-                else:  # absent: 0, shifted
-                    ins[b_zero] = f"{ins[b]}/zero{index}"
-                    extra[ins[b_zero]] = np.array(_SHIFT, dtype=np.uint8)
-                del node.input[:]
-                node.input.extend(ins)
-        out.append(node)
-    return out
-
-
-def _tensor_types(model: Any) -> dict[str, int]:
-    """The element type (TensorProto's) of each tensor of `model` ONNX type inference
-    tells, onnxruntime's own ops taken as giving their first input's."""
-    import onnx
-
-    typing = onnx.ModelProto()
-    typing.CopyFrom(model)
-    for node in typing.graph.node:
-        if node.domain == CONTRIB_DOMAIN:
-            node.op_type, node.domain = "Identity", ""
-            del node.input[1:], node.attribute[:]
-    graph = onnx.shape_inference.infer_shapes(typing).graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        types[value.name] = value.type.tensor_type.elem_type
-    return types
-
-
-def _onnxruntime_differs(op: str, ins: Sequence[str], attrs: Mapping[str, Any]) -> bool:
-    """Whether onnxruntime's kernel of `op` gives other numbers than the NC's for these
-    inputs and attributes (the reference kernels then run the program): its DFT and STFT
-    are computed in float32, off by more than fp32 tolerance where a bin is 0; its
-    Attention misplaces the -inf of a masked causal qk_matmul_output (mode 2) and
-    refuses an attn_mask with nonpad_kv_seqlen; its cubic GridSample clamps other points
-    than the spec's at the border."""
-    if op in ("DFT", "STFT"):
-        return True
-    if op == "GridSample":
-        return attrs.get("mode") in ("cubic", "bicubic") and attrs.get("padding_mode") == "border"
-    if op == "Attention":
-        masked = len(ins) > 3 and bool(ins[3])
-        padded = len(ins) > 6 and bool(ins[6])
-        return attrs.get("qk_matmul_output_mode", 0) == 2 or (masked and padded)
-    return False
-
-
-def _one_element(weights: Mapping[str, np.ndarray], names: Sequence[str]) -> bool:
-    """Whether each of `names` (absent ones aside) is a weight of one element."""
-    return all(not name or (name in weights and weights[name].size == 1) for name in names)
-
-
-def _fp32_tensors(model: Any) -> set[str]:
-    """The names of the model's fp32 tensors, by ONNX type inference (the contrib GELU
-    keeps its input's type)."""
-    import onnx
-
-    typing = onnx.ModelProto()
-    typing.CopyFrom(model)
-    for node in typing.graph.node:
-        if node.domain == "com.microsoft":
-            node.op_type, node.domain = "Identity", ""
-    inferred = onnx.shape_inference.infer_shapes(typing)
-    graph = inferred.graph
-    fp32 = onnx.TensorProto.FLOAT
-    floats = {t.name for t in graph.initializer if t.data_type == fp32}
-    for value in [*graph.input, *graph.value_info]:
-        if value.type.tensor_type.elem_type == fp32:
-            floats.add(value.name)
-    return floats
-
-
-def _attr(schema: Any, name: str, value: Any) -> Any:
-    """An instruction attribute as the type the op's schema gives it."""
-    from onnx import defs, numpy_helper
-
-    kind = schema.attributes[name].type
-    types = defs.OpSchema.AttrType
-    if kind == types.FLOAT:
-        return float(value)
-    if kind == types.INT:
-        return int(value)
-    if kind == types.FLOATS:
-        return [float(v) for v in value]
-    if kind == types.INTS:
-        return [int(v) for v in value]
-    if kind == types.TENSOR:
-        return numpy_helper.from_array(tensor_attr(value))
-    return value
-
-
-def _winograd_inverse(u: np.ndarray) -> np.ndarray:
-    """The Conv weight W (Cout, Cin, 3, 3) of WinogradConv weights U (16, Cout, Cin)."""
-    tiles = np.asarray(u, dtype=np.float64).reshape(4, 4, *u.shape[1:])
-    w = np.einsum("ia,aboc,jb->ocij", _L, tiles, _L)
-    return np.asarray(w, dtype=np.float32, order="C")
