@@ -16,6 +16,8 @@ import numpy as np
 import psutil
 import pytest
 
+from neuron_rtd.errors import Nerr
+from neuron_rtd.runtime import InferResult
 from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.batcher import THREAD_PREFIX, Batched, Batcher
 
@@ -44,7 +46,7 @@ class FakeModel:
     poison: float = -1.0
     hold: float = -2.0
 
-    def __call__(self, copy: int, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, copy: int, inputs: dict[str, np.ndarray]) -> InferResult:
         x = inputs["x"]
         signature = tuple(
             sorted((name, array.dtype.str, array.shape[1:]) for name, array in inputs.items())
@@ -58,7 +60,7 @@ class FakeModel:
             self.barrier.wait(WAIT)
         if (x == self.poison).any():
             raise ValueError("poisoned row")
-        return expected(inputs)
+        return InferResult(expected(inputs), Nerr.OK)
 
     def rows(self) -> list[int]:
         with self.lock:
@@ -398,9 +400,9 @@ def test_copies_run_lone_requests_in_parallel(
 @pytest.mark.parametrize(
     ("inputs", "words"),
     [
-        (request(1.0, rows=9), ["9 rows", "max_batch_size 8"]),
-        ({"x": np.zeros((0, 2), dtype=np.float32)}, ["0 rows", "'x'"]),
-        ({"x": np.zeros((2, 2)), "w": np.zeros((3, 1))}, ["'w' has 3 rows", "'x' has 2"]),
+        (request(1.0, rows=9), ["batch size 9", "max_batch_size 8"]),
+        ({"x": np.zeros((0, 2), dtype=np.float32)}, ["batch size 0", "'x'"]),
+        ({"x": np.zeros((2, 2)), "w": np.zeros((3, 1))}, ["'w' has batch size 3", "'x' 2"]),
         ({"x": np.ones(())}, ["'x' is a scalar"]),
         ({}, ["no inputs"]),
     ],
@@ -418,8 +420,8 @@ def test_bad_requests_are_refused(
 
 
 def test_outputs_of_the_wrong_rows_are_an_internal_error(make: Callable[..., Batcher]) -> None:
-    def short(copy: int, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"y": inputs["x"][:1]}
+    def short(copy: int, inputs: dict[str, np.ndarray]) -> InferResult:
+        return InferResult({"y": inputs["x"][:1]}, Nerr.OK)
 
     batcher = Batcher(short, copies=1, max_batch_size=4, name="short")
     try:

@@ -35,6 +35,7 @@ from neuron_rtd.runtime.api import (
     SystemCounters,
     Topology,
     parse_version,
+    wire_bytes,
 )
 from neuron_rtd.runtime.driver import (
     NC_ENGINES,
@@ -49,7 +50,6 @@ from neuron_rtd.runtime.driver import (
     SimDevice,
     acquire_sim,
     nc_engine,
-    nc_spinning,
     usable_cpus,
 )
 from neuron_rtd.runtime.local import LocalRuntime
@@ -118,11 +118,11 @@ __all__ = [
     "group_name",
     "may_open",
     "nc_engine",
-    "nc_spinning",
     "parse_version",
     "read_model_file",
     "session_tag",
     "socket_caller",
     "stranger",
     "usable_cpus",
+    "wire_bytes",
 ]

@@ -43,8 +43,24 @@ ShmOutputs = Mapping[str, str]  # output name -> the shm path it is written to
 
 @dataclass(frozen=True)
 class InferResult:
-    outputs: dict[str, bytes]  # inline outputs (none when they went to shared memory)
+    """An inference's answer. Each inline output is an array of its true shape (cut to
+    the inference's sizes), read-only, over a `bytes` object of its own copied once from
+    the slot: a wire takes those bytes as they are (`wire_bytes`), a numpy caller the
+    array."""
+
+    outputs: dict[str, np.ndarray]  # inline outputs (none when they went to shared memory)
     code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
+
+
+def wire_bytes(array: np.ndarray) -> bytes:
+    """An output's bytes for a wire: the `bytes` object an `InferResult` array lies over
+    when the array is all of it (no copy), else a copy (a batch's rows, say)."""
+    owner = array.base
+    if type(owner) is np.ndarray:  # the result's reshape of the flat array over the bytes
+        owner = owner.base
+    if type(owner) is bytes and len(owner) == array.nbytes and array.flags.c_contiguous:
+        return owner
+    return np.ascontiguousarray(array).tobytes()
 
 
 @dataclass(frozen=True)
@@ -189,12 +205,17 @@ class SystemCounters:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
-    default_timeout_s: float = 2.0
+    """What the runtime is told. The daemon's fields of the same names give them
+    (`neuron_rtd/daemon/config.py:runtime_options`): a name here is the config's key."""
+
+    default_timeout: float = 2.0  # seconds one inference may take
     default_ninfer: int = 4
     max_ninfer: int = 256
     ncs_per_device: int = 4
-    models_per_ncg: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
-    host_workers: int = 0  # CPU nodes running at once, all models (0: the host's CPUs)
+    model_cache_count: int = 4  # models one NCG may hold (one READY, the rest STANDBY); 0: any
+    # onnxruntime threads of one CPU node (0: the usable cores); CPU nodes at once: the
+    # usable cores / this (`neuron_rtd/runtime/host.py:HostPool`)
+    host_threads: int = 0
     cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
     shmem_enabled: bool = True  # clients may map shared memory for tensors
     # The folders `neff_file` loads may read from (symbolic links resolved first).
@@ -212,7 +233,7 @@ class RuntimeOptions:
     ) -> ModelParams:
         """A load's parameters, the defaults where it gives none; InvalidError out of
         bounds."""
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        timeout = self.default_timeout if timeout_s is None else timeout_s
         depth = self.default_ninfer if ninfer is None else ninfer
         if timeout <= 0:
             raise InvalidError(f"model timeout must be at least 1 s, got {timeout_s}")

@@ -4,8 +4,9 @@
 memory, named in the session the call presents, read straight into the slot), the model
 takes a slot and fills it (`LoadedModel.submit`), runs (`LoadedModel.run`; both at once
 in the caller's thread, `LoadedModel.infer`), and the result is answered from the slot
-inline or into the client's shared memory (`LoadedModel.outputs`, then
-`LoadedModel.answered` gives the slot back). Callers see these calls, never the slot.
+inline, as arrays over one copy each (`InferResult`), or into the client's shared memory
+(`LoadedModel.outputs`, then `LoadedModel.answered` gives the slot back). Callers see
+these calls, never the slot.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from neuron_rtd.errors import NrtError
+from neuron_rtd.neff import TensorSpec
+from neuron_rtd.neff.dtypes import is_narrow
 from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.job import Job, Source
@@ -89,7 +92,8 @@ class DataPath:
     def _sources(
         self, model: LoadedModel, inputs: Mapping[str, Input], caller: int | None
     ) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
-        """The inputs as the model reads them: bytes-like objects as they are, shared memory
+        """The inputs as the model reads them: bytes-like objects as they are (a numpy
+        caller's arrays as `array_input` makes them), shared memory
         (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
         read straight into the slot (as many bytes as the input takes; for an input whose
         size varies, the whole object)."""
@@ -103,6 +107,8 @@ class DataPath:
                 what = f"ifmap '{name}'"
                 mapping = self._shm.find(value.path, caller, model.session_id, what)
                 resolved[name] = self._shm.source(mapping, size, what)
+            elif type(value) is np.ndarray and name in specs:
+                resolved[name] = array_input(value, specs[name])
             else:
                 resolved[name] = value
         return resolved
@@ -110,15 +116,28 @@ class DataPath:
     def _answer(self, model: LoadedModel, job: Job, outputs: ShmSinks) -> InferResult:
         """The result of an ended job: its outputs inline, or written from its slot straight
         to the client's shared memory when the call names any there (then only those)."""
-        inline: dict[str, bytes] = {}
+        inline: dict[str, np.ndarray] = {}
         values = model.outputs(job)
         try:
             for name, value in values.items():
                 if name in outputs:
                     data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
                     self._shm.write(outputs[name], data, f"shm_ofmap '{name}'")
-                elif not outputs:
-                    inline[name] = value.tobytes()
+                elif not outputs:  # the one copy out of the slot, over bytes a wire sends
+                    inline[name] = np.frombuffer(value.tobytes(), value.dtype).reshape(value.shape)
         finally:
             model.answered(job)
         return InferResult(outputs=inline, code=job.code)
+
+
+def array_input(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A numpy caller's input (`LocalRuntime`, the serving core) as the slot takes it:
+    C-contiguous, in the NEFF's byte order (an array of the same type in the other order
+    is converted), an array of a narrow type of ml_dtypes, which offers no buffer, as its
+    bytes. Its dtype and shape are the model's to check, as for any input's bytes."""
+    dtype = spec.dtype
+    if array.dtype != dtype and array.dtype.newbyteorder("=") == dtype.newbyteorder("="):
+        array = array.astype(dtype)
+    elif not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array.view(np.uint8) if is_narrow(array.dtype) else array

@@ -2,7 +2,7 @@
 
     with LocalRuntime() as rt:
         model = rt.load(neff_bytes, ninfer=4)
-        outputs = rt.infer(model, {"x": array})          # in this thread
+        outputs = rt.infer(model, {"x": array})          # in this thread (outputs.code)
         cookies = [rt.post(model, {"x": a}) for a in batch]  # pipelined on a worker pool
         results = [rt.wait(model, c) for c in cookies]
 
@@ -23,8 +23,7 @@ import numpy as np
 
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Neff, input_array
-from neuron_rtd.neff.dtypes import is_narrow
-from neuron_rtd.runtime.api import ModelInfo, NcgInfo
+from neuron_rtd.runtime.api import InferResult, ModelInfo, NcgInfo
 from neuron_rtd.runtime.driver import DeviceApi, open_sim
 from neuron_rtd.runtime.runtime import Runtime
 from neuron_rtd.visible import visible_cores
@@ -107,41 +106,42 @@ class LocalRuntime:
                 raise
             raise ResourceNcError(self.visible.explain(str(exc))) from None
 
-    def infer(
-        self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False
-    ) -> dict[str, np.ndarray]:
+    def infer(self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False) -> Outputs:
         """Run `model` on numpy arrays in this thread; the outputs as arrays of their true
-        shapes. Inputs of another dtype or shape than the NEFF's are taken or refused
-        (BadInput) as the client's `Model.infer` takes them; `cast`: numpy's unsafe cast instead."""
-        result = self.runtime.infer(model.id, _raw(model, inputs, cast))
-        return _arrays(model, result.outputs)
+        shapes, with the inference's code. Inputs of another dtype or shape than the NEFF's
+        are taken or refused (BadInput) as the client's `Model.infer` takes them; `cast`:
+        numpy's unsafe cast instead."""
+        return Outputs(self.runtime.infer(model.id, _checked(model, inputs, cast)))
 
     def post(self, model: ModelInfo, inputs: Mapping[str, Any], *, cast: bool = False) -> int:
         """Queue an inference (its inputs are copied in before this returns); a cookie."""
-        return self.runtime.post(model.id, _raw(model, inputs, cast))
+        return self.runtime.post(model.id, _checked(model, inputs, cast))
 
-    def wait(self, model: ModelInfo, cookie: int) -> dict[str, np.ndarray]:
+    def wait(self, model: ModelInfo, cookie: int) -> Outputs:
         """The outputs of a posted inference of `model`, once it has ended."""
-        return _arrays(model, self.runtime.wait(cookie).outputs)
+        return Outputs(self.runtime.wait(cookie))
 
     def unload(self, model: ModelInfo) -> None:
         self.runtime.unload(model.id)
 
 
-def _raw(model: ModelInfo, inputs: Mapping[str, Any], cast: bool) -> dict[str, np.ndarray]:
-    """The inputs as contiguous arrays of the model's dtypes and shapes, under the one
-    dtype policy and shape check (`neuron_rtd.neff.casting.input_array`; unknown names
-    kept, for the model to refuse); those of a narrow type of ml_dtypes, which offer no
-    buffer, as their bytes."""
+class Outputs(dict[str, np.ndarray]):
+    """An inference's outputs by name (the runtime's `InferResult` arrays), and its `code`:
+    OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf."""
+
+    def __init__(self, result: InferResult) -> None:
+        super().__init__(result.outputs)
+        self.code = result.code
+
+
+def _checked(model: ModelInfo, inputs: Mapping[str, Any], cast: bool) -> dict[str, np.ndarray]:
+    """The inputs as arrays of the model's dtypes and shapes, under the one dtype policy
+    and shape check (`neuron_rtd.neff.casting.input_array`; unknown names kept, for the
+    model to refuse); the runtime takes them from there (`Runtime.infer`)."""
     specs = {spec.name: spec for spec in model.neff.inputs}
-    raw = {}
-    for name, value in inputs.items():
-        spec = specs.get(name)
-        array = np.asarray(value) if spec is None else input_array(value, spec, cast=cast)
-        contiguous = np.ascontiguousarray(array)
-        raw[name] = contiguous.view(np.uint8) if is_narrow(contiguous.dtype) else contiguous
-    return raw
-
-
-def _arrays(model: ModelInfo, outputs: Mapping[str, bytes]) -> dict[str, np.ndarray]:
-    return {t.name: t.array_from(outputs[t.name]) for t in model.neff.outputs}
+    return {
+        name: np.asarray(value)
+        if (spec := specs.get(name)) is None
+        else input_array(value, spec, cast=cast)
+        for name, value in inputs.items()
+    }

@@ -30,7 +30,7 @@ import grpc
 import numpy as np
 
 from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
-from neuron_rtd.runtime import Caller, stranger
+from neuron_rtd.runtime import Caller, stranger, wire_bytes
 from neuron_rtd.server.kserve_tensors import (
     SHM_PARAMETERS,
     SHM_REGION,
@@ -129,7 +129,9 @@ def from_contents(
 
 
 def raw_output(array: np.ndarray) -> bytes:
-    return np.ascontiguousarray(array).tobytes()
+    """An output's raw contents: the bytes the runtime copied it out of its slot into, as
+    they are (`wire_bytes`), a copy only when the array is part of them (a batch's rows)."""
+    return wire_bytes(array)
 
 
 class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):

@@ -22,6 +22,7 @@ from neuron_rtd.runtime import (
     ShmInput,
     Snapshot,
     parse_version,
+    wire_bytes,
 )
 
 
@@ -70,8 +71,8 @@ def shm_ofmaps(ios: Iterable[pb.infer_io]) -> dict[str, str]:
 def infer_response(result: InferResult) -> pb.infer_response:
     response = pb.infer_response()
     ofmap = response.ofmap
-    for name, data in result.outputs.items():
-        ofmap.add(name=name, buf=data)
+    for name, array in result.outputs.items():
+        ofmap.add(name=name, buf=wire_bytes(array))
     response.status.code = result.code
     return response
 

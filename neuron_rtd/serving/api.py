@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from neuron_rtd.errors import Nerr
 from neuron_rtd.proto import kserve_pb, model_config_pb
 from neuron_rtd.runtime import Caller
 
@@ -99,6 +100,8 @@ class InferResponse:
     version: str
     id: str
     outputs: dict[str, np.ndarray]  # the ones asked for, in the model's output order
+    # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output of the execution holds NaN/Inf
+    code: Nerr = Nerr.OK
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,29 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from neuron_rtd.errors import Nerr
 from neuron_rtd.serving.api import ServingError, Status
 
-Execute = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+Execute = Callable[[int, dict[str, np.ndarray]], "Executed"]
 # input names, dtypes and shapes beyond axis 0, by name
 Signature = tuple[tuple[str, np.dtype, tuple[int, ...]], ...]
 
 THREAD_PREFIX = "neuron-batcher"
+
+
+class Executed(Protocol):
+    """What one execution answers (the runtime's `InferResult`): its outputs, axis 0 of
+    each the merged rows, and its code."""
+
+    @property
+    def outputs(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def code(self) -> Nerr: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,7 @@ class Batched:
     outputs: dict[str, np.ndarray]  # this request's rows of each output
     queue_ns: int  # from submit until its batch began executing
     batch_size: int  # rows of the execution it ran in
+    code: Nerr = Nerr.OK  # the execution's (a NaN/Inf in any of its rows)
 
 
 class _Request:
@@ -58,6 +72,7 @@ class _Request:
         "_done",
         "arrival_ns",
         "batch_rows",
+        "code",
         "error",
         "inputs",
         "offset",
@@ -72,7 +87,8 @@ class _Request:
         self.rows = rows
         self.arrival_ns = arrival_ns
         self.signature = _signature(inputs)
-        self.outputs: dict[str, np.ndarray] = {}
+        self.outputs: Mapping[str, np.ndarray] = {}
+        self.code = Nerr.OK
         self.offset = 0
         self.start_ns = 0
         self.batch_rows = 0
@@ -81,10 +97,9 @@ class _Request:
         self._done = threading.Lock()
         self._done.acquire()
 
-    def succeed(
-        self, outputs: dict[str, np.ndarray], offset: int, start_ns: int, batch_rows: int
-    ) -> None:
-        self.outputs = outputs
+    def succeed(self, result: Executed, offset: int, start_ns: int, batch_rows: int) -> None:
+        self.outputs = result.outputs
+        self.code = result.code
         self.offset = offset
         self.start_ns = start_ns
         self.batch_rows = batch_rows
@@ -100,11 +115,11 @@ class _Request:
         self._done.acquire()
         if self.error is not None:
             raise self.error
-        outputs = self.outputs
+        outputs = dict(self.outputs)
         if self.rows != self.batch_rows:
             start, stop = self.offset, self.offset + self.rows
             outputs = {name: array[start:stop] for name, array in outputs.items()}
-        return Batched(outputs, self.start_ns - self.arrival_ns, self.batch_rows)
+        return Batched(outputs, self.start_ns - self.arrival_ns, self.batch_rows, self.code)
 
 
 def _signature(inputs: dict[str, np.ndarray]) -> Signature:
@@ -114,9 +129,9 @@ def _signature(inputs: dict[str, np.ndarray]) -> Signature:
 class Batcher:
     """Merges concurrent requests of one model into executions of up to `max_batch_size`
     rows on its `copies` copies. `execute(copy_index, merged_inputs)` runs one execution
-    on copy `copy_index` and returns its outputs, axis 0 of each being the merged rows; it
-    is called from the workers and from submitting threads, never twice at once for one
-    copy."""
+    on copy `copy_index` and returns its result (`Executed`), axis 0 of each output being
+    the merged rows; it is called from the workers and from submitting threads, never
+    twice at once for one copy."""
 
     def __init__(
         self,
@@ -161,12 +176,14 @@ class Batcher:
         with self._cond:
             return self._queued
 
-    def submit(self, inputs: Mapping[str, np.ndarray]) -> Batched:
+    def submit(self, inputs: Mapping[str, np.ndarray], rows: int = 0) -> Batched:
         """Run `inputs` (axis 0 of each the request's rows) in some execution; block until
-        it has run. Raises what `execute` raised for that execution, or a ServingError."""
+        it has run. Raises what `execute` raised for that execution, or a ServingError.
+        `rows`: the request's batch size when its caller checked it by the batch rules
+        (`batch_rows`), else 0 and they are checked here."""
         arrival_ns = time.monotonic_ns()
         merged = dict(inputs)
-        rows = self._rows(merged)
+        rows = rows or self._rows(merged)
         with self._cond:
             if self._closed:
                 raise self._unloading()
@@ -187,11 +204,11 @@ class Batcher:
         # the fast path: nothing queued, a copy idle, nothing worth waiting for
         try:
             start_ns = time.monotonic_ns()
-            outputs = self._execute(copy, merged)
+            result = self._execute(copy, merged)
         finally:
             self._give_back(copy)
-        self._check_outputs(outputs, rows)
-        return Batched(outputs, start_ns - arrival_ns, rows)
+        self._check_outputs(result.outputs, rows)
+        return Batched(dict(result.outputs), start_ns - arrival_ns, rows, result.code)
 
     def close(self) -> None:
         """Fail every queued request (UNAVAILABLE), refuse new ones, wait for the
@@ -221,38 +238,14 @@ class Batcher:
     def _rows(self, inputs: dict[str, np.ndarray]) -> int:
         if not inputs:
             raise ServingError(Status.INVALID_ARGUMENT, f"a request to {self._model} has no inputs")
-        rows = -1
+        batch = 0
         first = ""
         for name, array in inputs.items():
-            if array.ndim == 0:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"input '{name}' is a scalar; {self._model} batches on axis 0, so every "
-                    "input needs at least one axis",
-                )
-            if rows < 0:
-                rows, first = array.shape[0], name
-            elif array.shape[0] != rows:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"input '{name}' has {array.shape[0]} rows on the batch axis (axis 0) but "
-                    f"input '{first}' has {rows}; every input of a request has the same rows",
-                )
-        if rows == 0:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"input '{first}' has 0 rows on the batch axis (axis 0); a request to "
-                f"{self._model} needs at least 1",
-            )
-        if rows > self._max_batch_size:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"input '{first}' has {rows} rows on the batch axis (axis 0), more than "
-                f"{self._model}'s max_batch_size {self._max_batch_size}; split the request",
-            )
-        return rows
+            rows = batch_rows(name, array.shape, self._model, self._max_batch_size)
+            batch, first = same_batch(name, rows, first, batch)
+        return batch
 
-    def _check_outputs(self, outputs: dict[str, np.ndarray], rows: int) -> None:
+    def _check_outputs(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
         for name, array in outputs.items():
             if array.ndim == 0 or array.shape[0] != rows:
                 got = "no batch axis" if array.ndim == 0 else f"{array.shape[0]} rows"
@@ -365,16 +358,59 @@ class Batcher:
                     name: np.concatenate([request.inputs[name] for request in batch])
                     for name in batch[0].inputs
                 }
-            outputs = self._execute(copy, merged)
-            self._check_outputs(outputs, rows)
+            result = self._execute(copy, merged)
+            self._check_outputs(result.outputs, rows)
         except BaseException as error:  # every waiter must be answered, whatever happened
             for request in batch:
                 request.fail(error)
             return
         offset = 0
         for request in batch:
-            request.succeed(outputs, offset, start_ns, rows)
+            request.succeed(result, offset, start_ns, rows)
             offset += request.rows
+
+
+def batch_rows(
+    name: str, shape: tuple[int, ...], model: str, max_batch_size: int, min_batch_size: int = 1
+) -> int:
+    """The batch rules for input `name` of `shape` of a request to `model` (the words the
+    request is refused in): its rows on the batch axis (axis 0), from `min_batch_size`
+    (1, or the NEFF's smallest batch bucket) to `max_batch_size`."""
+    if not shape:
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' is a scalar; {model} batches on axis 0, so every input needs at "
+            "least one axis",
+        )
+    rows = shape[0]
+    if rows > max_batch_size:
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' has batch size {rows}, more than the max_batch_size "
+            f"{max_batch_size} of {model}: split the request",
+        )
+    if rows < max(min_batch_size, 1):
+        buckets = " (its NEFF's batch buckets)" if min_batch_size > 1 else ""
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' has batch size {rows}; {model} takes "
+            f"{max(min_batch_size, 1)}..{max_batch_size}{buckets}",
+        )
+    return rows
+
+
+def same_batch(name: str, rows: int, first: str, batch: int) -> tuple[int, str]:
+    """The batch rule across a request's inputs: input `name` has as many rows as the
+    `first` input checked (`batch` of them); the batch size and the first input's name."""
+    if not first:
+        return rows, name
+    if rows != batch:
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' has batch size {rows}, input '{first}' {batch}: the inputs of a "
+            "request share their batch size (axis 0)",
+        )
+    return batch, first
 
 
 def _check_config(

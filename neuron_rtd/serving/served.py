@@ -34,9 +34,9 @@ from neuron_rtd.errors import (
 )
 from neuron_rtd.neff import Neff
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.runtime import Runtime, read_model_file
+from neuron_rtd.runtime import InferResult, Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
-from neuron_rtd.serving.batcher import Batcher
+from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
 from neuron_rtd.serving.stats import VersionStats
@@ -122,6 +122,7 @@ class ServedVersion:
         self.max_batch_size = config.max_batch_size
         self.min_batch_size = BatchBuckets.of(neff).low if self.max_batch_size > 0 else 0
         self.what = f"model '{name}' version {version}"
+        self.model = f"model '{name}'"
         self._inputs = tuple(self._input(entry) for entry in config.input)
         self._input_names = {i.name for i in self._inputs}
         self._dtypes = {i.name: i.dtype for i in self._inputs}
@@ -178,10 +179,11 @@ class ServedVersion:
             batch = self._check(request)
             wanted = self._wanted(request.outputs)
             if self.batcher is not None:
-                done = self.batcher.submit(request.inputs)
-                outputs, queue_ns = done.outputs, done.queue_ns
+                done = self.batcher.submit(request.inputs, batch)
+                outputs, code, queue_ns = done.outputs, done.code, done.queue_ns
             else:
-                outputs, queue_ns = self._run_direct(request.inputs, began_ns)
+                result, queue_ns = self._run_direct(request.inputs, began_ns)
+                outputs, code = result.outputs, result.code
         except ServingError:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
             raise
@@ -190,11 +192,11 @@ class ServedVersion:
             raise serving_error(exc, self.what) from None
         answer = {name: outputs[name] for name in wanted}
         self.stats.request_done(time.perf_counter_ns() - began_ns, batch, queue_ns)
-        return InferResponse(self.name, self.version_text, request.id, answer)
+        return InferResponse(self.name, self.version_text, request.id, answer, code)
 
     def _run_direct(
         self, inputs: Mapping[str, np.ndarray], began_ns: int
-    ) -> tuple[dict[str, np.ndarray], int]:
+    ) -> tuple[InferResult, int]:
         """On the least busy copy, once one has a free slot."""
         busy = self._busy
         with self._free:
@@ -229,14 +231,8 @@ class ServedVersion:
                         f"{spec.datatype}",
                     )
             rows = self._check_shape(spec, array.shape)
-            if not first:
-                batch, first = rows, spec.name
-            elif rows != batch:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"input '{spec.name}' has batch size {rows}, input '{first}' {batch}: the "
-                    "inputs of a request share their batch size (axis 0)",
-                )
+            if self.max_batch_size > 0:
+                batch, first = same_batch(spec.name, rows, first, batch)
         return batch
 
     def _check_shape(self, spec: _Input, shape: tuple[int, ...]) -> int:
@@ -255,17 +251,10 @@ class ServedVersion:
                 f"input '{spec.name}' has shape {_shape(shape)}; model '{self.name}' takes "
                 f"{_shape(expected)}{limit}",
             )
-        if batched and shape[0] > self.max_batch_size:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"input '{spec.name}' has batch size {shape[0]}, more than the "
-                f"max_batch_size {self.max_batch_size} of model '{self.name}': split the request",
-            )
-        if batched and shape[0] < self.min_batch_size:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"input '{spec.name}' has batch size {shape[0]}; model '{self.name}' takes "
-                f"{self.min_batch_size}..{self.max_batch_size} (its NEFF's batch buckets)",
+        rows = 1
+        if batched:
+            rows = batch_rows(
+                spec.name, shape, self.model, self.max_batch_size, self.min_batch_size
             )
         start = 1 if batched else 0
         for axis in range(start, len(shape)):
@@ -275,7 +264,7 @@ class ServedVersion:
                     f"input '{spec.name}' has {shape[axis]} on axis {axis}; model "
                     f"'{self.name}' takes at most {spec.bound[axis]} there",
                 )
-        return shape[0] if batched else 1
+        return rows
 
     def _refuse_names(self, given: Mapping[str, np.ndarray]) -> None:
         for name in given:
@@ -306,32 +295,20 @@ class ServedVersion:
         return [name for name in self._output_names if name in asked]
 
     # --- one execution ---------------------------------------------------------------------
-    def execute(self, copy: int, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def execute(self, copy: int, inputs: dict[str, np.ndarray]) -> InferResult:
         """One runtime inference of `inputs` on copy `copy` (the batcher's `execute`),
-        timed into the statistics; every output as an array of its true shape."""
+        timed into the statistics: the runtime's result as it is (every output an array of
+        its true shape, and its code: a NaN/Inf outcome is kept). The inputs go to the
+        runtime as they are: it makes each as its slot takes it (`Runtime.infer`)."""
         t0 = time.perf_counter_ns()
-        raw = {}
-        for name, array in inputs.items():
-            dtype = self._dtypes[name]
-            if array.dtype != dtype or not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array, dtype=dtype)
-            raw[name] = array
-        t1 = time.perf_counter_ns()
         try:
-            result = self.runtime.infer(self.model_ids[copy], raw)
+            result = self.runtime.infer(self.model_ids[copy], inputs)
         except NrtError as exc:
             raise serving_error(exc, self.what) from None
-        t2 = time.perf_counter_ns()
-        sizes = {symbol: raw[name].shape[axis] for name, axis, symbol in self._symbol_axes}
-        outputs = {
-            name: self._output_specs[name].array_from(data, sizes)
-            for name, data in result.outputs.items()
-            if name in self._output_specs
-        }
-        t3 = time.perf_counter_ns()
-        rows = next(iter(raw.values())).shape[0] if self.max_batch_size > 0 and raw else 1
-        self.stats.execution(rows, t1 - t0, t2 - t1, t3 - t2)
-        return outputs
+        t1 = time.perf_counter_ns()
+        rows = next(iter(inputs.values())).shape[0] if self.max_batch_size > 0 and inputs else 1
+        self.stats.execution(rows, 0, t1 - t0, time.perf_counter_ns() - t1)
+        return result
 
     # --- its end -------------------------------------------------------------------------
     def close(self) -> list[str]:
