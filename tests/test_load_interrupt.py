@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client, NrtClientError, NrtConnectionError
@@ -177,10 +178,21 @@ def ctrl_c_raises() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous)
 
 
+def waits_on_the_load_call() -> bool:
+    """Whether the main thread is in the load call's wait (`result`, called by the
+    client's `_load_once`), where its Ctrl-C is handled."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None and frame.f_back is not None:
+        if frame.f_code.co_name == "result" and frame.f_back.f_code.co_name == "_load_once":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def ctrl_c_after(event: threading.Event) -> None:
     """Ctrl-C for this process once `event` is set and the main thread waits on the call."""
     assert event.wait(60)
-    time.sleep(0.3)
+    wait_until(waits_on_the_load_call, 60, "the main thread waits on the load call")
     os.kill(os.getpid(), signal.SIGINT)
 
 
