@@ -38,7 +38,7 @@ from neuron_rtd.runtime import (
     acquire_sim,
     session_tag,
 )
-from neuron_rtd.runtime.model import _checked_form, all_finite
+from neuron_rtd.runtime.finite import all_finite, checked_form
 
 
 @pytest.fixture
@@ -309,7 +309,7 @@ def test_all_finite_reads_float_outputs_as_checked() -> None:
         np.ones((4, 100), np.float64),
         np.ones(8, np.float16),
     ]
-    forms = [_checked_form(o) for o in outputs]
+    forms = [checked_form(o) for o in outputs]
     assert type(forms[0]) is memoryview and forms[1].shape == (400,)
     assert all_finite(*forms)
     for output in outputs:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -57,6 +56,7 @@ from neuron_rtd.runtime.driver import (
     take_turn,
     usable_cpus,
 )
+from neuron_rtd.runtime.finite import all_finite, checked_form
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
 from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
@@ -145,13 +145,13 @@ class LoadedModel:
         fixed = len(self.variants) == 1 and not self.variants[0].bucket.symbols
         self._only = self.variants[0] if fixed else None
         # Its outputs per slot, when they are plain arrays: what `outputs` answers and
-        # `_numerical_code` reads (its float ones, see `_checked_form`), with no cut to
+        # `_numerical_code` reads (its float ones, see `checked_form`), with no cut to
         # this inference's sizes.
         self._plain_outputs = None if self._only is None else _plain_outputs(self._only, self.neff)
         self._plain_floats = None
         if self._plain_outputs is not None:
             self._plain_floats = [
-                tuple(_checked_form(outputs[t.name]) for t in self._float_outputs)
+                tuple(checked_form(outputs[t.name]) for t in self._float_outputs)
                 for outputs in self._plain_outputs
             ]
         self._driver_errors = driver_errors(f"model {self.id} ({self.name})")
@@ -524,58 +524,3 @@ def _plain_outputs(variant: Variant, neff: Neff) -> list[dict[str, np.ndarray]] 
     if not all(isinstance(slot[n], np.ndarray) for slot in variant.slots for n in names):
         return None
     return [{n: slot[n] for n in names} for slot in variant.slots]
-
-
-def _checked_form(output: np.ndarray) -> np.ndarray | memoryview[float]:
-    """A float output as `_numerical_code` checks it: a handful of float32 or float64
-    values in place as a memoryview, whose floats Python reads with no call into numpy
-    (slow on the caches a run has just had); else the array itself, flat when that needs
-    no copy (`all_finite`)."""
-    small = 0 < output.size <= _FEW  # (a memoryview of no elements cannot be cast)
-    if small and output.flags.c_contiguous and output.dtype in _BLAS_FLOATS:
-        items = output.data.cast("B")  # (the dtype is in the host's byte order)
-        return items.cast("f") if output.dtype == np.float32 else items.cast("d")
-    return output.reshape(-1) if output.flags.c_contiguous else output
-
-
-def all_finite(*values: np.ndarray | memoryview[float]) -> bool:
-    """Whether float arrays (or memoryviews of a handful of floats, `_checked_form`) hold
-    no NaN or Inf. A handful of values is summed in Python (`finite_sum`). A float32 or
-    float64 array's dot product with itself is finite only if every element is (a NaN or
-    Inf makes it NaN or Inf), and BLAS reads the array faster than `isfinite` can; a
-    non-finite dot product (also from squares that overflow) is settled elementwise. The
-    dot products of all the arrays share one `errstate` (entering it costs as much as a
-    dot product of a few thousand values)."""
-    dotted = []
-    for value in values:
-        if type(value) is memoryview:
-            if not finite_sum(value.tolist()):
-                return False
-        elif value.size <= _FEW:
-            if not finite_sum(value.reshape(-1).tolist()):
-                return False
-        elif value.dtype in _BLAS_FLOATS:
-            dotted.append(value.reshape(-1))
-        elif not np.isfinite(value).all():
-            return False
-    if dotted:
-        with np.errstate(all="ignore"):
-            for flat in dotted:
-                if not math.isfinite(flat.dot(flat)) and not np.isfinite(flat).all():
-                    return False
-    return True
-
-
-def finite_sum(values: Sequence[float]) -> bool:
-    """Whether a handful of floats holds no NaN or Inf: summed exactly in Python (an inf
-    or a nan stays so)."""
-    try:
-        return math.isfinite(math.fsum(values))
-    except OverflowError:  # finite values whose sum overflows
-        return True
-    except ValueError:  # inf - inf
-        return False
-
-
-_FEW = 64  # values summed in Python rather than checked by numpy
-_BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
