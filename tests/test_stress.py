@@ -9,6 +9,7 @@ unloading everything leaves no NCG and no DRAM byte."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import random
@@ -22,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.errors import Nerr
@@ -173,8 +175,10 @@ def test_random_calls_from_16_threads_end_answered_and_consistent(one_device: An
     finally:
         faulthandler.cancel_dump_traceback_later()
     if shared.failures:
+        logged = len(daemon.log())
         os.kill(daemon.pid, signal.SIGUSR1)  # the daemon's stacks, into its log
-        time.sleep(0.5)
+        with contextlib.suppress(AssertionError):  # the failures are told even without them
+            wait_until(lambda: "most recent call first" in daemon.log()[logged:], 10, "stacks")
         log = daemon.log()[-8000:]
         pytest.fail("\n".join(shared.failures[:10]) + "\n--- daemon log ---\n" + log)
     done = sum(shared.codes.values())
