@@ -21,12 +21,14 @@ import pytest
 from rich.console import Console, RenderableType
 from textual.widgets import Static
 
-from neuron_rtd.cli.neuron_top import DaemonState, NeuronTop, Poller, SystemCpu, frame
+from neuron_rtd.cli.neuron_top import NeuronTop
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
 from neuron_rtd.client.observe import Watch, interval
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import ext_pb
+from neuron_rtd.tools.top.frames import frame
+from neuron_rtd.tools.top.poll import DaemonState, Poller, SystemCpu
 
 GIB = 2**30
 
