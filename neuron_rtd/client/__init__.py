@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
+    from neuron_rtd.client._slots import Staged
     from neuron_rtd.client.address import DEFAULT_ADDRESS, AddressError, default_address
     from neuron_rtd.client.client import Client
     from neuron_rtd.client.errors import (
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
         NrtClientError,
         NrtConnectionError,
     )
-    from neuron_rtd.client.model import Model, Staged
+    from neuron_rtd.client.model import Model
 
 # Each name and its module, imported when the name is first asked for: a tool that needs
 # only `neuron_rtd.client.address` or `.observe` (neuron-ls, neuron-monitor, neuron-cli's
@@ -38,7 +39,7 @@ _WHERE = {
     "NrtClientError": "errors",
     "NrtConnectionError": "errors",
     "Model": "model",
-    "Staged": "model",
+    "Staged": "_slots",
 }
 
 

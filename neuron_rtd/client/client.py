@@ -23,12 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import mmap
-import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -40,13 +36,13 @@ from neuron_rtd.client._config import (
     shm_from_env,
 )
 from neuron_rtd.client._connection import Connection
+from neuron_rtd.client._load import NeffSource, load_requests, neff_source, read_for_load, spec_of
 from neuron_rtd.client._ncg import NcgGate
 from neuron_rtd.client.address import DEFAULT_ADDRESS, default_address, grpc_target
 from neuron_rtd.client.errors import SUCCESS, NrtClientError, NrtConnectionError, check
 from neuron_rtd.client.model import Model, Signature
-from neuron_rtd.errors import InvalidError, Nerr, NrtError
-from neuron_rtd.neff import Neff, TensorSpec, read_neff
-from neuron_rtd.neff.dtypes import parse_dtype
+from neuron_rtd.errors import InvalidError, Nerr
+from neuron_rtd.neff import Neff, read_neff
 from neuron_rtd.proto import ext_pb, pb
 from neuron_rtd.visible import visible_cores
 
@@ -63,8 +59,6 @@ __all__ = [
 log = logging.getLogger("neuron_rtd.client")
 
 ASYNC_WORKERS = 8
-
-NeffSource = bytes | bytearray | memoryview | str | os.PathLike[str] | Neff
 
 
 class Client:
@@ -333,7 +327,7 @@ class Client:
             raise TypeError("give timeout or timeout_s, not both")
         seconds = timeout if timeout is not None else timeout_s
         depth = self.ninfer if ninfer is None else ninfer
-        data, path = _neff_source(neff, by_path)
+        data, path = neff_source(neff, by_path)
         self.open()
         gate = self._take_gate() if ncg is None else None
         target = gate.id if gate is not None else ncg
@@ -342,7 +336,7 @@ class Client:
         if target is None and self.visible is not None:
             # the daemon's implicit NCG could lie anywhere: one of just enough NCs, here
             if parsed is None:
-                parsed = _read_for_load(data)
+                parsed = read_for_load(data)
             made, _ = self._create_eg(max(parsed.nc_count, 1), implicit=True)
             target = made
         params = pb.model_params(ninfer=pb.u32(data=depth))
@@ -396,23 +390,7 @@ class Client:
         self, ncg: int | None, params: pb.model_params, data: memoryview, path: str | None
     ) -> pb.load_response:
         session_id = self.connection.session_id()
-
-        def stream() -> Iterator[pb.load_request]:
-            if ncg is not None:
-                yield pb.load_request(h_eg=pb.h_eg(id=ncg))
-            if session_id:
-                yield pb.load_request(session_id=session_id)
-            if path is not None:
-                yield pb.load_request(model_params=params)
-                yield pb.load_request(neff_file=path)
-                return
-            yield pb.load_request(neff_size=data.nbytes)
-            yield pb.load_request(model_params=params)
-            for i in range(0, data.nbytes, CHUNK_BYTES):
-                chunk = bytes(data[i : i + CHUNK_BYTES])
-                yield pb.load_request(neff_chunk=pb.file_chunk(chunk=chunk))
-
-        return self.connection.load(stream)
+        return self.connection.load(lambda: load_requests(ncg, session_id, params, data, path))
 
     def attach(self, model_id: int) -> Model:
         """A model already on the daemon (loaded by another client, or by `neuron-cli
@@ -433,8 +411,8 @@ class Client:
         implicit = any(g.id == info.ncg_id and g.implicit for g in snapshot.ncgs)
         signature = Signature(
             info.name,
-            tuple(_spec(t, f"model {model_id} input") for t in info.inputs),
-            tuple(_spec(t, f"model {model_id} output") for t in info.outputs),
+            tuple(spec_of(t, f"model {model_id} input") for t in info.inputs),
+            tuple(spec_of(t, f"model {model_id} output") for t in info.outputs),
         )
         self.open()
         model = Model(
@@ -502,40 +480,3 @@ class Client:
         response = self.connection.unary("infer", request)
         check("infer", response.status)
         return {io.name: io.buf for io in response.ofmap}
-
-
-def _spec(tensor: Any, where: str) -> TensorSpec:
-    """A TensorSpec from an ext snapshot's `ext_tensor` (-1: an axis of varying size)."""
-    shape = tuple(max(size, 0) for size in tensor.shape)
-    varying = tuple(axis for axis, size in enumerate(tensor.shape) if size < 0)
-    dtype = parse_dtype(tensor.dtype, f"{where} {tensor.name!r}")
-    return TensorSpec(tensor.name, dtype, shape, dynamic=varying)
-
-
-def _read_for_load(data: memoryview) -> Neff:
-    """The NEFF about to be loaded, read here for the NCs it needs; refused as the
-    daemon would refuse it (NrtClientError with its nerr)."""
-    try:
-        return read_neff(data)
-    except NrtError as exc:
-        raise NrtClientError(exc.code, str(exc), "load") from None
-
-
-def _neff_source(neff: NeffSource, by_path: bool) -> tuple[memoryview, str | None]:
-    """The NEFF's bytes (a file is mapped, not read) and its absolute path, if a file."""
-    if isinstance(neff, Neff):
-        if by_path:
-            raise ValueError("by_path needs the NEFF as a path, not a Neff")
-        if neff.buffer is None:
-            raise ValueError("this Neff holds no bytes to send (it was not read from any)")
-        return neff.buffer, None
-    if isinstance(neff, bytes | bytearray | memoryview):
-        if by_path:
-            raise ValueError("by_path needs the NEFF as a path, not bytes")
-        return memoryview(neff).cast("B"), None
-    path = str(Path(neff).resolve())
-    with open(path, "rb") as file:
-        if os.fstat(file.fileno()).st_size == 0:
-            return memoryview(b""), path
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    return memoryview(mapped), path

@@ -26,6 +26,7 @@ from neuron_rtd.client._config import DEFAULT_NINFER
 from neuron_rtd.client._connection import ClientClosed
 from neuron_rtd.client._ncg import NcgGate
 from neuron_rtd.client._shm import ShmBuffer
+from neuron_rtd.client._slots import Slot, Slots, Staged
 from neuron_rtd.client.errors import (
     NrtClientError,
     NrtConnectionError,
@@ -55,46 +56,6 @@ class Signature:
     @classmethod
     def of(cls, neff: Neff) -> Signature:
         return cls(neff.name, neff.inputs, neff.outputs)
-
-
-class _Slot:
-    """The shm buffers of one in-flight inference; `views`: its inputs as lent to a
-    caller by `Model.stage` (None: not lent); `sizes`: the sizes its inputs gave the
-    NEFF's symbols (`batch`: 8), which size its outputs."""
-
-    def __init__(self, inputs: dict[str, ShmBuffer], outputs: dict[str, ShmBuffer]) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
-        self.views: dict[str, np.ndarray] | None = None
-        self.sizes: dict[str, int] = {}
-        # The request naming only this slot's objects, by its inputs' names (`_request`);
-        # sent again as it is (a request is never changed once made).
-        self.request: tuple[tuple[str, ...], Any] | None = None
-
-    def buffers(self) -> list[ShmBuffer]:
-        return [*self.inputs.values(), *self.outputs.values()]
-
-
-class Staged:
-    """A model's input tensors in shared memory, lent by `Model.stage()`: fill `inputs`
-    in place, then pass this to the model's `infer` or `infer_async`, which send them
-    with no copy (each input whole, at the shape of its NEFF). Sent once; after it, the
-    arrays belong to the model again (they serve its next inferences): do not touch
-    them. One never sent is given back with `Model.unstage`."""
-
-    def __init__(self, model: Model, slot: _Slot) -> None:
-        self.model = model
-        self.inputs: dict[str, np.ndarray] = dict(slot.views or {})
-        self._slot: _Slot | None = slot
-
-    def take(self, model: Model) -> _Slot:
-        """The slot, for `model` to send (once)."""
-        if model is not self.model:
-            raise ValueError(f"these inputs were staged for {self.model!r}, not {model!r}")
-        slot, self._slot = self._slot, None
-        if slot is None:
-            raise ValueError("these staged inputs were sent (or given back) already")
-        return slot
 
 
 class Model:
@@ -127,14 +88,14 @@ class Model:
         # or varying only along symbols an input carries (a dynamic batch, a bucketed
         # sequence length), not along sizes the values decide (NonZero's count).
         carried = {symbol for t in signature.inputs for symbol in t.symbols if symbol}
-        self._shm_outputs = bool(outputs) and all(
+        shm_outputs = bool(outputs) and all(
             not t.dynamic and all(t.symbols[axis] in carried for axis in t.varying_axes)
             for t in outputs
         )
         self._in_flight = threading.BoundedSemaphore(ninfer)
-        self._lock = threading.Lock()
-        self._idle: list[_Slot] = []
-        self._unloaded = False
+        self._slots = Slots(
+            connection, signature.inputs, outputs if shm_outputs else (), lambda: client.session_id
+        )
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -177,7 +138,7 @@ class Model:
         to fill in place and send by `infer`/`infer_async` with no copy; None when this
         client's tensors go inline (shared memory off)."""
         self._check_loaded()
-        slot = self._take_slot()
+        slot = self._slots.take()
         if slot is None:
             return None
         slot.views = {t.name: slot.inputs[t.name].view(t.dtype, t.shape) for t in self.inputs}
@@ -186,7 +147,7 @@ class Model:
     def unstage(self, staged: Staged) -> None:
         """Staged inputs given back unsent (a no-op once they were sent)."""
         with contextlib.suppress(ValueError):
-            self._give_back(staged.take(self), keep=True)
+            self._slots.give_back(staged.take(self), keep=True)
 
     def infer_async(
         self, inputs: Inputs | Staged, *, posted: bool = True, cast: bool = False
@@ -220,18 +181,18 @@ class Model:
             return pool.submit(self._run, dict(arrays), posted=posted, slot=slot, cast=cast)
         except BaseException:
             if slot is not None:  # never sent: the slot is free again
-                self._give_back(slot, keep=True)
+                self._slots.give_back(slot, keep=True)
             raise
 
     def _send(
-        self, inputs: dict[str, Any], slot: _Slot | None, cast: bool = False
+        self, inputs: dict[str, Any], slot: Slot | None, cast: bool = False
     ) -> Future[dict[str, np.ndarray]]:
         """One `infer` as a gRPC future, holding an in-flight place (taken by the caller)
         and a slot (the one given, else one taken), both given back when it completes."""
         result: Future[dict[str, np.ndarray]] = Future()
         result.set_running_or_notify_cancel()  # as the pool's running ones: not cancellable
         if slot is None:
-            slot = self._take_slot()
+            slot = self._slots.take()
 
         def done(call: grpc.Future) -> None:
             # the slot and the in-flight place are given back before the caller hears:
@@ -246,18 +207,18 @@ class Model:
                 check("infer", response.status)
                 outputs = self._outputs(response, slot)
             except BaseException as exc:
-                self._give_back(slot, keep=True)  # the daemon answered: done with it
+                self._slots.give_back(slot, keep=True)  # the daemon answered: done with it
                 self._in_flight.release()
                 result.set_exception(exc)
                 return
-            self._give_back(slot, keep=True)
+            self._slots.give_back(slot, keep=True)
             self._in_flight.release()
             result.set_result(outputs)
 
         try:
             self.connection.unary_future("infer", self._request(inputs, slot, cast), done)
         except BaseException:
-            self._give_back(slot, keep=True)  # nothing was sent
+            self._slots.give_back(slot, keep=True)  # nothing was sent
             raise
         return result
 
@@ -266,7 +227,7 @@ class Model:
         exc: grpc.RpcError,
         inputs: dict[str, Any],
         result: Future[dict[str, np.ndarray]],
-        slot: _Slot | None,
+        slot: Slot | None,
         cast: bool = False,
     ) -> None:
         """A sent `infer` the transport failed, dealt with as `infer` deals with it (one
@@ -280,13 +241,13 @@ class Model:
                 with transport_errors("infer", connection.address, connection.timeout_s):
                     wait_reconnected(exc, connection.channel)
             finally:
-                self._give_back(slot, keep=False)
+                self._slots.give_back(slot, keep=False)
             return self._run(inputs, posted=False, cast=cast)
 
         try:
             again = self.connection.executor().submit(again_in_pool)
         except ClientClosed as exc:
-            self._give_back(slot, keep=False)
+            self._slots.give_back(slot, keep=False)
             result.set_exception(exc)
             return
 
@@ -312,7 +273,7 @@ class Model:
         return {io.name: io.buf for io in response.ofmap}
 
     def _run(
-        self, inputs: Inputs, *, posted: bool, slot: _Slot | None = None, cast: bool = False
+        self, inputs: Inputs, *, posted: bool, slot: Slot | None = None, cast: bool = False
     ) -> dict[str, np.ndarray]:
         self._check_loaded()
         with self._in_flight, self._slot(slot) as slot, self._running():
@@ -328,7 +289,7 @@ class Model:
                 check("infer", response.status)
             return self._outputs(response, slot)
 
-    def _request(self, inputs: Inputs, slot: _Slot | None, cast: bool = False) -> Any:
+    def _request(self, inputs: Inputs, slot: Slot | None, cast: bool = False) -> Any:
         """The infer request of `inputs`, copied into `slot`'s shared memory where they fit
         (else inline). One whose every input is in the slot names only the slot's objects:
         the slot keeps it, and a next call with the same inputs sends it again."""
@@ -379,7 +340,7 @@ class Model:
                 slot.request = (names, request)
         return request
 
-    def _outputs(self, response: Any, slot: _Slot | None) -> dict[str, np.ndarray]:
+    def _outputs(self, response: Any, slot: Slot | None) -> dict[str, np.ndarray]:
         if response.ofmap or slot is None or not slot.outputs:
             got = {io.name: io.buf for io in response.ofmap}
             return {t.name: t.array_from(got[t.name]) for t in self.outputs if t.name in got}
@@ -390,10 +351,10 @@ class Model:
 
     # --- slots ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def _slot(self, given: _Slot | None = None) -> Iterator[_Slot | None]:
+    def _slot(self, given: Slot | None = None) -> Iterator[Slot | None]:
         """A slot of shm buffers for one inference, the one `given` or one taken (None:
         everything goes inline)."""
-        slot = given if given is not None else self._take_slot()
+        slot = given if given is not None else self._slots.take()
         keep = False
         try:
             yield slot
@@ -404,53 +365,14 @@ class Model:
             keep = True  # the daemon answered: it is done with the buffers
             raise
         finally:
-            self._give_back(slot, keep)
-
-    def _take_slot(self) -> _Slot | None:
-        with self._lock:
-            slot = self._idle.pop() if self._idle else None
-        if slot is None and self.connection.shm_enabled:
-            slot = self._new_slot()
-        return slot
-
-    def _give_back(self, slot: _Slot | None, keep: bool) -> None:
-        """A slot an inference is done with: kept for the next (`keep`), or dropped (after
-        a transport error the daemon may still write into the buffers)."""
-        if slot is None:
-            return
-        slot.views = None  # lent no more: the next inference in it copies its inputs in
-        with self._lock:
-            if keep and not self._unloaded:
-                self._idle.append(slot)
-                return
-        self.connection.unshare(slot.buffers())
-
-    def _new_slot(self) -> _Slot | None:
-        outputs = self.outputs if self._shm_outputs else ()
-        made: list[ShmBuffer] = []
-        try:
-            passed = self.connection.passes_objects()
-            ins = {t.name: _made(made, t, passed) for t in self.inputs}
-            outs = {t.name: _made(made, t, passed) for t in outputs}
-        except OSError as exc:
-            for buffer in made:
-                buffer.close()
-            self.connection.shm_failed(f"cannot make shared memory: {exc}")
-            return None
-        if not self.connection.share(made, self.client.session_id):
-            return None
-        return _Slot(ins, outs)
+            self._slots.give_back(slot, keep)
 
     def release_buffers(self, *, unmap: bool) -> None:
         """The model is gone: free its idle slots now, busy ones when they come back."""
-        with self._lock:
-            self._unloaded = True
-            idle, self._idle = self._idle, []
-        for slot in idle:
-            self.connection.unshare(slot.buffers(), unmap=unmap)
+        self._slots.release(unmap=unmap)
 
     def _check_loaded(self) -> None:
-        if self._unloaded:
+        if self._slots.released:
             raise NrtClientError(
                 Nerr.INVALID_HANDLE,
                 f"model {self.id} is not loaded any more (unloaded through this client, "
@@ -479,7 +401,7 @@ class Model:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self._unloaded:
+        if not self._slots.released:
             self.unload()
 
 
@@ -492,11 +414,3 @@ def _of_dtype(value: Any, spec: TensorSpec, cast: bool) -> np.ndarray:
         return input_array(value, spec, cast=cast)
     except BadInput as exc:
         raise NrtClientError(exc.code, str(exc), "infer") from None
-
-
-def _made(made: list[ShmBuffer], tensor: TensorSpec, passed: bool) -> ShmBuffer:
-    """A buffer for `tensor` (its whole size), added to `made`; a passed one of a fixed
-    size is sealed at that size, for the daemon to map (`ShmBuffer`)."""
-    buffer = ShmBuffer(tensor.nbytes, passed=passed, fixed=not tensor.varying_axes)
-    made.append(buffer)
-    return buffer
