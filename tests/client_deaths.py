@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.errors import Nerr
@@ -123,15 +124,18 @@ class Snapshot:
         )
 
 
+def gone(before: Snapshot, after: Snapshot) -> bool:
+    """The NCGs and DRAM are as they were: the sessions made since have ended."""
+    return (after.ncgs, after.dram) == (before.ncgs, before.dram)
+
+
 def settled(before: Snapshot, after: Snapshot) -> bool:
     """Nothing left of the clients: the same NCGs and DRAM, no more fds (gRPC may keep one
     more for good) and no more threads (the call pool's idle threads have ended; gRPC's own
     native threads may come and go by one or two; a thread left per client would show as
     dozens)."""
     return (
-        (after.ncgs, after.dram) == (before.ncgs, before.dram)
-        and after.fds <= before.fds + 1
-        and after.threads <= before.threads + 2
+        gone(before, after) and after.fds <= before.fds + 1 and after.threads <= before.threads + 2
     )
 
 
@@ -165,8 +169,7 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
     observer = Observer(address, sample.neff, x)
     watcher = threading.Thread(target=observer.run)
     watcher.start()
-    while observer.calls < 3:  # its model loaded and answering
-        time.sleep(0.01)
+    wait_until(lambda: observer.calls >= 3, 60, "the observer's model answering")
     paths: list[str] = []
 
     def wave(count: int) -> None:
@@ -187,9 +190,13 @@ def run(address: str, pid: int, *, sequential: int, parallel: int, seed: int) ->
         # runs, shm readers), so that what stays after the counted waves and the settle
         # wait is a leak, however busy this host is. (The gRPC call pool's threads beyond
         # those it keeps end after IDLE_EXIT_S idle, the observer's calls going on: its
-        # newest idle thread takes each call.)
+        # newest idle thread takes each call.) The snapshot is taken once the wave's
+        # sessions have ended: their NCGs and DRAM are given back.
+        baseline = Snapshot.of(stub, ext, pid)
         wave(parallel)
-        time.sleep(1.0)
+        wait_until(
+            lambda: gone(baseline, Snapshot.of(stub, ext, pid)), 60, "the first wave's sessions"
+        )
         before = Snapshot.of(stub, ext, pid)
         started = time.monotonic()
         for _ in range(sequential):
