@@ -10,10 +10,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
+from waiting import wait_until
 
 from neuron_rtd.server import peers
 from neuron_rtd.server.peers import grpc_peer_address, tcp_caller
@@ -137,6 +137,18 @@ def test_both_lookups_find_the_peer(
             finish(conn, proc)
 
 
+def time_wait(local: tuple[str, int], remote: tuple[str, int]) -> bool:
+    """Whether the IPv4 socket from `local` to `remote` is in TIME_WAIT (/proc/net/tcp's
+    state 06): its close is over, as the kernel tells."""
+    ends = (f":{local[1]:04X}", f":{remote[1]:04X}")
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        for line in table:
+            fields = line.split()
+            if (fields[1][-5:], fields[2][-5:]) == ends:
+                return fields[3] == "06"
+    return False
+
+
 def unavailable(*args: object) -> None:
     raise OSError(errno.EPROTONOSUPPORT, "no sock_diag")
 
@@ -158,7 +170,7 @@ def test_a_peer_that_is_gone_or_not_here_is_not_found(monkeypatch: pytest.Monkey
         client.close()
         assert conn.recv(1) == b""
         conn.close()
-        time.sleep(0.05)
+        wait_until(lambda: time_wait(remote, local), 10, "the peer's socket in TIME_WAIT")
     assert tcp_caller(local, remote) is None
     monkeypatch.setattr(peers, "_diag_uid", unavailable)
     assert tcp_caller(local, remote) is None
