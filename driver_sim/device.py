@@ -60,6 +60,7 @@ class Device:
         engine: str = "reference",
         threads: int = 1,
         spinning: str = WHILE_BUSY,
+        faults: str | None = None,
     ) -> None:
         self.machine = machine
         self.index = index
@@ -70,6 +71,7 @@ class Device:
         self._owner_pid = owner.pid
         self._lock = threading.RLock()
         self._faults = FaultState()
+        self._given_faults = faults  # injected at acquire (None: $NEURON_SIM_FAULTS's)
         self._channels = [ChannelAllocator(CHANNEL_BYTES) for _ in range(DRAM_CHANNELS)]
         self._buffers: dict[tuple[int, int], DramBuffer] = {}
         self._cores = tuple(
@@ -83,7 +85,7 @@ class Device:
             self._stats.start_epoch()
             for core in self._cores:
                 core.attach_stats(self._stats.slots)
-            for fault in env_faults_for(index):
+            for fault in env_faults_for(index, faults):
                 if fault.name != "init_fail":
                     self._apply_fault(fault)
         except BaseException:
@@ -162,7 +164,7 @@ class Device:
             self._free_all_dram()
             stats.start_epoch()
             self._poll_inject_file()
-            failing = self._faults.take_init_fail() or env_init_fail(self.index)
+            failing = self._faults.take_init_fail() or env_init_fail(self.index, self._given_faults)
             if failing:
                 stats.add_fault("init_failures")
         if failing:

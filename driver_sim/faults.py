@@ -132,15 +132,22 @@ def parse_env_faults(text: str) -> list[tuple[int, FaultSpec]]:
     return parsed
 
 
-def env_faults_for(device_index: int, environ: Mapping[str, str] | None = None) -> list[FaultSpec]:
-    """The faults `NEURON_SIM_FAULTS` names for `device_index`."""
-    text = (os.environ if environ is None else environ).get(FAULTS_ENV, "")
+def faults_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """What `NEURON_SIM_FAULTS` says: the faults a process that names none injects (the
+    daemon reads it in its config and names them)."""
+    return (os.environ if environ is None else environ).get(FAULTS_ENV, "")
+
+
+def env_faults_for(device_index: int, text: str | None = None) -> list[FaultSpec]:
+    """The faults `text` (None: `NEURON_SIM_FAULTS`, now) names for `device_index`."""
+    text = faults_from_env() if text is None else text
     return [spec for device, spec in parse_env_faults(text) if device == device_index]
 
 
-def env_init_fail(device_index: int) -> bool:
-    """Whether the env currently makes every reset of `device_index` fail."""
-    return any(spec.name == INIT_FAIL for spec in env_faults_for(device_index))
+def env_init_fail(device_index: int, text: str | None = None) -> bool:
+    """Whether `text` (None: the environment, as it is now) makes every reset of
+    `device_index` fail."""
+    return any(spec.name == INIT_FAIL for spec in env_faults_for(device_index, text))
 
 
 def take_inject_lines(path: str | pathlib.Path) -> list[str]:

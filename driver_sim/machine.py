@@ -18,7 +18,7 @@ from driver_sim.errors import (
     MachineMismatch,
     NoMachine,
 )
-from driver_sim.faults import FAULTS_ENV, parse_env_faults
+from driver_sim.faults import faults_from_env, parse_env_faults
 from driver_sim.owner import OwnerInfo, is_alive, live_owner, read_owner, record_for_this_process
 from driver_sim.presets import DEFAULT_INSTANCE_TYPE, NC_PER_DEVICE, default_sim_root, preset_named
 from driver_sim.stats import (
@@ -170,10 +170,12 @@ class Machine:
         engine: str = "reference",
         threads: int = 1,
         spinning: str | None = None,
+        faults: str | None = None,
     ) -> list[Device]:
         """Own the devices `indices`, all or none: DeviceBusy names a current owner. Their
         NCs compute with `engine` (`threads`: the fast engine's threads per NC run,
-        `spinning`: how they wait for work, see `neuron_rtd.onnxrt`; None: WHILE_BUSY)."""
+        `spinning`: how they wait for work, see `neuron_rtd.onnxrt`; None: WHILE_BUSY), with
+        `faults` injected (`NEURON_SIM_FAULTS`' syntax; None: that variable's)."""
         # a device, its NCs, their kernels and onnxruntime: imported here, not by a reader
         # of the tree (neuron-ls)
         from driver_sim.device import Device
@@ -184,7 +186,7 @@ class Machine:
             self._check_index(index)
         if len(set(wanted)) != len(wanted):
             raise ValueError(f"device indices repeat: {wanted}")
-        parse_env_faults(os.environ.get(FAULTS_ENV, ""))
+        parse_env_faults(faults_from_env() if faults is None else faults)
         record = record_for_this_process(address, version)
         taken: list[Device] = []
         try:
@@ -197,6 +199,7 @@ class Machine:
                     engine=engine,
                     threads=threads,
                     spinning=WHILE_BUSY if spinning is None else spinning,
+                    faults=faults,
                 )
                 taken.append(device)
         except BaseException:

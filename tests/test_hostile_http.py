@@ -49,7 +49,8 @@ from test_service_user import (
     unit_service,
 )
 
-from neuron_rtd.daemon.config import load_config, read_http_token
+from neuron_rtd.daemon.config import load_config
+from neuron_rtd.daemon.trusted_files import read_http_token
 from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.runtime import caller
 from neuron_rtd.server.kserve_http import LOOPBACK_KEY, PEER_KEY, HttpOptions, KServeApp

@@ -20,19 +20,23 @@ import grp
 import ipaddress
 import json
 import os
-import pwd
-import stat
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver_sim.faults import FAULTS_ENV
+from driver_sim.presets import SIM_ROOT_ENV
 from neuron_rtd.client.address import ADDRESS_ENV, DEFAULT_ADDRESS
 from neuron_rtd.daemon.listener import ListenError, listen_address
+from neuron_rtd.daemon.trusted_files import check_config_file, read_http_token
 from neuron_rtd.errors import InvalidError
-from neuron_rtd.runtime import nc_engine, nc_spinning
+from neuron_rtd.onnxrt import WHILE_BUSY, check_spinning
+from neuron_rtd.runtime import RuntimeOptions, nc_engine
 from neuron_rtd.typed_json import ConfigError, Expected, check_object
-from neuron_rtd.visible import visible_devices
+from neuron_rtd.visible import DEVICES_ENV, visible_devices
 
 DEFAULT_CONFIG = Path("/etc/neuron-rtd/neuron-rtd.json")
 INSTANCE_CONFIG_DIR = Path("/etc/neuron-rtd/instances")
@@ -40,29 +44,56 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")  # as Triton's --model-control-mode
 
 
+# What a field's metadata may say: the environment variable it is read from (see
+# `environment`), and that the file may not set it.
+ENV = "env"
+NOT_IN_FILE = {"file": False}
+NC_ENGINE_ENV = "NEURON_RTD_NC_ENGINE"  # under the file's nc_engine
+NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
+HOST_THREADS_ENV = "NEURON_RTD_HOST_THREADS"
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
     instance_type: str = "inf1.6xlarge"
-    root: str | None = None  # None: driver_sim's default; NEURON_SIM_ROOT overrides
+    # None: driver_sim's default; $NEURON_SIM_ROOT overrides
+    root: str | None = field(default=None, metadata={ENV: SIM_ROOT_ENV})
+    # faults injected at start ($NEURON_SIM_FAULTS, driver_sim.faults' syntax), never from the file
+    faults: str = field(default="", metadata={ENV: FAULTS_ENV, **NOT_IN_FILE})
 
 
 @dataclass(frozen=True, kw_only=True)
 class DaemonConfig:
-    server_address: str = DEFAULT_ADDRESS
+    """Every setting of the daemon: each field a key of the file unless its metadata says
+    otherwise, the file's types read off the fields' (`file_types`)."""
+
+    server_address: str = field(default=DEFAULT_ADDRESS, metadata={ENV: ADDRESS_ENV})
     allow_remote_clients: bool = False  # a TCP server_address outside loopback
     devices: tuple[str, ...] = ()  # BDFs; empty: every device of the machine
     # device indices from $AWS_NEURON_VISIBLE_DEVICES (None: unset), never from the file
-    visible_devices: frozenset[int] | None = None
+    visible_devices: frozenset[int] | None = field(
+        default=None, metadata={ENV: DEVICES_ENV, **NOT_IN_FILE}
+    )
     default_timeout: int = 2  # seconds one inference may take
     default_ninfer: int = 4  # in-flight inferences per model
     shmem_enabled: bool = True
     model_cache_count: int = 4  # models one NCG may hold (1 running, rest STANDBY); 0: any
-    nc_engine: str | None = None  # None: $NEURON_RTD_NC_ENGINE, else fast
+    # the file's, else $NEURON_RTD_NC_ENGINE, else fast (None only until `environment`)
+    nc_engine: str | None = field(default=None, metadata={ENV: NC_ENGINE_ENV})
+    # how the fast engine's threads wait for work ($NEURON_RTD_NC_SPINNING), never from the file
+    nc_spinning: str = field(default=WHILE_BUSY, metadata={ENV: NC_SPINNING_ENV, **NOT_IN_FILE})
+    # onnxruntime threads of one CPU node ($NEURON_RTD_HOST_THREADS; 0: the usable cores),
+    # never from the file; CPU nodes at once: the usable cores / this (see runtime/host.py)
+    host_threads: int = field(default=0, metadata={ENV: HOST_THREADS_ENV, **NOT_IN_FILE})
     log_level: str = "info"
-    log_console: bool = False
+    log_console: bool = field(default=False, metadata=NOT_IN_FILE)  # -x
     socket_group: str | None = None
-    socket_mode: int = 0o660
-    server_threads: int = 16
+    socket_mode: int = field(default=0o660, metadata={"file_type": str})  # "0660" in the file
+    server_threads: int = 16  # gRPC unary call threads at most (server/pool.py)
+    stream_threads: int = 64  # stream requests worked on at once, each kind (loads; infers)
+    http_threads: int = 16  # the HTTP front's workers (requests running at once)
+    peer_lanes: int = 256  # fast lanes on the peer socket, a thread each
+    peer_lanes_per_user: int = 64  # of them, one user's
     front_timeout_secs: int = 60  # a front silent this long to the daemon's own asks: exit
     neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
     max_message_mb: int = 256  # the largest request the daemon reads (inline tensors)
@@ -81,89 +112,38 @@ class DaemonConfig:
     http_max_body_mb: int = 64  # the largest HTTP request body taken, inflated or not
     http_header_timeout_secs: int = 15  # a request's headers must be in within this
     http_max_connections_per_user: int = 256  # open HTTP connections of one uid
-    instance: str | None = None
+    instance: str | None = field(default=None, metadata=NOT_IN_FILE)  # -i
     sim: SimConfig = field(default_factory=SimConfig)
 
-    @property
-    def sim_root(self) -> str | None:
-        return os.environ.get("NEURON_SIM_ROOT") or self.sim.root
 
-
-_TYPES: dict[str, Expected] = {
-    "server_address": str,
-    "allow_remote_clients": bool,
-    "devices": list,
-    "default_timeout": int,
-    "default_ninfer": int,
-    "shmem_enabled": bool,
-    "model_cache_count": int,
-    "nc_engine": (str, type(None)),
-    "log_level": str,
-    "socket_group": (str, type(None)),
-    "socket_mode": str,
-    "server_threads": int,
-    "front_timeout_secs": int,
-    "neff_file_dirs": list,
-    "max_message_mb": int,
-    "session_max_ncs": int,
-    "session_max_models": int,
-    "session_max_shm_maps": int,
-    "session_max_inflight": int,
-    "session_max_open": int,
-    "session_max_per_peer": int,
-    "model_repository": (str, type(None)),
-    "model_control_mode": str,
-    "load_models": list,
-    "repository_poll_secs": int,
-    "http_address": (str, type(None)),
-    "http_token_file": (str, type(None)),
-    "http_max_body_mb": int,
-    "http_header_timeout_secs": int,
-    "http_max_connections_per_user": int,
-    "sim": dict,
-}
-_SIM_TYPES: dict[str, Expected] = {
-    "instance_type": str,
-    "root": (str, type(None)),
-}
-
-
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _private_group(info: os.stat_result) -> bool:
-    """Whether the file's group is its owner's own: the owner's primary group, of the
-    owner's name, with no other member (a user private group)."""
-    try:
-        owner, group = pwd.getpwuid(info.st_uid), grp.getgrgid(info.st_gid)
-    except KeyError:
-        return False
-    return (
-        owner.pw_gid == info.st_gid
-        and group.gr_name == owner.pw_name
-        and set(group.gr_mem) <= {owner.pw_name}
+def runtime_options(config: DaemonConfig) -> RuntimeOptions:
+    """The runtime's options: the config's fields of the same names (a field the runtime
+    has and the config does not keeps the runtime's default)."""
+    ours = {f.name for f in fields(DaemonConfig)}
+    return RuntimeOptions(
+        **{f.name: getattr(config, f.name) for f in fields(RuntimeOptions) if f.name in ours}
     )
 
 
-def check_config_file(path: Path, info: os.stat_result) -> None:
-    """ConfigError unless the file is as trusted as the daemon (see the module's doc)."""
-    if info.st_uid not in (0, os.geteuid()):
-        raise ConfigError(
-            f"{path} belongs to {_owner(info.st_uid)}, who is neither root nor the daemon's "
-            f"user {_owner(os.geteuid())}: it decides what the daemon serves to whom; "
-            f"give it to root (chown root {path}) or use another file"
-        )
-    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if writable & stat.S_IWOTH or (writable and not _private_group(info)):
-        raise ConfigError(
-            f"{path} is writable by others than its owner (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}): it decides what the daemon serves to "
-            f"whom; chmod go-w {path}"
-        )
+def _file_type(hint: Any) -> Expected:
+    """What a JSON value of a field typed `hint` may be."""
+    if typing.get_origin(hint) is tuple:
+        return list
+    if isinstance(hint, types.UnionType):
+        return tuple(typing.cast(type, _file_type(arg)) for arg in typing.get_args(hint))
+    if is_dataclass(hint):
+        return dict
+    return typing.cast(type, hint)
+
+
+def file_types(cls: type) -> dict[str, Expected]:
+    """The file's keys for dataclass `cls` and what each may be, from its fields."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: f.metadata.get("file_type", _file_type(hints[f.name]))
+        for f in fields(cls)
+        if f.metadata.get("file", True)
+    }
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -181,15 +161,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be an object")
-    check_object(data, str(path), _TYPES, comments=True)
-    check_object(data.get("sim", {}), f"{path}: sim", _SIM_TYPES, comments=True)
+    check_object(data, str(path), file_types(DaemonConfig), comments=True)
+    check_object(data.get("sim", {}), f"{path}: sim", file_types(SimConfig), comments=True)
     return data
 
 
 def config_from_dict(data: dict[str, Any], where: str = "config") -> DaemonConfig:
     values = {k: v for k, v in data.items() if not k.startswith("_") and k != "sim"}
-    for key in ("devices", "neff_file_dirs", "load_models"):
-        if key in values:
+    for key, kind in file_types(DaemonConfig).items():
+        if kind is list and key in values:
             values[key] = tuple(values[key])
     if "socket_mode" in values:
         try:
@@ -217,15 +197,15 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
     if config.model_cache_count < 0:
         raise ConfigError(f"{where}: model_cache_count must not be negative")
     try:
-        nc_engine(config.nc_engine)
+        if config.nc_engine is not None:
+            nc_engine(config.nc_engine)
     except ValueError as exc:
         raise ConfigError(f"{where}: nc_engine: {exc}") from None
-    try:
-        nc_spinning()
-    except ValueError as exc:
-        raise ConfigError(f"$NEURON_RTD_NC_SPINNING: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
+    for pool in ("stream_threads", "http_threads", "peer_lanes", "peer_lanes_per_user"):
+        if getattr(config, pool) < 1:
+            raise ConfigError(f"{where}: {pool} must be at least 1")
     if not 4 <= config.front_timeout_secs <= 3600:
         raise ConfigError(f"{where}: front_timeout_secs must be between 4 and 3600")
     if config.log_level not in LOG_LEVELS:
@@ -244,6 +224,9 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
             raise ConfigError(f"{where}: {quota} must not be negative (0: no limit)")
     if not all(isinstance(d, str) and os.path.isabs(d) for d in config.neff_file_dirs):
         raise ConfigError(f"{where}: neff_file_dirs must be a list of absolute folder paths")
+    # symbolic links resolved once, here: the runtime compares real paths
+    real = tuple(os.path.realpath(d) for d in config.neff_file_dirs)
+    config = replace(config, neff_file_dirs=real)
     host = tcp_host(config.server_address)
     if host is not None and not loopback(host) and not config.allow_remote_clients:
         raise ConfigError(
@@ -313,49 +296,6 @@ def socket_gid(config: DaemonConfig) -> int:
         return grp.getgrnam(config.socket_group).gr_gid
     except KeyError:
         raise ConfigError(f"socket_group '{config.socket_group}' does not exist") from None
-
-
-TOKEN_CHARACTERS = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/="
-)  # RFC 6750's token68
-MIN_TOKEN_CHARACTERS = 16
-
-
-def read_http_token(path: str, gid: int) -> str:
-    """The bearer token in file `path` (one line); ConfigError unless the file is as
-    trusted as the config file and no one but its owner (and, read only, the socket's
-    group `gid` or the owner's private group) may read it, and the token is RFC 6750's
-    token68 of at least MIN_TOKEN_CHARACTERS characters."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"http_token_file {path}: cannot read it ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"http_token_file {path}: not a regular file")
-        check_config_file(Path(path), info)
-        mode = stat.S_IMODE(info.st_mode)
-        group_may_read = info.st_gid == gid or _private_group(info)
-        if mode & stat.S_IRWXO or (mode & stat.S_IRGRP and not group_may_read):
-            raise ConfigError(
-                f"http_token_file {path} may be read by others than its owner (mode "
-                f"{mode:04o}, group {info.st_gid}): whoever reads it may load models and "
-                f"read and write tensors; chmod 0600 {path} (or 0640 with the socket's group)"
-            )
-        data = file.read(4097)
-    token = data.decode("ascii", "replace").strip()
-    if len(data) > 4096 or not token or not set(token) <= TOKEN_CHARACTERS:
-        raise ConfigError(
-            f"http_token_file {path}: must hold one token of letters, digits and -._~+/= "
-            "(at most 4096 bytes): make one with `openssl rand -base64 32`"
-        )
-    if len(token) < MIN_TOKEN_CHARACTERS:
-        raise ConfigError(
-            f"http_token_file {path}: the token has {len(token)} characters, fewer than "
-            f"{MIN_TOKEN_CHARACTERS}: make one with `openssl rand -base64 32`"
-        )
-    return token
 
 
 def http_options(config: DaemonConfig) -> Any:
@@ -443,6 +383,40 @@ def config_path(explicit: str | None, instance: str | None) -> Path | None:
     return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
 
 
+def environment(config: DaemonConfig, env: Mapping[str, str]) -> DaemonConfig:
+    """`config` with what the environment `env` says (each field naming its variable in
+    its metadata), the daemon's one reader of its environment but for systemd's own
+    protocol (`sd.py`): the devices, the sim root over the file's, the NC engine under the
+    file's, spinning, the CPU nodes' threads, the faults to inject. `NEURON_RTD_ADDRESS`
+    is `load_config`'s (it gives way to the flags)."""
+    try:
+        visible = visible_devices(env)
+    except InvalidError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        engine = nc_engine(config.nc_engine or env.get(NC_ENGINE_ENV))
+    except ValueError as exc:
+        raise ConfigError(f"${NC_ENGINE_ENV}: {exc}") from None
+    try:
+        spinning = check_spinning(env.get(NC_SPINNING_ENV) or WHILE_BUSY)
+    except ValueError as exc:
+        raise ConfigError(f"${NC_SPINNING_ENV}: {exc}") from None
+    threads = env.get(HOST_THREADS_ENV, "")
+    sim = replace(
+        config.sim,
+        root=env.get(SIM_ROOT_ENV) or config.sim.root,
+        faults=env.get(FAULTS_ENV, ""),
+    )
+    return replace(
+        config,
+        visible_devices=visible,
+        nc_engine=engine,
+        nc_spinning=spinning,
+        host_threads=int(threads) if threads.isdigit() else 0,
+        sim=sim,
+    )
+
+
 def load_config(
     *,
     path: str | None = None,
@@ -456,10 +430,7 @@ def load_config(
     file = config_path(path, instance)
     config = config_from_dict(read_config_file(file), str(file)) if file else DaemonConfig()
     env = os.environ if environ is None else environ
-    try:
-        config = replace(config, visible_devices=visible_devices(env))
-    except InvalidError as exc:
-        raise ConfigError(str(exc)) from None
+    config = environment(config, env)
     if env.get(ADDRESS_ENV) and not (overrides or {}).get("server_address"):
         config = validate(replace(config, server_address=env[ADDRESS_ENV]), f"${ADDRESS_ENV}")
     known = {f.name for f in fields(DaemonConfig)}

@@ -36,6 +36,7 @@ from neuron_rtd.daemon.config import (
     load_config,
     remote_clients_warning,
     remote_http_warning,
+    runtime_options,
     socket_gid,
 )
 from neuron_rtd.daemon.fronts import (
@@ -55,7 +56,7 @@ from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
-from neuron_rtd.runtime import Runtime, RuntimeOptions, SimDevice, acquire_sim, nc_engine
+from neuron_rtd.runtime import Runtime, SimDevice, acquire_sim
 from neuron_rtd.server import (
     CallerOf,
     Health,
@@ -360,31 +361,18 @@ class Daemon:
                 self.address.unix_path, mode=config.socket_mode, group=config.socket_group
             )
             self.listener.claim()
-        machine = driver_sim.Machine.open(config.sim_root, instance_type=config.sim.instance_type)
+        machine = driver_sim.Machine.open(config.sim.root, instance_type=config.sim.instance_type)
         indices = select_devices(machine, config.devices, config.visible_devices)
         self.devices = acquire_sim(
             machine,
             indices,
             address=self.address.target,
             version=__version__,
-            engine=nc_engine(config.nc_engine),
+            engine=config.nc_engine,
+            spinning=config.nc_spinning,
+            faults=config.sim.faults,
         )
-        runtime = Runtime(
-            self.devices,
-            options=RuntimeOptions(
-                default_timeout_s=config.default_timeout,
-                default_ninfer=config.default_ninfer,
-                models_per_ncg=config.model_cache_count,
-                shmem_enabled=config.shmem_enabled,
-                neff_file_dirs=tuple(os.path.realpath(d) for d in config.neff_file_dirs),
-                session_max_ncs=config.session_max_ncs,
-                session_max_models=config.session_max_models,
-                session_max_shm_maps=config.session_max_shm_maps,
-                session_max_inflight=config.session_max_inflight,
-                session_max_open=config.session_max_open,
-                session_max_per_peer=config.session_max_per_peer,
-            ),
-        )
+        runtime = Runtime(self.devices, options=runtime_options(config))
         sd.notify("STATUS=Initializing devices")
         runtime.init_devices()
         # before the gRPC server and the peer socket: a refusal leaves neither behind

@@ -149,27 +149,14 @@ class driver_errors:  # a class used as a function: `with driver_errors(context)
 
 
 # --- the simulated driver ---------------------------------------------------------------
-NC_ENGINE_ENV = "NEURON_RTD_NC_ENGINE"
 NC_ENGINES = driver_sim.fast.ENGINES  # how an NC does its arithmetic (see driver_sim.fast)
 DEFAULT_NC_ENGINE = "fast"
 
 
 def nc_engine(name: str | None = None) -> str:
-    """The NC engine: `name`, else $NEURON_RTD_NC_ENGINE, else fast; ValueError when it
-    names none."""
-    chosen = name or os.environ.get(NC_ENGINE_ENV) or DEFAULT_NC_ENGINE
-    return driver_sim.fast.check_engine(chosen)
-
-
-# How the fast engine's threads wait for work (see neuron_rtd.onnxrt): spinning between
-# the ops of a run and a millisecond after it, then asleep, unless this says otherwise (the
-# benches measure each way).
-NC_SPINNING_ENV = "NEURON_RTD_NC_SPINNING"
-
-
-def nc_spinning() -> str:
-    """$NEURON_RTD_NC_SPINNING, else "while-busy"; ValueError when it names no policy."""
-    return onnxrt.check_spinning(os.environ.get(NC_SPINNING_ENV) or onnxrt.WHILE_BUSY)
+    """The NC engine: `name`, else fast; ValueError when it names none. (The daemon's
+    config reads `NEURON_RTD_NC_ENGINE`; nothing here reads the environment.)"""
+    return driver_sim.fast.check_engine(name or DEFAULT_NC_ENGINE)
 
 
 def usable_cpus() -> int:
@@ -321,16 +308,22 @@ def acquire_sim(
     address: str,
     version: str,
     engine: str | None = None,
+    spinning: str = onnxrt.WHILE_BUSY,
+    faults: str = "",
 ) -> list[SimDevice]:
     """Own devices `indices` of a simulated machine (DriverError names an owner); their
-    NCs compute with `engine` (see `nc_engine`)."""
+    NCs compute with `engine` (see `nc_engine`), the fast engine's threads waiting for
+    work as `spinning` says (see neuron_rtd.onnxrt: spinning between the ops of a run and
+    a millisecond after it, then asleep, unless it says otherwise; the benches measure
+    each way), with `faults` injected (driver_sim.faults' syntax; ValueError if malformed)."""
     devices = machine.acquire(
         indices,
         address=address,
         version=version,
         engine=nc_engine(engine),
         threads=nc_threads(),
-        spinning=nc_spinning(),
+        spinning=onnxrt.check_spinning(spinning),
+        faults=faults,
     )
     return [SimDevice(d) for d in devices]
 

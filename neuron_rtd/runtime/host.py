@@ -9,7 +9,7 @@ a device.
 
 from __future__ import annotations
 
-import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,21 +28,37 @@ from neuron_rtd.runtime.driver import (
 )
 
 
-def host_threads() -> int:
-    """Threads onnxruntime may use for one CPU node (NEURON_RTD_HOST_THREADS, default:
-    the CPUs this process may run on)."""
-    value = os.environ.get("NEURON_RTD_HOST_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else usable_cpus()
+class HostPool:
+    """Where CPU nodes run: one number, `threads`, decides. A CPU node's onnxruntime
+    session uses `threads` threads (0: the usable cores), and as many CPU nodes run at
+    once as the usable cores hold that many (cores // threads, at least 1), so that CPU
+    nodes together never ask for more threads than the cores. (Each took all the cores,
+    and as many ran at once as there are cores: N^2 threads on N cores.) The default, one
+    CPU node at a time on every core; `threads` 1: one per core, each on one thread.
+    Entered around a CPU node's run (it waits for a place)."""
+
+    def __init__(self, threads: int = 0) -> None:
+        cores = usable_cpus()
+        self.threads = threads if threads > 0 else cores
+        self.width = max(1, cores // self.threads)  # CPU nodes at once
+        self._places = threading.BoundedSemaphore(self.width)
+
+    def __enter__(self) -> None:
+        self._places.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._places.release()
 
 
-def compile_host_stage(node: str, stage: Stage) -> HostFn:
-    """Prepare the CPU node's stage once; return what runs it."""
+def compile_host_stage(node: str, stage: Stage, threads: int) -> HostFn:
+    """Prepare the CPU node's stage once (an ONNX sub-model on `threads` threads); return
+    what runs it."""
     if is_ort_stage(stage):
-        return _ort_stage(node, stage)
+        return _ort_stage(node, stage, threads)
     return _kernel_stage(node, stage)
 
 
-def _ort_stage(node: str, stage: Stage) -> HostFn:
+def _ort_stage(node: str, stage: Stage, threads: int) -> HostFn:
     (instr,) = stage.instructions
     model = stage.weights.get(ORT_MODEL)
     if model is None or instr.inputs[-1:] != (ORT_MODEL,):
@@ -52,7 +68,7 @@ def _ort_stage(node: str, stage: Stage) -> HostFn:
         # its errors come back as InferError, not on stderr.
         session = onnxrt.session(
             model.tobytes(),
-            threads=host_threads(),
+            threads=threads,
             spinning=onnxrt.WHILE_BUSY,
             log_severity=onnxrt.LOG_SILENT,
         )

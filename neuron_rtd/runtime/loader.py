@@ -163,6 +163,7 @@ def _load_steps(
     devices: Sequence[DeviceApi],
     neff_name: str,
     profile: bool = False,
+    host_threads: int = 1,
 ) -> list[Step]:
     steps: list[Step] = []
     for node, vncs in zip(variant.nodes, placement, strict=True):
@@ -171,7 +172,7 @@ def _load_steps(
             steps.append(
                 HostRun(
                     node=node.name,
-                    run=compile_host_stage(node.name, stage),
+                    run=compile_host_stage(node.name, stage, host_threads),
                     inputs=tuple(stage.inputs),
                     outputs=tuple(stage.outputs),
                 )
@@ -208,8 +209,10 @@ def build_model(
     devices: Sequence[DeviceApi],
     params: ModelParams,
     session_id: int = 0,
+    host_threads: int = 1,
 ) -> LoadedModel:
-    """Place `neff` on `ncg`; on any failure everything allocated is freed again."""
+    """Place `neff` on `ncg` (its CPU nodes on `host_threads` threads each); on any
+    failure everything allocated is freed again."""
     mode = choose_mode(neff, ncg)
     alloc = _Allocator(ncgs, devices, neff.name)
     variants: list[Variant] = []
@@ -217,7 +220,9 @@ def build_model(
     try:
         for bucket in neff.variants():
             placement = stage_vncs(bucket, ncg, mode)
-            steps = _load_steps(bucket, placement, alloc, ncgs, devices, neff.name, params.profile)
+            steps = _load_steps(
+                bucket, placement, alloc, ncgs, devices, neff.name, params.profile, host_threads
+            )
             homes = _tensor_homes(bucket, placement)
             slots = _alloc_slots(alloc, bucket, homes, params.ninfer)
             variants.append(Variant(bucket=bucket, steps=steps, slots=slots))

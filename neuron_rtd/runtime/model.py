@@ -54,9 +54,9 @@ from neuron_rtd.runtime.driver import (
     DramBufferApi,
     driver_errors,
     take_turn,
-    usable_cpus,
 )
 from neuron_rtd.runtime.finite import all_finite, checked_form
+from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
 from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
@@ -94,10 +94,6 @@ class Observer(Protocol):
     def rejected(self, model: LoadedModel, error: NrtError) -> None: ...
 
 
-def _default_host_pool() -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(usable_cpus())
-
-
 # The states and codes every inference passes through, looked up once (an enum member
 # named through its class costs a lookup each time).
 _READY = ModelState.READY
@@ -120,7 +116,7 @@ class LoadedModel:
     session_id: int = 0
     state: ModelState = ModelState.STANDBY
     failure: str = ""
-    host_pool: threading.BoundedSemaphore = field(default_factory=_default_host_pool)
+    host_pool: HostPool = field(default_factory=HostPool)
     observer: Observer | None = None
     _free: list[int] = field(default_factory=list)
     _jobs: set[Job] = field(default_factory=set)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 
 from neuron_rtd.errors import InvalidHandle, NrtError
 from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.driver import DeviceApi, driver_errors
+from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import LoadedModel, ModelParams, ModelState
@@ -34,7 +34,7 @@ class ModelTable:
         ncgs: NcgTable,
         inflight: Inflight,
         stats: Stats,
-        host_pool: threading.BoundedSemaphore,
+        host_pool: HostPool,
     ) -> None:
         self._devices = devices
         self._ncgs = ncgs
@@ -105,6 +105,7 @@ class ModelTable:
             devices=self._devices,
             params=params,
             session_id=session_id,
+            host_threads=self._host_pool.threads,
         )
         model.host_pool = self._host_pool
         model.observer = self._stats

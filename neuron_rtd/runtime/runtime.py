@@ -44,7 +44,7 @@ from neuron_rtd.runtime.api import (
 from neuron_rtd.runtime.dataplane import DataPath
 from neuron_rtd.runtime.devices import DeviceInit
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
-from neuron_rtd.runtime.host import host_threads
+from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.model import ModelParams, ModelState
 from neuron_rtd.runtime.models import ModelTable
@@ -89,7 +89,7 @@ class Runtime:
         self._stats = Stats()
         self._admission = NeffAdmission(self.options.neff_file_dirs)
         logging.getLogger("nrtd").addHandler(self._stats.logs)
-        host_pool = threading.BoundedSemaphore(self.options.host_workers or host_threads())
+        host_pool = HostPool(self.options.host_threads)
         self._models = ModelTable(self._devices, self._ncgs, self._inflight, self._stats, host_pool)
         self._readings = Readings(self._devices, self._ncgs, self._models, self._stats, self._lock)
         self._sessions = SessionTable(
@@ -309,7 +309,7 @@ class Runtime:
                     max(parsed.nc_count, 1), session_id=session_id, implicit=True, visible=visible
                 )
             else:
-                ncg = self._ncgs.to_load_into(ncg_id, self.options.models_per_ncg)
+                ncg = self._ncgs.to_load_into(ncg_id, self.options.model_cache_count)
             try:
                 model = self._models.add(parsed, ncg, params, session_id)
             except BaseException:
