@@ -43,8 +43,9 @@ from neuron_rtd.command_line import (
     entry,
 )
 from neuron_rtd.compiler import quantize
+from neuron_rtd.compiler.buckets import bucket_ranges
 from neuron_rtd.compiler.calibration import read_calibration
-from neuron_rtd.compiler.compile import CompileResult, bucket_ranges, compile_model
+from neuron_rtd.compiler.compile import CompileResult, compile_model
 from neuron_rtd.compiler.compile import Progress as ProgressFn
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.compiler.partition import LARGEST_MACHINE_NCS, SMALLEST_MACHINE_NCS

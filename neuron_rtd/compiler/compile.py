@@ -21,16 +21,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from neuron_rtd.compiler.buckets import Range, declare_bucketed_output, symbolic_outputs
 from neuron_rtd.compiler.emit import Emitted, Emitter, MovedOp, split_by_cost
 from neuron_rtd.compiler.errors import CompileError
-from neuron_rtd.compiler.fuse import expand_qoperator, fuse
+from neuron_rtd.compiler.fuse import fuse
 from neuron_rtd.compiler.onnx_graph import (
     Dim,
     Graph,
     build_graph,
     check_model,
     graph_inputs,
-    infer_types,
     input_dims,
     load_model,
     value_type,
@@ -45,6 +45,7 @@ from neuron_rtd.compiler.partition import (
     nc_refusal,
     place,
 )
+from neuron_rtd.compiler.qoperator import expand_qoperator
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder, read_neff
@@ -53,7 +54,6 @@ from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
 MAX_BUCKETS = 64
 
-Range = tuple[int, int]
 # Told of the compile's progress: (what is being done, steps done, steps in all). The steps
 # are: load and check the model, each bucket (one when there are none), write the NEFF.
 Progress = Callable[[str, int, int], None]
@@ -67,46 +67,6 @@ def _no_progress(what: str, done: int, total: int) -> None:
 class CompileResult:
     neff: bytes
     summary: Summary
-
-
-def bucket_ranges(low: int, high: int, scheme: str = "log2") -> list[Range]:
-    """Ranges covering low..high: `log2` (1, 2, 3-4, 5-8, ...), `uniform:K` (K equal
-    ranges), `single` (one range), or explicit upper bounds `8,32,128`."""
-    if not 1 <= low <= high:
-        raise CompileError(f"a dynamic range needs 1 <= low <= high, got {low}..{high}")
-    if scheme == "single":
-        return [(low, high)]
-    if scheme == "log2":
-        tops, top = [], 1
-        while top < high:
-            if top >= low:
-                tops.append(top)
-            top *= 2
-        return _ranges(low, [*tops, high])
-    if scheme.startswith("uniform:"):
-        count = _positive(scheme.split(":", 1)[1], scheme)
-        step = -(-(high - low + 1) // count)
-        return _ranges(low, [min(high, low - 1 + step * (i + 1)) for i in range(count)])
-    tops = [_positive(part, scheme) for part in scheme.split(",")]
-    if tops != sorted(set(tops)) or tops[-1] < high or tops[0] < low:
-        raise CompileError(f"explicit bucket bounds {scheme!r} must rise and cover {low}..{high}")
-    return _ranges(low, [t for t in tops if t < high] + [high])
-
-
-def _positive(text: str, scheme: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise CompileError(f"bad bucket scheme {scheme!r}: {text!r} is not a positive integer")
-    return int(text)
-
-
-def _ranges(low: int, tops: Sequence[int]) -> list[Range]:
-    ranges: list[Range] = []
-    start = low
-    for top in sorted(set(tops)):
-        if top >= start:
-            ranges.append((start, top))
-            start = top + 1
-    return ranges
 
 
 def compile_model(
@@ -208,7 +168,7 @@ def _check_outputs_follow_the_batch(
     batch, and every bucket would answer the one size."""
     fixed = {
         output: dims
-        for output, dims in _symbolic_outputs(model, axes).items()
+        for output, dims in symbolic_outputs(model, axes).items()
         if not any(isinstance(d, str) for d in dims)
     }
     if fixed:
@@ -226,7 +186,7 @@ def _check_outputs_vary_once(
 ) -> None:
     """Refuse, before compiling, an output that shape inference says follows two dynamic
     dimensions (the check after the buckets stays, for what inference cannot see)."""
-    for output, dims in _symbolic_outputs(model, axes).items():
+    for output, dims in symbolic_outputs(model, axes).items():
         varying = [(axis, d) for axis, d in enumerate(dims) if isinstance(d, str) and d in symbols]
         if len(varying) > 1:
             which = ", ".join(f"axis {axis} follows {d}" for axis, d in varying)
@@ -428,78 +388,11 @@ def _compile_buckets(
         builder.add_input(
             name, dtype, shape, symbols=[d if isinstance(d, str) else None for d in dims]
         )
-    named = _symbolic_outputs(model, axes)
+    named = symbolic_outputs(model, axes)
     for out in model.graph.output:
-        _declare_bucketed_output(builder, out.name, results, named.get(out.name, ()), tops)
+        declare_bucketed_output(builder, out.name, results, named.get(out.name, ()), tops)
 
 
 def _input_dtype(model: onnx.ModelProto, name: str) -> np.dtype:
     vi = next(v for v in model.graph.input if v.name == name)
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-
-
-def _symbolic_outputs(
-    model: onnx.ModelProto, axes: Mapping[str, tuple[Dim, ...]]
-) -> dict[str, tuple[Dim, ...]]:
-    """Each output's dims with the input symbols carried through by shape inference."""
-    copy = with_input_shapes(
-        model, {name: [d for d in dims if d is not None] for name, dims in axes.items()}
-    )
-    try:
-        _, types = infer_types(copy)
-    except CompileError:
-        return {}
-    return {o.name: types[o.name].shape or () for o in model.graph.output if o.name in types}
-
-
-def _declare_bucketed_output(
-    builder: NeffBuilder,
-    name: str,
-    results: Sequence[tuple[dict[str, int], Emitted]],
-    named: tuple[Dim, ...],
-    tops: Mapping[str, int],
-) -> None:
-    """The model output over all buckets: each axis fixed, following one symbol (cut to
-    its size), or dynamic (value-dependent)."""
-    shapes = [emitted.output_shapes[name] for _, emitted in results]
-    dynamic = sorted({a for _, e in results for a in e.dynamic_outputs[name]})
-    rank = len(shapes[0])
-    symbols: list[str | None] = []
-    shape: list[int] = []
-    for axis in range(rank):
-        sizes = [s[axis] for s in shapes]
-        symbol = _follows(axis, sizes, results, named, tops)
-        symbols.append(symbol)
-        shape.append(tops[symbol] if symbol else max(sizes))
-        if symbol is None and axis not in dynamic and len(set(sizes)) > 1:
-            raise CompileError(
-                f"model output {name!r} axis {axis} changes with the bucket ({sizes}) but does "
-                "not follow one dynamic dimension, so it cannot be cut to an inference's size"
-            )
-    varying = {a for a in dynamic} | {a for a, s in enumerate(symbols) if s}
-    if len(varying) > 1:
-        raise CompileError(
-            f"model output {name!r} varies along axes {sorted(varying)}; the wire carries bytes "
-            "only, so at most one may vary"
-        )
-    dtype = results[0][1].output_dtypes[name]
-    builder.add_output(name, dtype, shape, dynamic=dynamic, symbols=symbols)
-
-
-def _follows(
-    axis: int,
-    sizes: Sequence[int],
-    results: Sequence[tuple[dict[str, int], Emitted]],
-    named: tuple[Dim, ...],
-    tops: Mapping[str, int],
-) -> str | None:
-    if axis < len(named) and isinstance(named[axis], str) and named[axis] in tops:
-        return str(named[axis])
-    candidates = [
-        s
-        for s in tops
-        if all(size == bucket[s] for size, (bucket, _) in zip(sizes, results, strict=True))
-    ]
-    if len(set(sizes)) > 1 and len(candidates) == 1:
-        return candidates[0]
-    return None
