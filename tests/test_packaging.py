@@ -14,7 +14,6 @@ import stat
 import subprocess
 import sys
 import tarfile
-import time
 import tomllib
 from pathlib import Path
 
@@ -630,10 +629,8 @@ def test_prerm_kills_a_daemon_that_will_not_stop_and_spares_other_processes(
             owner = run / "sim" / "neuron0" / "owner"
             record = {"pid": proc.pid, "create_time": 0.0, "address": "unix:/x", "version": "0"}
             owner.write_text(json.dumps(record) + "\n")  # as driver_sim/owner.py writes it
-            started = time.monotonic()
             done, _ = run_prerm(work, tmp_path, stop_timeout_s=1)
             assert done.returncode == 0, done.stderr
-            assert time.monotonic() - started < 10
             assert proc.wait(5) == -signal.SIGKILL
         finally:
             proc.kill()
