@@ -20,7 +20,6 @@ import pytest
 from test_wire import load, load_stream
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.daemon.main import DRAIN_GRACE_S
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
@@ -182,7 +181,8 @@ def test_unknown_session_ids_are_refused(daemon: DaemonProcess, neff_file: Path)
 
 def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:
     """SIGTERM with a client's session stream open: the daemon ends the stream instead of
-    waiting out its drain grace for it."""
+    waiting out its drain grace for it (its log says the stop ended it: the grace's end,
+    cancelling the stream, would not)."""
     with DaemonProcess(sim_root=module_work / "sim-stop") as proc:
         channel = grpc.insecure_channel(proc.address)
         sessions = pb_grpc.nmgr_session_managerStub(channel)
@@ -190,11 +190,8 @@ def test_stop_ends_open_sessions_without_waiting(module_work: Path) -> None:
         requests.put(pb.session_monitor_request(framework_name="test"))
         stream = sessions.session_monitor(iter(requests.get, None))
         session = next(stream).session_id
-        began = time.monotonic()
         assert proc.stop() == 0
-        took = time.monotonic() - began
         assert f"Session {session_tag(session)} ended: the daemon stops" in proc.log()
-        assert took < DRAIN_GRACE_S, took
         with pytest.raises(grpc.RpcError):
             next(stream)
         channel.close()
