@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +38,6 @@ from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.typed_json import ConfigError
 
 OTHER_UID = OTHER_GID = 65534  # nobody, nogroup: a caller the socket's group does not admit
-FAST_S = 3.0  # generous: the old retry took 5.7 s; a probe takes milliseconds
 
 
 # --- reading an address ---------------------------------------------------------------
@@ -223,10 +221,10 @@ WORDS = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(WORDS))
-def test_no_daemon_is_said_at_once_with_the_reason(
-    kind: str, places: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def ready_waits(monkeypatch: pytest.MonkeyPatch) -> list[grpc.Channel]:
+    """The channels a client waits on for a daemon to come (back), as they come: the
+    wait, not the time it takes, tells "at once" from "after a retry"."""
     waits: list[grpc.Channel] = []
     ready = grpc.channel_ready_future
 
@@ -235,14 +233,19 @@ def test_no_daemon_is_said_at_once_with_the_reason(
         return ready(channel)
 
     monkeypatch.setattr(client_errors.grpc, "channel_ready_future", counted)
+    return waits
+
+
+@pytest.mark.parametrize("kind", sorted(WORDS))
+def test_no_daemon_is_said_at_once_with_the_reason(
+    kind: str, places: dict[str, str], ready_waits: list[grpc.Channel]
+) -> None:
     target = grpc_target(places[kind])
     path = target.removeprefix("unix:")
     expected = f"no runtime answers at {target}: " + WORDS[kind].format(path=path, target=target)
-    start = time.monotonic()
     with Client(places[kind], timeout_s=30) as client, pytest.raises(NrtConnectionError) as info:
         client.version()
-    assert time.monotonic() - start < FAST_S
-    assert waits == []  # no wait for a daemon that is not coming
+    assert ready_waits == []  # no wait for a daemon that is not coming
     assert info.value.details.startswith(expected), info.value.details
     assert info.value.details == f"no runtime answers at {target}: {reach.unreachable(target)}"
     with Client(places[kind]) as client, pytest.raises(NrtConnectionError) as info:
@@ -261,22 +264,18 @@ def test_every_tool_says_it_in_the_same_words(places: dict[str, str]) -> None:
             ("neuron_ls", "-a", given),
             ("neuron_top", "--once", given),
         ):
-            start = time.monotonic()
             done = tool(*command, env={ADDRESS_ENV: given})
-            took = time.monotonic() - start
             prog = command[0].replace("_", "-")
             assert done.returncode == 1 and f"{prog}: {said}" in done.stderr, done.stderr
-            assert took < FAST_S + 2, (command, took)  # the interpreter's start, and one probe
 
 
-def test_tcp_refused_is_said_at_once() -> None:
+def test_tcp_refused_is_said_at_once(ready_waits: list[grpc.Channel]) -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    start = time.monotonic()
     with Client(f"127.0.0.1:{port}") as client, pytest.raises(NrtConnectionError) as info:
         client.version()
-    assert time.monotonic() - start < FAST_S
+    assert ready_waits == []
     assert f"no runtime answers at 127.0.0.1:{port}" in info.value.details
 
 
@@ -313,7 +312,7 @@ def test_a_wait_only_where_a_daemon_is_likely_back(places: dict[str, str], work:
 
 
 def test_a_client_that_lost_its_daemon_waits_for_it(
-    work: Path, monkeypatch: pytest.MonkeyPatch
+    work: Path, monkeypatch: pytest.MonkeyPatch, ready_waits: list[grpc.Channel]
 ) -> None:
     """Killed, the daemon leaves a stale socket: a client it answered waits (for
     systemd's restart) before it says so; a new client says so at once."""
@@ -323,14 +322,12 @@ def test_a_client_that_lost_its_daemon_waits_for_it(
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGKILL)
         daemon.proc.wait()
-        start = time.monotonic()
         with pytest.raises(NrtConnectionError, match="is there but no daemon listens on it"):
             client.version()
-        assert 0.5 <= time.monotonic() - start < FAST_S
-        start = time.monotonic()
+        assert len(ready_waits) == 1  # it waited, once
         with Client(daemon.address) as new, pytest.raises(NrtConnectionError):
             new.version()
-        assert time.monotonic() - start < 0.5
+        assert len(ready_waits) == 1  # the new one did not
 
 
 # --- permission denied, as a user the socket's group does not admit ---------------------
@@ -385,7 +382,6 @@ def test_permission_denied_names_the_group_and_what_to_do(open_work: Path) -> No
                 ["-m", "neuron_rtd.cli.neuron_ls", "-a", target],
                 ["-c", f"from neuron_rtd.client import Client; Client({target!r}).version()"],
             ):
-                start = time.monotonic()
                 done = subprocess.run(
                     [*as_other_user(), sys.executable, *command],
                     capture_output=True,
@@ -393,9 +389,7 @@ def test_permission_denied_names_the_group_and_what_to_do(open_work: Path) -> No
                     timeout=60,
                     env={k: v for k, v in os.environ.items() if k != ADDRESS_ENV},
                 )
-                took = time.monotonic() - start
                 assert done.returncode == 1 and said in done.stderr, done.stderr
-                assert took < FAST_S + 2, (command, took)  # no retry on EACCES
     finally:
         server.close()
 
