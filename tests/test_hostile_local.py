@@ -228,11 +228,10 @@ def test_a_clients_tensors_cannot_be_taken_over(
             (Path("/dev/shm") / name[1:]).unlink(missing_ok=True)
 
 
-def test_open_sessions_do_not_freeze_the_daemon(
-    service: Service, victim: Client, mlp: SampleModel
-) -> None:
+def test_open_sessions_do_not_freeze_the_daemon(service: Service, mlp: SampleModel) -> None:
     """Finding 3: 16 open session streams froze every call. Another user holds 200 open
-    while root loads and infers, and `describe` answers at once."""
+    while root loads and infers, and `describe` answers: each call within the client's
+    timeout (30 s, seconds at most on a loaded CI machine), a freeze failing it."""
     ready = Path(f"/tmp/nrt-hostile-{secrets.token_hex(4)}")
     holder = subprocess.Popen(
         [
@@ -259,13 +258,12 @@ def test_open_sessions_do_not_freeze_the_daemon(
         while not ready.exists():
             assert holder.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        began = time.monotonic()
-        model = victim.load(mlp.neff)
-        x = mlp.random_inputs(2)["x"]
-        for _ in range(10):
-            model(x=x)
-        assert victim.version()
-        assert time.monotonic() - began < 30  # seconds at most on a loaded CI machine
+        with Client(address(service), shm=True, timeout_s=30) as victim:
+            model = victim.load(mlp.neff)
+            x = mlp.random_inputs(2)["x"]
+            for _ in range(10):
+                model(x=x)
+            assert victim.version()
     finally:
         assert holder.stdin is not None
         holder.stdin.close()

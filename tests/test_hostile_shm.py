@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,9 +101,9 @@ def infer(inputs, outputs):
 """
 
 
-def v2_probe(service: Service, code: str, *args: str) -> Any:
+def v2_probe(service: Service, code: str, *args: str, timeout: float = 120) -> Any:
     """`probe`, with the v2 service's helpers above."""
-    return probe(service, V2 + textwrap.dedent(code), *args)
+    return probe(service, V2 + textwrap.dedent(code), *args, timeout=timeout)
 
 
 def test_a_member_registers_only_what_every_user_of_the_socket_could_open(
@@ -168,7 +167,6 @@ def test_a_tensor_claiming_gigabytes_costs_nothing(served: Service) -> None:
     and answers."""
     process = psutil.Process(served.proc.pid)
     rss = process.memory_info().rss
-    began = time.monotonic()
     got = v2_probe(
         served,
         """
@@ -177,8 +175,8 @@ def test_a_tensor_claiming_gigabytes_costs_nothing(served: Service) -> None:
         answers["claimed"] = infer({"x": ([875_000_000], "nowhere", 0, 3_500_000_000)}, {})
         print(json.dumps(answers))
         """,
+        timeout=30,  # a 3.5 GB buffer made and filled would not end in time
     )
-    assert time.monotonic() - began < 30
     code, details = got["shape"]
     assert code == "INVALID_ARGUMENT" and "takes 128 bytes, got 3500000000" in details
     code, details = got["claimed"]
