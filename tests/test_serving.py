@@ -402,7 +402,7 @@ def test_shm_refusals(local: LocalRuntime, shm_object: str) -> None:
 
 def hidden(path: str, who: str) -> str:
     """The refusal of an object that is missing, that the daemon may not open, or that
-    the caller could not open itself: one wording (DESIGN "Trust")."""
+    the caller could not open itself: one wording (docs/design.md, "Trust")."""
     return (
         f"SystemSharedMemoryRegister: cannot map '{path}' (no such object, or the daemon may "
         f"not open it, or {who} could not open it itself): make it an object both you and "
