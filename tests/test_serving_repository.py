@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff import build_mlp
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import LocalRuntime
