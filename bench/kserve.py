@@ -41,7 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
-from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.proto import CHANNEL_OPTIONS, kserve_pb, kserve_pb_grpc, pb, pb_grpc
 

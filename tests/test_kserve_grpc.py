@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from neuron_rtd.cli.spawn import DaemonProcess
-from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.daemon.config import DaemonConfig, load_config, remote_http_warning
 from neuron_rtd.daemon.main import DRAIN_GRACE_S, parse_args
 from neuron_rtd.neff.samples import SampleModel, build_mlp

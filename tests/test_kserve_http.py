@@ -28,7 +28,7 @@ import tritonclient.utils.shared_memory as shm
 from test_kserve_grpc import TWO, two_outputs_model
 from tritonclient.utils import InferenceServerException
 
-from neuron_rtd.compiler.compile import bucket_ranges, compile_model
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff.samples import SampleModel, build_mlp, build_relu
 from neuron_rtd.proto import kserve_pb, model_config_pb
 from neuron_rtd.runtime import LocalRuntime

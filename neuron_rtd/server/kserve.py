@@ -10,17 +10,20 @@ Outputs go back as `raw_output_contents`, one per output in output order; an out
 for in shared memory is written there and sent with empty contents and its parameters
 echoed, as Triton does.
 
-A `ServingError` answers with its status's gRPC code and its message as it is; anything
-else answers INTERNAL with a one-line message, its traceback going to the daemon's log
-only. In `ModelStreamInfer` a request's error is its answer's `error_message` and the
-stream goes on (Triton's behaviour); answers come in request order, up to `STREAM_WINDOW`
-requests of one stream running at once (so a stream's requests can be batched together:
-the stream table, `server/streams.py`, keeps that window).
+Each method only lifts its request's tensors off the wire into the transport-free
+decoder (`neuron_rtd/server/kserve_codec.py`) and puts the answer back; every failure is
+answered through one decorator (`answered`) by the one table of
+`neuron_rtd/server/kserve_errors.py`. In `ModelStreamInfer` a request's error is its
+answer's `error_message` and the stream goes on (Triton's behaviour); answers come in
+request order, up to `STREAM_WINDOW` requests of one stream running at once (so a
+stream's requests can be batched together: the stream table, `server/streams.py`, keeps
+that window).
 CUDA shared memory, tracing and log settings answer UNIMPLEMENTED, saying why.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -31,41 +34,24 @@ import numpy as np
 
 from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
 from neuron_rtd.runtime import Caller, stranger, wire_bytes
-from neuron_rtd.server.kserve_tensors import (
+from neuron_rtd.server.kserve_codec import (
     SHM_PARAMETERS,
     SHM_REGION,
-    ShmPlace,
-    check_size,
-    from_bytes,
-    internal_message,
+    Decoded,
+    OutputIn,
+    Sources,
+    TensorIn,
+    decode,
     invalid,
-    shm_place,
-    tensor_dtype,
-    write_to_shm,
+    load_request,
+    render,
 )
-from neuron_rtd.serving.api import (
-    InferRequest,
-    InferResponse,
-    ServingApi,
-    ServingError,
-    SharedMemoryApi,
-    Status,
-)
-from neuron_rtd.serving.datatypes import datatype_of
+from neuron_rtd.server.kserve_errors import GRPC_CODES, refusal
+from neuron_rtd.serving.api import InferRequest, InferResponse, ServingApi, SharedMemoryApi
 
 log = logging.getLogger("nrtd.KSERVE")
 
 STREAM_WINDOW = 16  # requests of one stream running at once
-
-# The protocol's status kinds as gRPC codes.
-CODES: dict[Status, grpc.StatusCode] = {
-    Status.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    Status.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Status.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Status.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Status.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    Status.INTERNAL: grpc.StatusCode.INTERNAL,
-}
 
 # Where each datatype's values are in `InferTensorContents` (FP16 and BF16 have no
 # typed field: raw contents only).
@@ -89,7 +75,29 @@ CUDA_SHM_UNSUPPORTED = (
     "Neuron devices); use system shared memory (SystemSharedMemoryRegister) instead"
 )
 
+SOURCES = Sources(raw="raw_input_contents", typed="contents")
+
+S = TypeVar("S")
+Q = TypeVar("Q")
 R = TypeVar("R")
+
+
+def answered(
+    method: Callable[[S, Q, grpc.ServicerContext], R],
+) -> Callable[[S, Q, grpc.ServicerContext], R]:
+    """A method whose every failure is answered by the one error table: a `ServingError`
+    with its status's gRPC code and its message, anything else INTERNAL (`refusal`)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def answer(self: S, request: Q, context: grpc.ServicerContext) -> R:
+        try:
+            return method(self, request, context)
+        except Exception as exc:
+            status, message = refusal(exc, name, name)
+        abort(context, GRPC_CODES[status], message)
+
+    return answer
 
 
 def parameter_value(parameter: Any) -> object:
@@ -102,36 +110,25 @@ def parameters_of(parameters: Mapping[str, Any]) -> dict[str, object]:
     return {name: parameter_value(value) for name, value in parameters.items()}
 
 
-def tensor_shape(what: str, dims: Any) -> tuple[int, ...]:
-    shape = tuple(dims)
-    if shape and min(shape) < 0:
-        raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
-    return shape
+def from_contents(contents: Any) -> Callable[[str, str, np.dtype, tuple[int, ...]], np.ndarray]:
+    """Typed `contents` (`InferTensorContents`), made an array by the decoder."""
 
+    def typed(what: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        field = TYPED_FIELDS.get(datatype)
+        if field is None:
+            raise invalid(f"{what} is {datatype}, which has no typed contents: send it raw")
+        values = getattr(contents, field)
+        expected = math.prod(shape)
+        if len(values) != expected:
+            raise invalid(
+                f"{what}: shape {list(shape)} takes {expected} values, got {len(values)} in {field}"
+            )
+        try:
+            return np.array(values, dtype=dtype).reshape(shape)
+        except (OverflowError, ValueError) as exc:
+            raise invalid(f"{what}: a value in {field} is not a {datatype}: {exc}") from None
 
-def from_contents(
-    what: str, contents: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
-) -> np.ndarray:
-    """Typed `contents` as an array of `dtype` and `shape`."""
-    field = TYPED_FIELDS.get(datatype)
-    if field is None:
-        raise invalid(f"{what} is {datatype}, which has no typed contents: send it raw")
-    values = getattr(contents, field)
-    expected = math.prod(shape)
-    if len(values) != expected:
-        raise invalid(
-            f"{what}: shape {list(shape)} takes {expected} values, got {len(values)} in {field}"
-        )
-    try:
-        return np.array(values, dtype=dtype).reshape(shape)
-    except (OverflowError, ValueError) as exc:
-        raise invalid(f"{what}: a value in {field} is not a {datatype}: {exc}") from None
-
-
-def raw_output(array: np.ndarray) -> bytes:
-    """An output's raw contents: the bytes the runtime copied it out of its slot into, as
-    they are (`wire_bytes`), a copy only when the array is part of them (a batch's rows)."""
-    return wire_bytes(array)
+    return typed
 
 
 class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
@@ -148,103 +145,70 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         self.serving = serving
         self.caller_of = caller_of  # who a call comes from: whose shared memory it names
 
-    # --- how every call answers ---------------------------------------------------------
-    def _call(self, method: str, context: grpc.ServicerContext, make: Callable[[], R]) -> R:
-        try:
-            return make()
-        except ServingError as exc:
-            error: tuple[grpc.StatusCode, str] = (CODES[exc.status], exc.message)
-        except Exception as exc:
-            log.exception("internal error", extra={"fn": method})
-            error = (grpc.StatusCode.INTERNAL, internal_message(method, exc))
-        abort(context, *error)
-
     # --- health and metadata ------------------------------------------------------------
+    @answered
     def ServerLive(
         self, request: kserve_pb.ServerLiveRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ServerLiveResponse:
-        return self._call(
-            "ServerLive", context, lambda: kserve_pb.ServerLiveResponse(live=self.serving.live())
-        )
+        return kserve_pb.ServerLiveResponse(live=self.serving.live())
 
+    @answered
     def ServerReady(
         self, request: kserve_pb.ServerReadyRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ServerReadyResponse:
-        return self._call(
-            "ServerReady",
-            context,
-            lambda: kserve_pb.ServerReadyResponse(ready=self.serving.ready()),
-        )
+        return kserve_pb.ServerReadyResponse(ready=self.serving.ready())
 
+    @answered
     def ServerMetadata(
         self, request: kserve_pb.ServerMetadataRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ServerMetadataResponse:
-        def make() -> kserve_pb.ServerMetadataResponse:
-            meta = self.serving.server_metadata()
-            return kserve_pb.ServerMetadataResponse(
-                name=meta.name, version=meta.version, extensions=list(meta.extensions)
-            )
+        meta = self.serving.server_metadata()
+        return kserve_pb.ServerMetadataResponse(
+            name=meta.name, version=meta.version, extensions=list(meta.extensions)
+        )
 
-        return self._call("ServerMetadata", context, make)
-
+    @answered
     def ModelReady(
         self, request: kserve_pb.ModelReadyRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelReadyResponse:
-        return self._call(
-            "ModelReady",
-            context,
-            lambda: kserve_pb.ModelReadyResponse(
-                ready=self.serving.model_ready(request.name, request.version)
-            ),
+        return kserve_pb.ModelReadyResponse(
+            ready=self.serving.model_ready(request.name, request.version)
         )
 
+    @answered
     def ModelMetadata(
         self, request: kserve_pb.ModelMetadataRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelMetadataResponse:
-        def make() -> kserve_pb.ModelMetadataResponse:
-            meta = self.serving.model_metadata(request.name, request.version)
-            tensor = kserve_pb.ModelMetadataResponse.TensorMetadata
-            return kserve_pb.ModelMetadataResponse(
-                name=meta.name,
-                versions=list(meta.versions),
-                platform=meta.platform,
-                inputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs
-                ],
-                outputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs
-                ],
-            )
+        meta = self.serving.model_metadata(request.name, request.version)
+        tensor = kserve_pb.ModelMetadataResponse.TensorMetadata
+        return kserve_pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=list(meta.versions),
+            platform=meta.platform,
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs],
+        )
 
-        return self._call("ModelMetadata", context, make)
-
+    @answered
     def ModelConfig(
         self, request: kserve_pb.ModelConfigRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelConfigResponse:
-        return self._call(
-            "ModelConfig",
-            context,
-            lambda: kserve_pb.ModelConfigResponse(
-                config=self.serving.model_config(request.name, request.version)
-            ),
+        return kserve_pb.ModelConfigResponse(
+            config=self.serving.model_config(request.name, request.version)
         )
 
+    @answered
     def ModelStatistics(
         self, request: kserve_pb.ModelStatisticsRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelStatisticsResponse:
-        return self._call(
-            "ModelStatistics",
-            context,
-            lambda: self.serving.model_statistics(request.name, request.version),
-        )
+        return self.serving.model_statistics(request.name, request.version)
 
     # --- inference ----------------------------------------------------------------------
+    @answered
     def ModelInfer(
         self, request: kserve_pb.ModelInferRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelInferResponse:
-        return self._call(
-            "ModelInfer", context, lambda: self.infer(request, self.caller_of(context))
-        )
+        return self.infer(request, self.caller_of(context))
 
     def stream_answer(
         self, request: kserve_pb.ModelInferRequest, caller: Caller
@@ -252,11 +216,8 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         """One request of a stream, answered: its response, or its error as the message."""
         try:
             return kserve_pb.ModelStreamInferResponse(infer_response=self.infer(request, caller))
-        except ServingError as exc:
-            message = exc.message
         except Exception as exc:
-            log.exception("internal error", extra={"fn": "ModelStreamInfer"})
-            message = internal_message("ModelStreamInfer", exc)
+            _, message = refusal(exc, "ModelStreamInfer", "ModelStreamInfer")
         return kserve_pb.ModelStreamInferResponse(
             error_message=message,
             infer_response=kserve_pb.ModelInferResponse(
@@ -269,186 +230,88 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
     def infer(
         self, request: kserve_pb.ModelInferRequest, caller: Caller
     ) -> kserve_pb.ModelInferResponse:
-        """One inference: decoded, run by the core, encoded; `caller`'s shared memory."""
+        """One inference: its tensors lifted off the message and decoded, run by the core,
+        its answer put back; `caller`'s shared memory."""
         shm = self.serving.shm(caller)
-        inputs = self._inputs(request, shm)
-        places: dict[str, ShmPlace] = {}
-        names: list[str] = []
-        for output in request.outputs:
-            what = f"output {output.name!r}"
-            if output.name in names:
-                raise invalid(f"{what} is asked for twice")
-            names.append(output.name)
-            if "classification" in output.parameters:
-                raise ServingError(
-                    Status.UNSUPPORTED,
-                    f"{what}: the classification extension is not supported; ask for the "
-                    "output itself",
-                )
-            place = shm_place(what, parameters_of(output.parameters)) if output.parameters else None
-            if place is not None:
-                shm.check(place.region, place.offset, place.byte_size)
-                places[output.name] = place
-        result = self.serving.infer(
+        decoded = decode(
             InferRequest(
                 model=request.model_name,
                 version=request.model_version,
-                inputs=inputs,
-                outputs=names or None,
+                inputs={},
                 id=request.id,
                 parameters=parameters_of(request.parameters) if request.parameters else {},
-            )
+            ),
+            lifted_inputs(request),
+            [OutputIn(o.name, parameters_of(o.parameters)) for o in request.outputs],
+            shm,
+            SOURCES,
         )
-        return self._response(request, result, places, shm)
-
-    def _inputs(
-        self, request: kserve_pb.ModelInferRequest, shm: SharedMemoryApi
-    ) -> dict[str, np.ndarray]:
-        raw = request.raw_input_contents
-        taken = 0  # raw contents used so far: one per input sent raw, in input order
-        inputs: dict[str, np.ndarray] = {}
-        for tensor in request.inputs:
-            name = tensor.name
-            what = f"input {name!r}"
-            if name in inputs:
-                raise invalid(f"{what} is given twice")
-            dtype = tensor_dtype(what, tensor.datatype)
-            shape = tensor_shape(what, tensor.shape)
-            place = shm_place(what, parameters_of(tensor.parameters)) if tensor.parameters else None
-            if place is not None:
-                if tensor.HasField("contents"):
-                    raise invalid(f"{what} has both contents and {SHM_REGION}")
-                check_size(what, place.byte_size, dtype, shape)
-                data = shm.read(place.region, place.offset, place.byte_size)
-                inputs[name] = from_bytes(what, data, dtype, shape)
-            elif tensor.HasField("contents"):
-                inputs[name] = from_contents(what, tensor.contents, tensor.datatype, dtype, shape)
-            elif taken < len(raw):
-                inputs[name] = from_bytes(what, raw[taken], dtype, shape)
-                taken += 1
-            elif not raw:
-                raise invalid(
-                    f"{what} has no data: give raw_input_contents, contents or {SHM_REGION}"
-                )
-            else:
-                taken += 1  # one too few: said below
-        if taken != len(raw):
-            sent_raw = [
-                t.name
-                for t in request.inputs
-                if SHM_REGION not in t.parameters and not t.HasField("contents")
-            ]
-            raise invalid(
-                f"{len(raw)} raw_input_contents for {len(sent_raw)} inputs sent raw "
-                f"({', '.join(map(repr, sent_raw)) or 'none'}): one each, in the order of "
-                "the inputs"
-            )
-        return inputs
-
-    def _response(
-        self,
-        request: kserve_pb.ModelInferRequest,
-        result: InferResponse,
-        places: Mapping[str, ShmPlace],
-        shm: SharedMemoryApi,
-    ) -> kserve_pb.ModelInferResponse:
-        response = kserve_pb.ModelInferResponse(
-            model_name=result.model or request.model_name,
-            model_version=result.version,
-            id=result.id or request.id,
-        )
-        raw: list[bytes] = []
-        asked = {o.name: o for o in request.outputs} if places else {}
-        add = response.outputs.add
-        for name, array in result.outputs.items():
-            tensor = add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
-            if places and name in places:
-                write_to_shm(name, array, places[name], shm)
-                for key in SHM_PARAMETERS:  # echoed, as Triton does
-                    if key in asked[name].parameters:
-                        tensor.parameters[key].CopyFrom(asked[name].parameters[key])
-                raw.append(b"")  # one raw entry per output keeps the indices aligned
-            else:
-                raw.append(raw_output(array))
-        response.raw_output_contents.extend(raw)
-        return response
+        return response_message(request, decoded, self.serving.infer(decoded.request), shm)
 
     # --- the model repository -----------------------------------------------------------
+    @answered
     def RepositoryIndex(
         self, request: kserve_pb.RepositoryIndexRequest, context: grpc.ServicerContext
     ) -> kserve_pb.RepositoryIndexResponse:
-        def make() -> kserve_pb.RepositoryIndexResponse:
-            index = kserve_pb.RepositoryIndexResponse.ModelIndex
-            return kserve_pb.RepositoryIndexResponse(
-                models=[
-                    index(name=m.name, version=m.version, state=m.state, reason=m.reason)
-                    for m in self.serving.repository_index(ready_only=request.ready)
-                ]
-            )
+        index = kserve_pb.RepositoryIndexResponse.ModelIndex
+        return kserve_pb.RepositoryIndexResponse(
+            models=[
+                index(name=m.name, version=m.version, state=m.state, reason=m.reason)
+                for m in self.serving.repository_index(ready_only=request.ready)
+            ]
+        )
 
-        return self._call("RepositoryIndex", context, make)
-
+    @answered
     def RepositoryModelLoad(
         self, request: kserve_pb.RepositoryModelLoadRequest, context: grpc.ServicerContext
     ) -> kserve_pb.RepositoryModelLoadResponse:
-        def make() -> kserve_pb.RepositoryModelLoadResponse:
-            config, files = load_parameters(request.parameters)
-            self.serving.load_model(request.model_name, config, files or None)
-            return kserve_pb.RepositoryModelLoadResponse()
+        config, files = load_request(parameters_of(request.parameters))
+        self.serving.load_model(request.model_name, config, files or None)
+        return kserve_pb.RepositoryModelLoadResponse()
 
-        return self._call("RepositoryModelLoad", context, make)
-
+    @answered
     def RepositoryModelUnload(
         self, request: kserve_pb.RepositoryModelUnloadRequest, context: grpc.ServicerContext
     ) -> kserve_pb.RepositoryModelUnloadResponse:
-        def make() -> kserve_pb.RepositoryModelUnloadResponse:
-            self.serving.unload_model(request.model_name)
-            return kserve_pb.RepositoryModelUnloadResponse()
-
-        return self._call("RepositoryModelUnload", context, make)
+        self.serving.unload_model(request.model_name)
+        return kserve_pb.RepositoryModelUnloadResponse()
 
     # --- system shared memory -----------------------------------------------------------
+    @answered
     def SystemSharedMemoryRegister(
         self,
         request: kserve_pb.SystemSharedMemoryRegisterRequest,
         context: grpc.ServicerContext,
     ) -> kserve_pb.SystemSharedMemoryRegisterResponse:
-        def make() -> kserve_pb.SystemSharedMemoryRegisterResponse:
-            if not request.name:
-                raise invalid("a shared memory region needs a name")
-            self.serving.shm(self.caller_of(context)).register(
-                request.name, request.key, request.offset, request.byte_size
-            )
-            return kserve_pb.SystemSharedMemoryRegisterResponse()
+        if not request.name:
+            raise invalid("a shared memory region needs a name")
+        self.serving.shm(self.caller_of(context)).register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return kserve_pb.SystemSharedMemoryRegisterResponse()
 
-        return self._call("SystemSharedMemoryRegister", context, make)
-
+    @answered
     def SystemSharedMemoryStatus(
         self,
         request: kserve_pb.SystemSharedMemoryStatusRequest,
         context: grpc.ServicerContext,
     ) -> kserve_pb.SystemSharedMemoryStatusResponse:
-        def make() -> kserve_pb.SystemSharedMemoryStatusResponse:
-            status = kserve_pb.SystemSharedMemoryStatusResponse.RegionStatus
-            return kserve_pb.SystemSharedMemoryStatusResponse(
-                regions={
-                    r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
-                    for r in self.serving.shm(self.caller_of(context)).status(request.name)
-                }
-            )
+        status = kserve_pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return kserve_pb.SystemSharedMemoryStatusResponse(
+            regions={
+                r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
+                for r in self.serving.shm(self.caller_of(context)).status(request.name)
+            }
+        )
 
-        return self._call("SystemSharedMemoryStatus", context, make)
-
+    @answered
     def SystemSharedMemoryUnregister(
         self,
         request: kserve_pb.SystemSharedMemoryUnregisterRequest,
         context: grpc.ServicerContext,
     ) -> kserve_pb.SystemSharedMemoryUnregisterResponse:
-        def make() -> kserve_pb.SystemSharedMemoryUnregisterResponse:
-            self.serving.shm(self.caller_of(context)).unregister(request.name)
-            return kserve_pb.SystemSharedMemoryUnregisterResponse()
-
-        return self._call("SystemSharedMemoryUnregister", context, make)
+        self.serving.shm(self.caller_of(context)).unregister(request.name)
+        return kserve_pb.SystemSharedMemoryUnregisterResponse()
 
     # --- what this server does not do ---------------------------------------------------
     def CudaSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
@@ -482,23 +345,72 @@ def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) ->
     raise AssertionError("context.abort returned")  # it raises; this tells mypy
 
 
-def load_parameters(parameters: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
-    """`RepositoryModelLoad`'s parameters: the `config` override (JSON) and the
-    `file:<path>` contents."""
-    config = ""
-    files: dict[str, bytes] = {}
-    for name, parameter in parameters.items():
-        value = parameter_value(parameter)
-        if name == "config":
-            if not isinstance(value, str):
-                raise invalid("parameter 'config' must be a string (a JSON model config)")
-            config = value
-        elif name.startswith("file:"):
-            if not isinstance(value, bytes):
-                raise invalid(f"parameter {name!r} must be bytes (the file's content)")
-            files[name.removeprefix("file:")] = value
-        else:
-            raise invalid(
-                f"unknown load parameter {name!r}: this server takes 'config' and 'file:<path>'"
+def lifted_inputs(request: kserve_pb.ModelInferRequest) -> list[TensorIn]:
+    """The request's inputs as the decoder takes them. `raw_input_contents` go, one each
+    and in order, to the inputs sent raw (neither typed `contents` nor in shared memory);
+    their count is checked here, as the message's own rule."""
+    raw = request.raw_input_contents
+    tensors = request.inputs
+    lifted = []
+    taken = 0
+    for tensor in tensors:
+        parameters = parameters_of(tensor.parameters) if tensor.parameters else {}
+        if tensor.HasField("contents"):
+            lifted.append(
+                TensorIn(
+                    tensor.name,
+                    tensor.datatype,
+                    tuple(tensor.shape),
+                    parameters,
+                    typed=from_contents(tensor.contents),
+                )
             )
-    return config, files
+            continue
+        data = None if SHM_REGION in parameters or taken >= len(raw) else raw[taken]
+        if SHM_REGION not in parameters:
+            taken += 1
+        lifted.append(TensorIn(tensor.name, tensor.datatype, tuple(tensor.shape), parameters, data))
+    if raw and taken != len(raw):
+        sent_raw = [
+            t.name for t in tensors if SHM_REGION not in t.parameters and not t.HasField("contents")
+        ]
+        raise invalid(
+            f"{len(raw)} raw_input_contents for {len(sent_raw)} inputs sent raw "
+            f"({', '.join(map(repr, sent_raw)) or 'none'}): one each, in the order of "
+            "the inputs"
+        )
+    return lifted
+
+
+def response_message(
+    request: kserve_pb.ModelInferRequest,
+    decoded: Decoded,
+    result: InferResponse,
+    shm: SharedMemoryApi,
+) -> kserve_pb.ModelInferResponse:
+    """The answer on the wire: one raw output content per output in output order, the
+    bytes the runtime copied each out of its slot into, as they are (`wire_bytes`); an
+    output written to shared memory has empty contents and its parameters echoed, as
+    Triton does."""
+    response = kserve_pb.ModelInferResponse(
+        model_name=result.model or request.model_name,
+        model_version=result.version,
+        id=result.id or request.id,
+    )
+    raw: list[bytes] = []
+    add = response.outputs.add
+    asked = None
+    for output in render(decoded, result, shm):
+        array = output.array
+        tensor = add(name=output.name, datatype=output.datatype, shape=array.shape)
+        if output.asked is not None and output.asked.place is not None:
+            if asked is None:
+                asked = {o.name: o for o in request.outputs}
+            for key in SHM_PARAMETERS:  # echoed as given, as Triton does
+                if key in asked[output.name].parameters:
+                    tensor.parameters[key].CopyFrom(asked[output.name].parameters[key])
+            raw.append(b"")  # one raw entry per output keeps the indices aligned
+        else:
+            raw.append(wire_bytes(array))
+    response.raw_output_contents.extend(raw)
+    return response

@@ -2,8 +2,11 @@
 core (`neuron_rtd/serving/api.py:ServingApi`): each request routed, its body decoded
 (`neuron_rtd/server/kserve_json.py`), one call into the core, its answer encoded.
 
-`KServeApp` is a WSGI application; the server under it (waitress, the connections, who
-each comes from, their timeouts and bounds) is `neuron_rtd/server/http_server.py`.
+`KServeApp` is a WSGI application: its routes and endpoints, who may call them, and how
+each answers; one request and its reply (body, encodings, the binary extension's split)
+are `neuron_rtd/server/http_messages.py`, the server under it (waitress, the
+connections, who each comes from, their timeouts and bounds)
+`neuron_rtd/server/http_server.py`.
 
 Who may do what (docs/kserve.md "Who may do what"): anyone who reaches the port may ask
 health, metadata, configs, statistics and the repository index; loading, unloading,
@@ -23,7 +26,8 @@ characters, plus `BODY_SLACK_BYTES`; a load: `max_body_bytes`; anything else
 a connection must finish each request's headers within `header_timeout_s` (a client
 trickling them is closed); one user holds at most `max_connections_per_user` connections.
 
-Statuses: a `ServingError`'s status through `HTTP_STATUS`, with `{"error": message}`; an
+Statuses: a `ServingError`'s status through the one table
+(`neuron_rtd/server/kserve_errors.py`), with `{"error": message}`; an
 unknown path 404, a known path with another method 405, a caller not allowed 403 (a
 wrong bearer token 401), a body larger than its route takes 413, an unknown
 Content-Encoding 415;
@@ -33,21 +37,34 @@ anything unexpected 500 with a one-line message, its traceback in the daemon's l
 
 from __future__ import annotations
 
-import gzip
 import hmac
 import http
 import logging
 import math
 import os
 import threading
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 from neuron_rtd.errors import shown
 from neuron_rtd.runtime import Caller, group_member, group_name
+from neuron_rtd.server.http_messages import (
+    BINARY_TYPE,
+    HEADER_LENGTH,
+    Body,
+    HttpRefusal,
+    Reply,
+    Request,
+    compress_for,
+    error_reply,
+    json_reply,
+    split_header,
+    status_reply,
+)
+from neuron_rtd.server.http_messages import JSON_TYPE as JSON_TYPE  # the server's replies
+from neuron_rtd.server.kserve_codec import invalid
+from neuron_rtd.server.kserve_errors import HTTP_STATUS, refusal
 from neuron_rtd.server.kserve_json import (
     decode_infer,
     dumps,
@@ -62,7 +79,6 @@ from neuron_rtd.server.kserve_json import (
     shm_status_json,
     statistics_json,
 )
-from neuron_rtd.server.kserve_tensors import internal_message, invalid
 from neuron_rtd.serving.api import ServingApi, ServingError, SharedMemoryApi, Status
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -74,23 +90,8 @@ PEER_KEY = "neuron_rtd.peer"  # environ: the Caller owning the connection's othe
 LOOPBACK_KEY = "neuron_rtd.loopback"  # environ: whether the connection is to loopback
 
 MAX_BODY_BYTES = 64 << 20  # the largest request body taken (and decompressed); more: shm
-SMALL_BODY_BYTES = 1 << 20  # a body other than an inference's or a load's
 BODY_SLACK_BYTES = 1 << 20  # an inference's body beyond its tensors: names, parameters
 JSON_CHARS_PER_NUMBER = 48  # an input's element in JSON, indentation and separator included
-
-# The protocol's status kinds as HTTP statuses.
-HTTP_STATUS: dict[Status, int] = {
-    Status.INVALID_ARGUMENT: 400,
-    Status.NOT_FOUND: 404,
-    Status.UNAVAILABLE: 503,
-    Status.ALREADY_EXISTS: 409,
-    Status.UNSUPPORTED: 501,
-    Status.INTERNAL: 500,
-}
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
-JSON_TYPE = "application/json"
-BINARY_TYPE = "application/octet-stream"
 
 CUDA_SHM_UNSUPPORTED = (
     "CUDA shared memory is not supported: this server has no GPUs (its devices are Neuron "
@@ -104,38 +105,6 @@ LOGGING_UNSUPPORTED = (
     "log settings are not supported over the protocol: the daemon's log level is its -l "
     "flag (or log_level in its config)"
 )
-
-
-class HttpRefusal(Exception):
-    """A request refused for what HTTP itself says (no such path, method, encoding), not
-    for what the protocol's statuses say (`ServingError`)."""
-
-    def __init__(self, code: int, message: str, headers: Iterable[tuple[str, str]] = ()) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.headers = list(headers)
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes = b""
-    content_type: str = JSON_TYPE
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-def json_reply(document: object, status: int = 200) -> Reply:
-    return Reply(status, dumps(document))
-
-
-def error_reply(status: int, message: str) -> Reply:
-    return Reply(status, dumps({"error": message}))
-
-
-def status_reply(ok: bool) -> Reply:
-    """Health and readiness, as Triton answers them: 200 or 400, no body."""
-    return Reply(200 if ok else 400)
 
 
 @dataclass(frozen=True)
@@ -158,103 +127,6 @@ def token_caller(gid: int) -> Caller:
     """Who a bearer of the token is: a member of group `gid` with no user of its own (it
     owns nothing; it may open what the group may)."""
     return Caller((group_member(gid),))
-
-
-# --- one request ------------------------------------------------------------------------
-class Request:
-    """One HTTP request as the handlers see it: its method, path segments, headers, body
-    (read and decompressed on first use, up to `limit` bytes) and caller: the user owning
-    the other end of its connection, or the token's bearer (None: a stranger; see
-    `KServeApp.caller_of`)."""
-
-    def __init__(self, environ: Mapping[str, Any], max_body_bytes: int) -> None:
-        self.environ = environ
-        self.method: str = environ.get("REQUEST_METHOD", "GET")
-        self.parts = path_parts(environ)
-        self.max_body_bytes = max_body_bytes
-        self.limit = SMALL_BODY_BYTES  # what the route takes; set by its handler
-        self.limit_reason = "the most this request takes"
-        self.caller: Caller | None = None
-        self._body: bytes | None = None
-
-    def header(self, name: str) -> str | None:
-        value = self.environ.get("HTTP_" + name.upper().replace("-", "_"))
-        return value if isinstance(value, str) else None
-
-    def body(self) -> bytes:
-        if self._body is None:
-            self._body = self._read_body()
-        return self._body
-
-    def json(self, what: str) -> dict[str, Any]:
-        return loads_object(self.body(), what)
-
-    def _read_body(self) -> bytes:
-        try:
-            length = int(self.environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise invalid("Content-Length is not a number") from None
-        encoding = (self.header("Content-Encoding") or "identity").strip().lower()
-        limit = min(self.limit, self.max_body_bytes)
-        if encoding == "identity" and length > limit:
-            raise HttpRefusal(413, too_large(f"the body's {length} bytes are", limit, self))
-        data: bytes = self.environ["wsgi.input"].read(length) if length > 0 else b""
-        if len(data) != length:
-            raise invalid(f"the body has {len(data)} bytes, not the {length} of Content-Length")
-        if encoding == "identity":
-            return data
-        if encoding == "gzip":
-            return inflate(data, 16 + zlib.MAX_WBITS, "gzip", limit, self)
-        if encoding == "deflate":  # zlib's format, as HTTP means it; raw deflate as well
-            try:
-                return inflate(data, zlib.MAX_WBITS, "deflate", limit, self)
-            except ServingError:
-                return inflate(data, -zlib.MAX_WBITS, "deflate", limit, self)
-        raise HttpRefusal(
-            415,
-            f"Content-Encoding {encoding!r} is not supported: send the body as it is, or "
-            "compressed with gzip or deflate",
-        )
-
-
-def too_large(what: str, limit: int, request: Request | None) -> str:
-    reason = request.limit_reason if request is not None else "the most this server takes"
-    if request is not None and limit >= request.max_body_bytes:
-        reason = "the most this server takes (http_max_body_bytes)"
-    return (
-        f"{what} more than {limit} bytes, {reason}: pass large tensors in system shared "
-        "memory, or as the binary tensor data extension"
-    )
-
-
-def inflate(
-    data: bytes, wbits: int, name: str, limit: int, request: Request | None = None
-) -> bytes:
-    """`data` decompressed, no larger than `limit` bytes (413 beyond, found after inflating
-    `limit` bytes at most: a small body must not make the daemon allocate a huge one)."""
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise invalid(f"the body is not valid {name} data: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise HttpRefusal(413, too_large("the body decompresses to", limit, request))
-    if not inflater.eof:
-        raise invalid(f"the body's {name} data is truncated")
-    return out
-
-
-def path_parts(environ: Mapping[str, Any]) -> list[str]:
-    """The request path's segments, each percent-decoded (so an encoded '/' stays inside
-    its segment); a trailing '/' is dropped."""
-    target = environ.get("REQUEST_URI") or environ.get("PATH_INFO") or "/"
-    path = target.split("?", 1)[0]
-    if "://" in path:  # the absolute form: http://host:port/v2/...
-        path = "/" + path.split("://", 1)[1].partition("/")[2]
-    parts = [unquote(p) for p in path.split("/")[1:]]
-    while parts and not parts[-1]:
-        parts.pop()
-    return parts
 
 
 Handler = Callable[[Request], Reply]
@@ -281,7 +153,7 @@ class KServeApp:
         self._idle = threading.Condition()
         self.stopping = False
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> _Body:
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Body:
         with self._idle:
             self._busy += 1
         try:
@@ -296,7 +168,7 @@ class KServeApp:
             self._done()
             raise
         body = b"" if environ.get("REQUEST_METHOD") == "HEAD" else reply.body
-        return _Body(body, self._done)  # the request is done once its body is written
+        return Body(body, self._done)  # the request is done once its body is written
 
     def _done(self) -> None:
         with self._idle:
@@ -327,16 +199,14 @@ class KServeApp:
                     [("Allow", ", ".join(methods.split()))],
                 )
             return handler(request)
-        except ServingError as exc:
-            return error_reply(HTTP_STATUS[exc.status], exc.message)
         except HttpRefusal as exc:
             reply = error_reply(exc.code, exc.message)
             reply.headers.extend(exc.headers)
             return reply
-        except Exception as exc:
+        except Exception as exc:  # a ServingError, or unexpected: the one error table
             what = environ.get("REQUEST_METHOD", "?") + " " + environ.get("PATH_INFO", "?")
-            log.exception("internal error in %s", what, extra={"fn": "http"})
-            return error_reply(500, internal_message(what, exc))
+            status, message = refusal(exc, what, "http")
+            return error_reply(HTTP_STATUS[status], message)
 
     def caller_of(self, request: Request) -> Caller | None:
         """Who sends `request`: the token's bearer when it carries the token (401 for a
@@ -542,64 +412,8 @@ class KServeApp:
         return Reply(200)
 
 
-class _Body:
-    """A response body that tells `done` when the server has written it (WSGI's close())."""
-
-    def __init__(self, body: bytes, done: Callable[[], None]) -> None:
-        self._body = body
-        self._done: Callable[[], None] | None = done
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield self._body
-
-    def __len__(self) -> int:
-        return 1
-
-    def close(self) -> None:
-        done, self._done = self._done, None
-        if done is not None:
-            done()
-
-
 def unsupported(message: str) -> Handler:
     def refuse(request: Request) -> Reply:
         raise ServingError(Status.UNSUPPORTED, message)
 
     return refuse
-
-
-def split_header(body: memoryview, declared: str | None) -> tuple[memoryview, memoryview]:
-    """The JSON header and the binary data after it (none without Inference-Header-
-    Content-Length: the whole body is JSON)."""
-    if declared is None:
-        return body, body[:0]
-    try:
-        length = int(declared)
-    except ValueError:
-        length = -1
-    if not 0 <= length <= len(body):
-        raise invalid(
-            f"{HEADER_LENGTH} {declared!r} is not the JSON header's length: expected a number "
-            f"of bytes from 0 to the body's {len(body)}"
-        )
-    return body[:length], body[length:]
-
-
-def compress_for(reply: Reply, accepted: str | None) -> None:
-    """`reply`'s body compressed with the first of gzip or deflate the client accepts."""
-    if not accepted:
-        return
-    codings = {}
-    for item in accepted.split(","):
-        coding, _, weight = item.strip().partition(";")
-        quality = weight.strip().removeprefix("q=")
-        try:
-            codings[coding.strip().lower()] = float(quality) if quality else 1.0
-        except ValueError:
-            continue
-    if codings.get("gzip", 0) > 0:
-        reply.body = gzip.compress(reply.body, compresslevel=1)
-        reply.headers.append(("Content-Encoding", "gzip"))
-    elif codings.get("deflate", 0) > 0:
-        reply.body = zlib.compress(reply.body, 1)
-        reply.headers.append(("Content-Encoding", "deflate"))

@@ -31,18 +31,20 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from neuron_rtd.proto import kserve_pb
-from neuron_rtd.server.kserve_tensors import (
+from neuron_rtd.server.kserve_codec import (
     SHM_PARAMETERS,
     SHM_REGION,
-    ShmPlace,
+    Decoded,
+    OutputIn,
+    Sources,
+    TensorIn,
+    Typed,
     byte_count,
-    check_size,
-    from_bytes,
+    decode,
     invalid,
-    shm_place,
+    load_request,
+    render,
     shown,
-    tensor_dtype,
-    write_to_shm,
 )
 from neuron_rtd.serving.api import (
     InferRequest,
@@ -50,13 +52,10 @@ from neuron_rtd.serving.api import (
     ModelMetadata,
     RepositoryModel,
     ServerMetadata,
-    ServingError,
     SharedMemoryApi,
     ShmRegion,
-    Status,
     TensorMeta,
 )
-from neuron_rtd.serving.datatypes import datatype_of
 
 BINARY_DATA_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
@@ -221,28 +220,20 @@ def shm_status_json(regions: Sequence[ShmRegion]) -> list[dict[str, object]]:
 
 # --- requests of the model repository and shared memory ---------------------------------
 def load_parameters(body: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
-    """A load request's `parameters`: the `config` override (JSON text) and the
-    `file:<path>` contents (base64)."""
+    """A load request's `parameters`, its `file:<path>` contents lifted out of base64,
+    as the decoder takes them (`load_request`: the `config` override and the files)."""
     parameters = _field(body, "parameters", dict, "the load request") or {}
-    config = ""
-    files: dict[str, bytes] = {}
+    lifted: dict[str, object] = {}
     for name, value in parameters.items():
-        if name == "config":
-            if not isinstance(value, str):
-                raise invalid("load parameter 'config' must be a string (a JSON model config)")
-            config = value
-        elif name.startswith("file:"):
+        if name.startswith("file:"):
             if not isinstance(value, str):
                 raise invalid(f"load parameter {name!r} must be the file's content in base64")
             try:
-                files[name.removeprefix("file:")] = base64.b64decode(value, validate=True)
+                value = base64.b64decode(value, validate=True)
             except binascii.Error as exc:
                 raise invalid(f"load parameter {name!r} is not valid base64: {exc}") from None
-        else:
-            raise invalid(
-                f"unknown load parameter {name!r}: this server takes 'config' and 'file:<path>'"
-            )
-    return config, files
+        lifted[name] = value
+    return load_request(lifted)
 
 
 def shm_register_fields(body: Mapping[str, Any]) -> tuple[str, int, int]:
@@ -259,21 +250,18 @@ def shm_register_fields(body: Mapping[str, Any]) -> tuple[str, int, int]:
 
 
 # --- inference ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OutputAsked:
-    """How an output goes back: as raw bytes after the header, as JSON, or into shared
-    memory (`place`: the range it is written to; `echo`: its parameters)."""
-
-    binary: bool
-    place: ShmPlace | None = None
-    echo: Mapping[str, object] | None = None
+SOURCES = Sources(raw=f"'{BINARY_DATA_SIZE}'", typed="'data'")
 
 
 @dataclass(frozen=True)
 class DecodedInfer:
-    request: InferRequest
-    outputs: Mapping[str, OutputAsked]  # the outputs named in the request
+    decoded: Decoded
+    binary: Mapping[str, bool]  # the outputs named in the request: each as raw bytes?
     binary_default: bool  # binary_data_output: how the others go back
+
+    @property
+    def request(self) -> InferRequest:
+        return self.decoded.request
 
 
 def decode_infer(
@@ -283,35 +271,32 @@ def decode_infer(
     binary: memoryview,
     shm: SharedMemoryApi,
 ) -> DecodedInfer:
-    """An inference request: its JSON `header` (parsed) and `binary`, the bytes after it."""
+    """An inference request: its JSON `header` (parsed) and `binary`, the bytes after it,
+    lifted into the decoder's tensors (`neuron_rtd/server/kserve_codec.py:decode`)."""
     parameters = _field(header, "parameters", dict, "the request") or {}
     binary_default = parameters.get(BINARY_DATA_OUTPUT, False)
     if not isinstance(binary_default, bool):
         raise invalid(f"request parameter '{BINARY_DATA_OUTPUT}' must be true or false")
     request_id = _field(header, "id", str, "the request") or ""
-    inputs = _decode_inputs(_field(header, "inputs", list, "the request") or [], binary, shm)
-    outputs = _decode_outputs(_field(header, "outputs", list, "the request") or [], shm)
+    inputs = _lift_inputs(_field(header, "inputs", list, "the request") or [], binary)
+    outputs, raw = _lift_outputs(_field(header, "outputs", list, "the request") or [])
     passed = {k: v for k, v in parameters.items() if k != BINARY_DATA_OUTPUT}
-    return DecodedInfer(
-        InferRequest(
-            model=model,
-            version=version,
-            inputs=inputs,
-            outputs=list(outputs) or None,
-            id=request_id,
-            parameters=passed,
-        ),
-        outputs,
-        binary_default,
+    request = InferRequest(
+        model=model, version=version, inputs={}, id=request_id, parameters=passed
     )
+    decoded = decode(request, inputs, outputs, shm, SOURCES)
+    for name, asked in decoded.outputs.items():
+        if asked.place is not None and raw[name]:
+            raise invalid(f"output {name!r} asks for both '{BINARY_DATA}' and '{SHM_REGION}'")
+    return DecodedInfer(decoded, raw, binary_default)
 
 
-def _decode_inputs(
-    tensors: Sequence[Any], binary: memoryview, shm: SharedMemoryApi
-) -> dict[str, np.ndarray]:
+def _lift_inputs(tensors: Sequence[Any], binary: memoryview) -> list[TensorIn]:
+    """The inputs' JSON objects as the decoder's tensors: the bytes an input declares in
+    `binary_data_size` cut from `binary`, one after another in the order of the inputs."""
     if not tensors:
         raise invalid("the request has no 'inputs'")
-    inputs: dict[str, np.ndarray] = {}
+    lifted = []
     at = 0  # where the next input's bytes start in the binary section
     for index, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
@@ -320,55 +305,38 @@ def _decode_inputs(
         if not name:
             raise invalid(f"inputs[{index}] has no 'name'")
         what = f"input {name!r}"
-        if name in inputs:
-            raise invalid(f"{what} is given twice")
         datatype = _field(tensor, "datatype", str, what)
         if not datatype:
             raise invalid(f"{what} has no 'datatype'")
-        dtype = tensor_dtype(what, datatype)
         shape = _shape(what, tensor.get("shape"))
         parameters = _field(tensor, "parameters", dict, what) or {}
         size = byte_count(parameters, BINARY_DATA_SIZE, what)
-        place = shm_place(what, parameters)
-        sources = (
-            ("data", "data" in tensor),
-            (BINARY_DATA_SIZE, size is not None),
-            (SHM_REGION, place is not None),
-        )
-        given = [source for source, there in sources if there]
-        if len(given) > 1:
-            raise invalid(f"{what} has both {given[0]!r} and {given[1]!r}: give one of them")
-        if place is not None:
-            check_size(what, place.byte_size, dtype, shape)  # before a byte is fetched
-            data = shm.read(place.region, place.offset, place.byte_size)
-            inputs[name] = from_bytes(what, data, dtype, shape)
-        elif size is not None:
+        raw = None
+        if size is not None:
             if at + size > len(binary):
                 raise invalid(
                     f"{what}: {BINARY_DATA_SIZE} {size} goes past the end of the binary data "
                     f"({len(binary) - at} of {len(binary)} bytes left for it): the body is "
                     "shorter than its inputs declare"
                 )
-            inputs[name] = from_bytes(what, binary[at : at + size], dtype, shape)
+            raw = binary[at : at + size]
             at += size
-        elif "data" in tensor:
-            inputs[name] = from_json(what, tensor["data"], datatype, dtype, shape)
-        else:
-            raise invalid(
-                f"{what} has no data: give 'data', parameter '{BINARY_DATA_SIZE}' (binary "
-                f"data after the JSON header) or '{SHM_REGION}'"
-            )
+        typed = _from_json(tensor["data"]) if "data" in tensor else None
+        lifted.append(TensorIn(name, datatype, shape, parameters, raw, typed))
     if at != len(binary):
         raise invalid(
             f"the body has {len(binary) - at} bytes of binary data beyond what the inputs "
             f"declare in '{BINARY_DATA_SIZE}' ({at} of {len(binary)}): check "
             "Inference-Header-Content-Length and each input's binary_data_size"
         )
-    return inputs
+    return lifted
 
 
-def _decode_outputs(tensors: Sequence[Any], shm: SharedMemoryApi) -> dict[str, OutputAsked]:
-    outputs: dict[str, OutputAsked] = {}
+def _lift_outputs(tensors: Sequence[Any]) -> tuple[list[OutputIn], dict[str, bool]]:
+    """The outputs' JSON objects as the decoder's, and whether each goes back as raw
+    bytes (`binary_data`: HTTP's own parameter)."""
+    outputs = []
+    raw: dict[str, bool] = {}
     for index, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
             raise invalid(f"outputs[{index}] must be an object, got {shown(tensor)}")
@@ -376,37 +344,31 @@ def _decode_outputs(tensors: Sequence[Any], shm: SharedMemoryApi) -> dict[str, O
         if not name:
             raise invalid(f"outputs[{index}] has no 'name'")
         what = f"output {name!r}"
-        if name in outputs:
-            raise invalid(f"{what} is asked for twice")
         parameters = _field(tensor, "parameters", dict, what) or {}
-        if parameters.get("classification"):
-            raise ServingError(
-                Status.UNSUPPORTED,
-                f"{what}: the classification extension is not supported; ask for the output itself",
-            )
         binary = parameters.get(BINARY_DATA, False)
         if not isinstance(binary, bool):
             raise invalid(f"{what}: parameter '{BINARY_DATA}' must be true or false")
-        place = shm_place(what, parameters)
-        if place is None:
-            outputs[name] = OutputAsked(binary)
-            continue
-        if binary:
-            raise invalid(f"{what} asks for both '{BINARY_DATA}' and '{SHM_REGION}'")
-        shm.check(place.region, place.offset, place.byte_size)  # before the inference runs
-        echo = {k: parameters[k] for k in SHM_PARAMETERS if k in parameters}
-        outputs[name] = OutputAsked(False, place, echo)
-    return outputs
+        raw.setdefault(name, binary)
+        outputs.append(OutputIn(name, parameters))
+    return outputs, raw
 
 
 def _shape(what: str, dims: object) -> tuple[int, ...]:
+    """A JSON shape: a list of integers (none negative: the decoder's rule)."""
     if not isinstance(dims, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in dims
     ):
         raise invalid(f"{what}: 'shape' must be a list of integers, got {shown(dims)}")
-    if any(d < 0 for d in dims):
-        raise invalid(f"{what} has a negative dimension in its shape {dims}")
     return tuple(dims)
+
+
+def _from_json(data: object) -> Typed:
+    """JSON `data`, made an array by the decoder (`from_json`)."""
+
+    def typed(what: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return from_json(what, data, datatype, dtype, shape)
+
+    return typed
 
 
 # The kinds of JSON values (as numpy reads them) each kind of tensor takes: integers for
@@ -443,20 +405,22 @@ def encode_infer(
     decoded: DecodedInfer, response: InferResponse, shm: SharedMemoryApi
 ) -> tuple[dict[str, object], list[bytes | memoryview]]:
     """The response header (a JSON object) and the raw output bytes that follow it; an
-    output asked for in shared memory is written there first."""
+    output asked for in shared memory is written there first (`render`)."""
     outputs: list[dict[str, object]] = []
     chunks: list[bytes | memoryview] = []
-    for name, array in response.outputs.items():
-        asked = decoded.outputs.get(name) or OutputAsked(decoded.binary_default)
+    for output in render(decoded.decoded, response, shm):
+        array = output.array
         tensor: dict[str, object] = {
-            "name": name,
-            "datatype": datatype_of(array.dtype),
+            "name": output.name,
+            "datatype": output.datatype,
             "shape": list(array.shape),
         }
-        if asked.place is not None:
-            write_to_shm(name, array, asked.place, shm)
-            tensor["parameters"] = dict(asked.echo or {})
-        elif asked.binary:
+        asked = output.asked
+        if asked is not None and asked.place is not None:
+            tensor["parameters"] = {
+                k: asked.parameters[k] for k in SHM_PARAMETERS if k in asked.parameters
+            }
+        elif decoded.binary.get(output.name, decoded.binary_default):
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
             tensor["parameters"] = {BINARY_DATA_SIZE: raw.nbytes}
             chunks.append(raw)

@@ -1,0 +1,299 @@
+"""The KServe v2 protocol without its transports: an inference decoded from the tensors a
+front end lifted off its wire (gRPC `neuron_rtd/server/kserve.py`, HTTP
+`neuron_rtd/server/kserve_json.py`) as neutral descriptors (`TensorIn`, `OutputIn`) into
+the serving core's one request (`InferRequest`), and its answer (`InferResponse`) rendered
+into the tensors each front puts back on its wire (`render`).
+
+Every rule of a request lives here once: a name given once, a known datatype, a shape with
+no negative dimension, one source per input (raw bytes, typed values, or a range of a
+registered shared-memory region, whose size is checked before a byte is read), the
+classification extension refused when a request asks for it at all, an output's place in
+shared memory checked before the inference runs, and the repository's load parameters.
+A malformed request is INVALID_ARGUMENT (`invalid`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from neuron_rtd.serving.api import (
+    InferRequest,
+    InferResponse,
+    ServingError,
+    SharedMemoryApi,
+    Status,
+)
+from neuron_rtd.serving.datatypes import datatype_of, dtype_of
+
+SHM_REGION = "shared_memory_region"
+SHM_OFFSET = "shared_memory_offset"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
+
+
+def invalid(message: str) -> ServingError:
+    return ServingError(Status.INVALID_ARGUMENT, message)
+
+
+@dataclass(frozen=True)
+class ShmPlace:
+    """Where a tensor lies in a registered system shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def shm_place(what: str, parameters: Mapping[str, object]) -> ShmPlace | None:
+    """The place a tensor's parameters (as plain values) name; None when they name none."""
+    if parameters.get(SHM_REGION) is None:
+        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
+            if key in parameters:
+                raise invalid(f"{what} has parameter '{key}' but no '{SHM_REGION}'")
+        return None
+    region = parameters[SHM_REGION]
+    if not isinstance(region, str) or not region:
+        raise invalid(f"{what}: parameter '{SHM_REGION}' must be a region's name (a string)")
+    byte_size = byte_count(parameters, SHM_BYTE_SIZE, what)
+    if byte_size is None:
+        raise invalid(f"{what}: parameter '{SHM_BYTE_SIZE}' is missing: the tensor's size")
+    return ShmPlace(region, byte_count(parameters, SHM_OFFSET, what) or 0, byte_size)
+
+
+def byte_count(parameters: Mapping[str, object], key: str, what: str) -> int | None:
+    """A byte count or offset parameter: a non-negative integer, None when absent."""
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{what}: parameter '{key}' must be a number of bytes, got {shown(value)}")
+    return value
+
+
+def shown(value: object) -> str:
+    """A value a request gave, as a message quotes it: as JSON when it is JSON (an HTTP
+    request's), else as Python writes it (a gRPC parameter's bytes), at most 40 characters."""
+    try:
+        text = json.dumps(value)
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def tensor_dtype(what: str, datatype: str) -> np.dtype:
+    try:
+        return dtype_of(datatype)
+    except ServingError as exc:
+        raise ServingError(exc.status, f"{what}: {exc.message}") from None
+
+
+def check_size(what: str, byte_size: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """INVALID_ARGUMENT unless `byte_size` is what `shape` of `dtype` takes: said before
+    a tensor's bytes are fetched (from shared memory, say), so a request that claims
+    gigabytes costs nothing."""
+    expected = math.prod(shape) * dtype.itemsize
+    if byte_size != expected:
+        raise invalid(
+            f"{what}: shape {list(shape)} of {datatype_of(dtype)} takes {expected} "
+            f"bytes, got {byte_size}"
+        )
+
+
+def from_bytes(
+    what: str, buffer: bytes | bytearray | memoryview, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
+    """`buffer` as an array of `dtype` and `shape` (no copy), or INVALID_ARGUMENT naming
+    the tensor with the byte counts expected and given."""
+    data = memoryview(buffer)
+    check_size(what, data.nbytes, dtype, shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def write_to_shm(name: str, array: np.ndarray, place: ShmPlace, shm: SharedMemoryApi) -> None:
+    """Output `name` written at its place in shared memory, which must hold it."""
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if data.nbytes > place.byte_size:
+        raise invalid(
+            f"output {name!r} takes {data.nbytes} bytes, more than the {place.byte_size} of "
+            f"its place in shared memory region {place.region!r} ({SHM_BYTE_SIZE})"
+        )
+    shm.write(place.region, place.offset, data.data)
+
+
+# --- one inference -----------------------------------------------------------------------
+Typed = Callable[[str, str, np.dtype, tuple[int, ...]], np.ndarray]
+"""A front's typed values made an array: (what, datatype, dtype, shape) -> the array."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorIn:
+    """An input as a front lifted it off its wire: its name, datatype, shape and
+    parameters (plain values), and its data: `raw` bytes, `typed` values (gRPC's
+    `contents`, HTTP's JSON `data`), or a shared-memory range its parameters name."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Mapping[str, object]
+    raw: bytes | bytearray | memoryview | None = None
+    typed: Typed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputIn:
+    """An output a request asks for, with its parameters (plain values)."""
+
+    name: str
+    parameters: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """What a front calls an input's sources in its messages."""
+
+    raw: str
+    typed: str
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """An output asked for: where in shared memory it goes (None: back on the wire)."""
+
+    place: ShmPlace | None
+    parameters: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    request: InferRequest
+    outputs: Mapping[str, Asked]  # the outputs named in the request, in its order
+
+
+def decode(
+    request: InferRequest,
+    inputs: Iterable[TensorIn],
+    outputs: Iterable[OutputIn],
+    shm: SharedMemoryApi,
+    sources: Sources,
+) -> Decoded:
+    """`request` (its model, version, id and parameters) with its inputs decoded and the
+    outputs it asks for; an output's place in shared memory is checked here, before the
+    inference runs."""
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in inputs:
+        what = f"input {tensor.name!r}"
+        if tensor.name in arrays:
+            raise invalid(f"{what} is given twice")
+        arrays[tensor.name] = decode_input(what, tensor, shm, sources)
+    asked = decode_outputs(outputs, shm)
+    return Decoded(
+        InferRequest(
+            model=request.model,
+            version=request.version,
+            inputs=arrays,
+            outputs=list(asked) or None,
+            id=request.id,
+            parameters=request.parameters,
+        ),
+        asked,
+    )
+
+
+def decode_input(what: str, tensor: TensorIn, shm: SharedMemoryApi, sources: Sources) -> np.ndarray:
+    dtype = tensor_dtype(what, tensor.datatype)
+    shape = tensor.shape
+    if shape and min(shape) < 0:
+        raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
+    place = shm_place(what, tensor.parameters) if tensor.parameters else None
+    raw, typed = tensor.raw, tensor.typed
+    if place is None and typed is None:
+        if raw is None:
+            raise invalid(
+                f"{what} has no data: give {sources.typed}, {sources.raw} or '{SHM_REGION}'"
+            )
+        return from_bytes(what, raw, dtype, shape)  # the common case: raw bytes
+    given = [
+        name
+        for name, there in (
+            (sources.typed, typed is not None),
+            (sources.raw, raw is not None),
+            (f"'{SHM_REGION}'", place is not None),
+        )
+        if there
+    ]
+    if len(given) > 1:
+        raise invalid(f"{what} has both {given[0]} and {given[1]}: give one of them")
+    if place is not None:
+        check_size(what, place.byte_size, dtype, shape)  # before a byte is fetched
+        return from_bytes(what, shm.read(place.region, place.offset, place.byte_size), dtype, shape)
+    assert typed is not None
+    return typed(what, tensor.datatype, dtype, shape)
+
+
+def decode_outputs(outputs: Iterable[OutputIn], shm: SharedMemoryApi) -> dict[str, Asked]:
+    asked: dict[str, Asked] = {}
+    for output in outputs:
+        what = f"output {output.name!r}"
+        if output.name in asked:
+            raise invalid(f"{what} is asked for twice")
+        parameters = output.parameters
+        if "classification" in parameters:
+            raise ServingError(
+                Status.UNSUPPORTED,
+                f"{what}: the classification extension is not supported; ask for the output itself",
+            )
+        place = shm_place(what, parameters) if parameters else None
+        if place is not None:
+            shm.check(place.region, place.offset, place.byte_size)  # before the inference runs
+        asked[output.name] = Asked(place, parameters)
+    return asked
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """An output of the answer as a front puts it back: `asked` None or with no place
+    when its contents go on the wire; else it was written to its place."""
+
+    name: str
+    datatype: str
+    array: np.ndarray
+    asked: Asked | None
+
+
+def render(decoded: Decoded, response: InferResponse, shm: SharedMemoryApi) -> list[Rendered]:
+    """The answer's outputs, in the model's order; those asked for in shared memory are
+    written there first."""
+    rendered = []
+    asked_for = decoded.outputs
+    for name, array in response.outputs.items():
+        asked = asked_for.get(name) if asked_for else None
+        if asked is not None and asked.place is not None:
+            write_to_shm(name, array, asked.place, shm)
+        rendered.append(Rendered(name, datatype_of(array.dtype), array, asked))
+    return rendered
+
+
+# --- the model repository ----------------------------------------------------------------
+def load_request(parameters: Mapping[str, object]) -> tuple[str, dict[str, bytes]]:
+    """`RepositoryModelLoad`'s parameters (plain values; a front decodes a file's content
+    into bytes first): the `config` override (JSON text) and the `file:<path>` contents."""
+    config = ""
+    files: dict[str, bytes] = {}
+    for name, value in parameters.items():
+        if name == "config":
+            if not isinstance(value, str):
+                raise invalid("load parameter 'config' must be a string (a JSON model config)")
+            config = value
+        elif name.startswith("file:"):
+            if not isinstance(value, bytes):
+                raise invalid(f"load parameter {name!r} must be bytes (the file's content)")
+            files[name.removeprefix("file:")] = value
+        else:
+            raise invalid(
+                f"unknown load parameter {name!r}: this server takes 'config' and 'file:<path>'"
+            )
+    return config, files

@@ -1,0 +1,45 @@
+"""How both KServe v2 front ends answer a failure: one table from the protocol's status
+kinds to a gRPC status code and an HTTP status, and one reading of an exception
+(`refusal`): a `ServingError` says its status and message as they are; anything else is
+INTERNAL with a one-line message, its traceback going to the daemon's log only
+(`nrtd.KSERVE`). gRPC applies it to every method by one decorator
+(`neuron_rtd/server/kserve.py:answered`), HTTP to every route in `KServeApp.reply`."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from neuron_rtd.serving.api import ServingError, Status
+
+log = logging.getLogger("nrtd.KSERVE")
+
+# Each status kind: its gRPC code and its HTTP status.
+STATUS_CODES: dict[Status, tuple[grpc.StatusCode, int]] = {
+    Status.INVALID_ARGUMENT: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    Status.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, 404),
+    Status.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, 503),  # a model not ready, ...
+    Status.ALREADY_EXISTS: (grpc.StatusCode.ALREADY_EXISTS, 409),
+    Status.UNSUPPORTED: (grpc.StatusCode.UNIMPLEMENTED, 501),  # CUDA shared memory, ...
+    Status.INTERNAL: (grpc.StatusCode.INTERNAL, 500),
+}
+GRPC_CODES = {status: codes[0] for status, codes in STATUS_CODES.items()}
+HTTP_STATUS = {status: codes[1] for status, codes in STATUS_CODES.items()}
+
+
+def refusal(exc: Exception, what: str, fn: str) -> tuple[Status, str]:
+    """The status and message a call that raised `exc` answers with (`what`: the call, as
+    the message names it; `fn`: the log line's function)."""
+    if isinstance(exc, ServingError):
+        return exc.status, exc.message
+    log.exception("internal error in %s", what, extra={"fn": fn})
+    return Status.INTERNAL, internal_message(what, exc)
+
+
+def internal_message(what: str, exc: BaseException) -> str:
+    """What a client is told of an unexpected error: one line, no traceback (that goes
+    to the daemon's log)."""
+    text = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return f"{what}: internal error ({detail}); the daemon's log has the details"
