@@ -1,66 +1,36 @@
 """The per-model pipeline in process: inferences of a multi-NC model overlap stage by
 stage, shared-NC mode runs one at a time, and posted inferences keep their slot until they
-are collected (or dropped by the cookie sweep)."""
+are collected (or dropped by the cookie sweep). Each NC run is gated (`GatedDevice`): the
+tests see runs begin and let them through, so what they show holds on a loaded machine."""
 
 from __future__ import annotations
 
-import itertools
 import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from fake_device import WrappedDevice
+from fake_device import GatedDevice
+from waiting import wait_until
 
 from neuron_rtd.errors import InferCancelled, InvalidHandle, QueueFull
 from neuron_rtd.neff.samples import SampleModel, build_mlp
-from neuron_rtd.runtime import DeviceApi, InstrRecorder, LoadMode, LocalRuntime, RunFn
+from neuron_rtd.runtime import LoadMode, LocalRuntime
 
-Runs = list[tuple[int, float, float]]  # (NC index, start, end) of each NC run
-
-
-class TimedDevice(WrappedDevice):
-    """Its NC runs are timed: from the start of the run (where an injected delay sleeps)
-    to the end of its outputs' copy, one run at a time per NC as on the NC itself."""
-
-    def __init__(self, device: DeviceApi, runs: Runs) -> None:
-        super().__init__(device)
-        self._runs = runs
-        self._locks = [threading.Lock() for _ in range(device.spec.nc_count)]
-
-    def wrap_run(self, nc: int, run: RunFn) -> RunFn:
-        lock = self._locks[nc]
-
-        def timed(
-            inputs: Mapping[str, Any],
-            outputs: Mapping[str, Any],
-            recorder: InstrRecorder | None = None,
-        ) -> int:
-            with lock:
-                start = time.monotonic()
-                cycles = run(inputs, outputs, recorder)
-                self._runs.append((nc, start, time.monotonic()))
-            return cycles
-
-        return timed
+WAIT_S = 30.0  # a bound on what must happen, on a loaded machine: a hang fails the test
 
 
 @pytest.fixture
-def nc_runs() -> Runs:
-    return []
-
-
-@pytest.fixture
-def local(nc_runs: Runs) -> Iterator[LocalRuntime]:
-    with LocalRuntime("inf1.xlarge", wrap_device=lambda d: TimedDevice(d, nc_runs)) as rt:
+def local() -> Iterator[LocalRuntime]:
+    with LocalRuntime("inf1.xlarge", wrap_device=GatedDevice) as rt:
         yield rt
+        device(rt).open()  # nothing left held when it closes
 
 
-def device(local: LocalRuntime) -> TimedDevice:
+def device(local: LocalRuntime) -> GatedDevice:
     first = local.devices[0]
-    assert isinstance(first, TimedDevice)
+    assert isinstance(first, GatedDevice)
     return first
 
 
@@ -69,19 +39,14 @@ def four_stages() -> SampleModel:
     return build_mlp((32, 64, 64, 64, 8), batch=2, neuron_nodes=4, seed=5)
 
 
-def overlapping_pairs(runs: list[tuple[int, float, float]]) -> int:
-    """How many pairs of runs on different NCs were running at the same time."""
-    return sum(
-        1
-        for i, (nc_a, a0, a1) in enumerate(runs)
-        for nc_b, b0, b1 in runs[i + 1 :]
-        if nc_a != nc_b and a0 < b1 and b0 < a1
-    )
-
-
-def run_posted(local: LocalRuntime, model: Any, sample: SampleModel, n: int) -> None:
-    inputs = [sample.random_inputs(seed=i) for i in range(n)]
-    cookies = [local.post(model, x) for x in inputs]
+def collect(
+    local: LocalRuntime,
+    model: Any,
+    sample: SampleModel,
+    cookies: list[int],
+    inputs: list[dict[str, np.ndarray]],
+) -> None:
+    """Wait for each posted inference: its outputs are the sample's."""
     for cookie, x in zip(cookies, inputs, strict=True):
         got = local.wait(model, cookie)
         for name, value in sample.reference(x).items():
@@ -89,31 +54,42 @@ def run_posted(local: LocalRuntime, model: Any, sample: SampleModel, n: int) -> 
 
 
 def test_stages_of_different_inferences_overlap(
-    local: LocalRuntime, four_stages: SampleModel, nc_runs: list[tuple[int, float, float]]
+    local: LocalRuntime, four_stages: SampleModel
 ) -> None:
+    """Request 2 on NC 0 while request 1 is on NC 1: both held there at once."""
     model = local.load(four_stages.neff, ninfer=4)
     assert model.mode is LoadMode.NORMAL and len(model.vncs) == 4
-    device(local).inject("nc_delay_ms=40")  # each stage long enough to be seen
-    run_posted(local, model, four_stages, 4)
-    assert len(nc_runs) == 16
-    assert overlapping_pairs(nc_runs) >= 3  # request k+1 on NC i while request k on NC i+1
-    for nc in range(4):  # each NC still runs one thing at a time
-        mine = sorted((a, b) for n, a, b in nc_runs if n == nc)
-        assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(mine))
+    gated = device(local)
+    gated.hold()
+    inputs = [four_stages.random_inputs(seed=i) for i in range(2)]
+    cookies = [local.post(model, x) for x in inputs]
+    assert sorted(gated.wait_begun(2)) == [0, 0]
+    gated.let(1)
+    assert sorted(gated.wait_begun(3)) == [0, 0, 1]  # one on NC 1, the other on NC 0
+    gated.open()
+    collect(local, model, four_stages, cookies, inputs)
+    assert sorted(gated.begun) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_shared_nc_mode_runs_one_inference_at_a_time(
-    local: LocalRuntime, four_stages: SampleModel, nc_runs: list[tuple[int, float, float]]
+    local: LocalRuntime, four_stages: SampleModel
 ) -> None:
+    """Two inferences posted at once: their 8 runs begin one by one, each only once the
+    one before was let through (none of the second while the first is under way)."""
     ncg = local.runtime.create_ncg(1)  # 4 Neuron nodes on 1 NC
     model = local.load(four_stages.neff, ninfer=4, ncg_id=ncg.id)
     local.runtime.start(model.id)
     assert model.mode is LoadMode.SHARED
-    device(local).inject("nc_delay_ms=10")
-    run_posted(local, model, four_stages, 4)
-    assert len(nc_runs) == 16
-    runs = sorted(nc_runs, key=lambda r: r[1])
-    assert all(a[2] <= b[1] for a, b in itertools.pairwise(runs))
+    gated = device(local)
+    gated.hold()
+    inputs = [four_stages.random_inputs(seed=i) for i in range(2)]
+    cookies = [local.post(model, x) for x in inputs]
+    for runs in range(1, 9):
+        assert len(gated.wait_begun(runs)) == runs
+        assert len(gated.begun) == runs  # the run held is the only one begun
+        gated.let(1)
+    collect(local, model, four_stages, cookies, inputs)
+    assert gated.begun == [0] * 8
 
 
 def test_slot_is_held_until_collected_and_swept_when_never(
@@ -127,11 +103,10 @@ def test_slot_is_held_until_collected_and_swept_when_never(
     local.wait(model, first)
     third = local.post(model, x)  # the collected one's slot
     inflight = local.runtime._inflight  # the cookie table's sweep, made to run now
-    inflight.ttl_s = 0.0
-    deadline = time.monotonic() + 10
-    while len(inflight.sweep()) < 2 and time.monotonic() < deadline:
-        inflight.ttl_s = 0.0
-        time.sleep(0.01)
+    for cookie in (second, third):
+        assert inflight.peek(cookie).job.wait_done(WAIT_S)
+    later = max(inflight.peek(c).job.ended for c in (second, third)) + inflight.ttl_s + 1
+    assert sorted(inflight.sweep(now=later)) == sorted([second, third])
     assert local.runtime.model(model.id).in_flight == 0  # both uncollected ones dropped
     for cookie in (second, third):
         with pytest.raises(InvalidHandle, match=f"cookie {cookie}"):
@@ -139,11 +114,21 @@ def test_slot_is_held_until_collected_and_swept_when_never(
 
 
 def test_stop_cancels_posted_inferences(local: LocalRuntime, four_stages: SampleModel) -> None:
+    """Four posted, the first held on its first NC: a stop ends them all, the first at its
+    next step."""
     model = local.load(four_stages.neff, ninfer=4)
-    device(local).inject("nc_delay_ms=50")
+    gated = device(local)
+    gated.hold()
     x = four_stages.random_inputs(seed=2)
     cookies = [local.post(model, x) for _ in range(4)]
-    local.runtime.stop(model.id)
+    gated.wait_begun(1)
+    loaded = local.runtime._models[model.id]
+    stopping = threading.Thread(target=local.runtime.stop, args=(model.id,))
+    stopping.start()
+    wait_until(lambda: all(j.cancel for j in list(loaded._jobs)), WAIT_S, "the stop's marks")
+    gated.open()
+    stopping.join(WAIT_S)
+    assert not stopping.is_alive()
     for cookie in cookies:
         with pytest.raises(InferCancelled, match="stopped"):
             local.wait(model, cookie)
@@ -176,18 +161,18 @@ def test_nc_runs_side_by_side_share_the_blas_threads(monkeypatch: pytest.MonkeyP
     blas.run_ends()
 
 
-def test_models_on_different_ncgs_run_in_parallel(
-    local: LocalRuntime, nc_runs: list[tuple[int, float, float]]
-) -> None:
+def test_models_on_different_ncgs_run_in_parallel(local: LocalRuntime) -> None:
+    """A run of each model held at once, on its own NC: neither waits for the other."""
     sample = build_mlp((32, 64, 8), batch=2, seed=6)
     first = local.load(sample.neff, ninfer=2)
     second = local.load(sample.neff, ninfer=2)
     assert first.ncg_id != second.ncg_id and set(first.vncs).isdisjoint(second.vncs)
-    device(local).inject("nc_delay_ms=40")
+    gated = device(local)
+    gated.hold()
     x = sample.random_inputs(seed=1)
-    cookies = [(m, local.post(m, x)) for _ in range(2) for m in (first, second)]
+    cookies = [(m, local.post(m, x)) for m in (first, second)]
+    assert sorted(gated.wait_begun(2)) == sorted([*first.vncs, *second.vncs])
+    gated.open()
     for model, cookie in cookies:
         got = local.wait(model, cookie)
         np.testing.assert_allclose(got["probs"], sample.reference(x)["probs"], rtol=1e-5)
-    assert len(nc_runs) == 4
-    assert overlapping_pairs(nc_runs) >= 1  # the two models' NCs were busy at once
