@@ -7,7 +7,9 @@ of them: linalg, elementwise, activation, logic, reduce, shape, create, cast, co
 winograd, pool, norm, resize, random, recurrent, attention (Attention, LinearAttention,
 RotaryEmbedding), loss, scatter (indexed reads and writes), grid (GridSample,
 AffineGrid), signal (windows, DFT, STFT), detection (NonMaxSuppression, RoiAlign),
-bits (bitwise ops, shifts, Mod, BitCast), quant (int8: QuantizeLinear, QLinearConv...).
+bits (bitwise ops, shifts, Mod, BitCast), quant (int8 arithmetic: QuantizeLinear...),
+qproducts (the int8 products: MatMulInteger, QLinearConv, QGemm...), qlinear
+(onnxruntime's quantized element-wise and pooling ops, computed through float).
 `window` holds the sliding-window geometry that conv and pool share, `sequence` the
 recurrent layers' (time-major inputs, sequence lengths, the scan over steps).
 """
@@ -27,6 +29,8 @@ from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
     loss,
     norm,
     pool,
+    qlinear,
+    qproducts,
     quant,
     random,
     recurrent,
