@@ -3,7 +3,8 @@
 `registry` holds the registry (`KERNELS`, `Kernel`, the `kernel` decorator) and what the
 op modules share (attribute parsers, dtype sets, support checks, helpers); it imports no
 op module. Importing an op module registers its kernels, and this package imports each
-of them: linalg, elementwise, activation, logic, reduce, shape, create, cast, conv and
+of them: linalg, elementwise, activation, logic, reduce, shape (views) and rearrange (new
+tensors: Pad, DepthToSpace, OneHot, Unique...), create, cast, conv and
 winograd, pool, norm, resize, random, recurrent, attention (Attention, LinearAttention,
 RotaryEmbedding), loss, scatter (indexed reads and writes), grid (GridSample,
 AffineGrid), signal (windows, DFT, STFT), detection (NonMaxSuppression, RoiAlign),
@@ -33,6 +34,7 @@ from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
     qproducts,
     quant,
     random,
+    rearrange,
     recurrent,
     reduce,
     resize,
