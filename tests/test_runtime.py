@@ -519,3 +519,23 @@ def test_a_model_with_an_empty_output_loads_and_answers_it() -> None:
         assert result.code == Nerr.OK
         assert result.outputs["y"].shape == (2, 0)
         assert result.outputs["z"].tolist() == np.maximum(data, 0).tolist()
+
+
+@pytest.mark.parametrize("rows", [(1, 3), (2, 2, 4), (3,)])
+def test_row_blocks_are_read_into_the_slot_as_their_concatenation(rows: tuple[int, ...]) -> None:
+    """A batch's inputs as `Rows` (each request's block, in order) answer as the blocks
+    concatenated would: written one after another into a bucket's slot, padded when the
+    bucket is larger (5 rows in the bucket of 8), whole when they fill it (8, 4)."""
+    from test_serving_repository import BUCKETS, W
+
+    from neuron_rtd.runtime import LocalRuntime, Rows
+
+    rng = np.random.default_rng(7)
+    blocks = tuple(rng.standard_normal((n, 4)).astype(np.float32) for n in rows)
+    with LocalRuntime() as local:
+        model = local.runtime.load(BUCKETS)
+        by_rows = local.runtime.infer(model.id, {"x": Rows(blocks)})
+        whole = local.runtime.infer(model.id, {"x": np.concatenate(blocks)})
+    assert by_rows.code == whole.code == Nerr.OK
+    np.testing.assert_array_equal(by_rows.outputs["y"], whole.outputs["y"])
+    np.testing.assert_allclose(by_rows.outputs["y"], np.concatenate(blocks) @ W, rtol=1e-5)

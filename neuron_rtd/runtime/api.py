@@ -1,10 +1,11 @@
 """The values the runtime's face takes and gives: what its callers (the gRPC server, the
 in-process runtime, tools) see instead of its models, jobs and tables.
 
-Inputs of an inference are bytes-like objects or `ShmInput`s (a tensor in a client's
-mapped shared memory). Outputs come back in the `InferResult`, or go straight into the
-client's shared memory when the call names `shm_outputs` (output name -> shm path): then
-only those outputs are written, and none comes back inline.
+Inputs of an inference are bytes-like objects (numpy arrays included), `ShmInput`s (a
+tensor in a client's mapped shared memory) or `Rows` (a batch's row blocks). Outputs
+come back in the `InferResult`, or go straight into the client's shared memory when the
+call names `shm_outputs` (output name -> shm path): then only those outputs are written,
+and none comes back inline.
 """
 
 from __future__ import annotations
@@ -37,7 +38,34 @@ class NeffFile:
     path: str
 
 
-Input = bytes | bytearray | memoryview | np.ndarray | ShmInput
+@dataclass(frozen=True)
+class Rows:
+    """An input given as blocks of rows along axis 0 (a dynamic batch's requests, in
+    order), read into the model's slot one block after another: no concatenated copy on
+    the way. Each block is C-contiguous and of the input's dtype; the blocks share their
+    shape beyond axis 0."""
+
+    blocks: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(block.nbytes for block in self.blocks)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows = sum(block.shape[0] for block in self.blocks)
+        return (rows, *self.blocks[0].shape[1:])
+
+    def read_into(self, target: memoryview) -> None:
+        """The blocks' bytes, one after another, into `target` (bytes)."""
+        at = 0
+        for block in self.blocks:
+            data = block.reshape(-1).view(np.uint8)
+            target[at : at + data.nbytes] = data.data
+            at += data.nbytes
+
+
+Input = bytes | bytearray | memoryview | np.ndarray | ShmInput | Rows
 ShmOutputs = Mapping[str, str]  # output name -> the shm path it is written to
 
 

@@ -19,7 +19,7 @@ A bucketed NEFF loads one `Variant` per bucket (each with its own steps and slot
 of every variant belongs to the same reservation). An inference finds the sizes of its
 dynamic dimensions from the input byte counts, takes the first bucket that holds them,
 pads the inputs with zeros up to the bucket's sizes and cuts the outputs back down
-(`runtime/shapes.py`).
+(`runtime/shapes.py`, which also fills a slot with an inference's inputs).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from neuron_rtd.runtime.finite import all_finite, checked_form
 from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
-from neuron_rtd.runtime.shapes import InputShapes, Shape, copy_padded, cut
+from neuron_rtd.runtime.shapes import InputShapes, cut, fill_slot, plain_outputs, variant_for
 from neuron_rtd.runtime.variant import StageRun, Variant
 
 log = logging.getLogger("nrtd.NMGR")
@@ -143,7 +143,11 @@ class LoadedModel:
         # Its outputs per slot, when they are plain arrays: what `outputs` answers and
         # `_numerical_code` reads (its float ones, see `checked_form`), with no cut to
         # this inference's sizes.
-        self._plain_outputs = None if self._only is None else _plain_outputs(self._only, self.neff)
+        self._plain_outputs = (
+            None
+            if self._only is None
+            else plain_outputs(self._only, [t.name for t in self.neff.outputs])
+        )
         self._plain_floats = None
         if self._plain_outputs is not None:
             self._plain_floats = [
@@ -208,7 +212,9 @@ class LoadedModel:
             self._check_runnable()
         try:
             shapes, sizes = self._shapes.check(inputs)
-            variant = self._only or self._variant_for(sizes)
+            variant = self._only or variant_for(
+                self.variants, sizes, f"model {self.id} ({self.name})"
+            )
         except BadInput as exc:
             if self.observer is not None:
                 self.observer.rejected(self, exc)
@@ -226,7 +232,9 @@ class LoadedModel:
             job = Job(variant, self._free.pop(), sizes)
             self._jobs.add(job)
         try:
-            self._copy_in(job, inputs, shapes)
+            fill_slot(
+                variant.slots[job.slot], variant.bytes[job.slot], self._inputs, inputs, shapes
+            )
         except BaseException:
             self.release(job)
             raise
@@ -461,36 +469,6 @@ class LoadedModel:
         return idle
 
     # --- inputs and outputs ----------------------------------------------------------
-    def _copy_in(self, job: Job, inputs: Mapping[str, Any], shapes: Mapping[str, Shape]) -> None:
-        slot = job.variant.slots[job.slot]
-        slot_bytes = job.variant.bytes[job.slot]
-        for name, data in inputs.items():
-            target, shape = slot[name], shapes[name]
-            if type(data) is bytes and name in slot_bytes and target.shape == shape:
-                slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
-                continue
-            spec = self._inputs[name]
-            if not isinstance(data, bytes | bytearray | memoryview | np.ndarray):
-                if target.shape == shape and target.flags.c_contiguous:
-                    data.read_into(target.reshape(-1).view(np.uint8).data)
-                    continue
-                buffer = bytearray(data.nbytes)
-                data.read_into(memoryview(buffer))
-                data = buffer
-            copy_padded(target, np.frombuffer(data, dtype=spec.dtype).reshape(shape))
-
-    def _variant_for(self, sizes: Mapping[str, int]) -> Variant:
-        for variant in self.variants:
-            if variant.holds(sizes):
-                return variant
-        ranges = ", ".join(
-            f"{sym} {lo}..{hi}" for v in self.variants for sym, (lo, hi) in v.bucket.symbols.items()
-        )
-        given = ", ".join(f"{sym}={n}" for sym, n in sizes.items())
-        raise BadInput(
-            f"model {self.id} ({self.name}) has no bucket for {given} (buckets: {ranges})"
-        )
-
     def _numerical_code(self, job: Job) -> Nerr:
         values: Sequence[np.ndarray | memoryview[float]]
         if job.variant is self._only and self._plain_floats is not None:
@@ -511,12 +489,3 @@ class LoadedModel:
             f"model {self.id} ({self.name}) is not running (state {self.state.value}): "
             "start it first"
         )
-
-
-def _plain_outputs(variant: Variant, neff: Neff) -> list[dict[str, np.ndarray]] | None:
-    """Per slot of a variant of fixed shapes, its outputs by name, when every one is a
-    plain array (not a `DynamicBuffer`, whose array each run makes anew); else None."""
-    names = [t.name for t in neff.outputs]
-    if not all(isinstance(slot[n], np.ndarray) for slot in variant.slots for n in names):
-        return None
-    return [{n: slot[n] for n in names} for slot in variant.slots]

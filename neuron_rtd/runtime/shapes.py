@@ -1,8 +1,9 @@
 """An inference's shapes: each input's shape from its byte count (an input may have one
 axis whose size varies by inference, a dynamic dimension, worked out from the bytes and
-checked across inputs), and the moves between those shapes and a bucket's fixed-size slot:
-inputs padded with zeros up to it, outputs cut back down. Which bucket holds the sizes is
-the model's (`LoadedModel._variant_for`)."""
+checked across inputs), the bucket that holds its sizes (`variant_for`), and the moves
+between those shapes and a bucket's fixed-size slot: inputs copied in (`fill_slot`:
+bytes, arrays, or read straight in from shared memory or a batch's row blocks), padded
+with zeros up to it, outputs cut back down."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import TensorSpec
+from neuron_rtd.runtime.variant import Variant
 
 Shape = tuple[int, ...]
 
@@ -122,3 +124,49 @@ def cut(value: np.ndarray, spec: TensorSpec, sizes: Mapping[str, int]) -> np.nda
         for sym in spec.symbols
     )
     return value[index]
+
+
+def variant_for(variants: Sequence[Variant], sizes: Mapping[str, int], model: str) -> Variant:
+    """The first of a model's bucket variants that holds `sizes`; BadInput if none does."""
+    for variant in variants:
+        if variant.holds(sizes):
+            return variant
+    ranges = ", ".join(
+        f"{sym} {lo}..{hi}" for v in variants for sym, (lo, hi) in v.bucket.symbols.items()
+    )
+    given = ", ".join(f"{sym}={n}" for sym, n in sizes.items())
+    raise BadInput(f"{model} has no bucket for {given} (buckets: {ranges})")
+
+
+def fill_slot(
+    slot: Mapping[str, Any],
+    slot_bytes: Mapping[str, memoryview],
+    specs: Mapping[str, TensorSpec],
+    inputs: Mapping[str, Any],
+    shapes: Mapping[str, Shape],
+) -> None:
+    """Copy an inference's checked inputs (of `shapes`) into its slot: inline bytes of a
+    whole input straight into the slot's bytes; a source (shared memory, a batch's row
+    blocks) read straight into its array when it fills it, else through a buffer; any
+    other bytes-like value padded into it (`copy_padded`)."""
+    for name, data in inputs.items():
+        target, shape = slot[name], shapes[name]
+        if type(data) is bytes and name in slot_bytes and target.shape == shape:
+            slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
+            continue
+        if not isinstance(data, bytes | bytearray | memoryview | np.ndarray):
+            if target.shape == shape and target.flags.c_contiguous:
+                data.read_into(target.reshape(-1).view(np.uint8).data)
+                continue
+            buffer = bytearray(data.nbytes)
+            data.read_into(memoryview(buffer))
+            data = buffer
+        copy_padded(target, np.frombuffer(data, dtype=specs[name].dtype).reshape(shape))
+
+
+def plain_outputs(variant: Variant, names: Sequence[str]) -> list[dict[str, np.ndarray]] | None:
+    """Per slot of a variant of fixed shapes, its outputs by name, when every one is a
+    plain array (not a `DynamicBuffer`, whose array each run makes anew); else None."""
+    if not all(isinstance(slot[n], np.ndarray) for slot in variant.slots for n in names):
+        return None
+    return [{n: slot[n] for n in names} for slot in variant.slots]

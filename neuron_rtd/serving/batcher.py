@@ -30,14 +30,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from neuron_rtd.errors import Nerr
 from neuron_rtd.serving.api import ServingError, Status
 
-Execute = Callable[[int, dict[str, np.ndarray]], "Executed"]
+Execute = Callable[[int, dict[str, Any]], "Executed"]
+# an input's blocks of rows (the batch's requests', in order) as one execution takes them
+Merge = Callable[[str, list[np.ndarray]], Any]
 # input names, dtypes and shapes beyond axis 0, by name
 Signature = tuple[tuple[str, np.dtype, tuple[int, ...]], ...]
 
@@ -128,10 +130,11 @@ def _signature(inputs: dict[str, np.ndarray]) -> Signature:
 
 class Batcher:
     """Merges concurrent requests of one model into executions of up to `max_batch_size`
-    rows on its `copies` copies. `execute(copy_index, merged_inputs)` runs one execution
-    on copy `copy_index` and returns its result (`Executed`), axis 0 of each output being
-    the merged rows; it is called from the workers and from submitting threads, never
-    twice at once for one copy."""
+    rows on its `copies` copies (each input's rows by `merge`: concatenated, unless the
+    caller's execution takes them as they are). `execute(copy_index, merged_inputs)` runs
+    one execution on copy `copy_index` and returns its result (`Executed`), axis 0 of
+    each output being the merged rows; it is called from the workers and from submitting
+    threads, never twice at once for one copy."""
 
     def __init__(
         self,
@@ -142,9 +145,11 @@ class Batcher:
         preferred_batch_sizes: Sequence[int] = (),
         max_queue_delay_us: int = 0,
         name: str = "",
+        merge: Merge | None = None,
     ) -> None:
         _check_config(copies, max_batch_size, preferred_batch_sizes, max_queue_delay_us)
         self._execute = execute
+        self._merge = merge or _concatenate
         self._copies = copies
         self._max_batch_size = max_batch_size
         self._preferred = frozenset(preferred_batch_sizes)
@@ -355,7 +360,7 @@ class Batcher:
                 merged = batch[0].inputs
             else:
                 merged = {
-                    name: np.concatenate([request.inputs[name] for request in batch])
+                    name: self._merge(name, [request.inputs[name] for request in batch])
                     for name in batch[0].inputs
                 }
             result = self._execute(copy, merged)
@@ -368,6 +373,10 @@ class Batcher:
         for request in batch:
             request.succeed(result, offset, start_ns, rows)
             offset += request.rows
+
+
+def _concatenate(name: str, blocks: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(blocks)
 
 
 def batch_rows(

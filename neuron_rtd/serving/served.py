@@ -34,7 +34,7 @@ from neuron_rtd.errors import (
 )
 from neuron_rtd.neff import Neff
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.runtime import InferResult, Runtime, read_model_file
+from neuron_rtd.runtime import InferResult, Rows, Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
@@ -149,6 +149,7 @@ class ServedVersion:
                 preferred_batch_sizes=tuple(batching.preferred_batch_size),
                 max_queue_delay_us=batching.max_queue_delay_microseconds,
                 name=f"{name}:{version}",
+                merge=self._rows,
             )
 
     def _input(self, entry: model_config_pb.ModelInput) -> _Input:
@@ -157,6 +158,12 @@ class ServedVersion:
         dims = tuple(int(d) for d in entry.dims)
         shape = (-1, *dims) if self.max_batch_size > 0 else dims
         return _Input(entry.name, datatype, dtype_of(datatype), shape, spec.shape)
+
+    def _rows(self, name: str, blocks: list[np.ndarray]) -> Rows:
+        """A batch's rows of input `name` as the runtime reads them into its slot, one
+        request's block after another (no concatenated copy first)."""
+        dtype = self._dtypes[name]
+        return Rows(tuple(np.ascontiguousarray(block, dtype=dtype) for block in blocks))
 
     # --- what the protocol tells of it --------------------------------------------------
     def tensors(self) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
@@ -295,7 +302,7 @@ class ServedVersion:
         return [name for name in self._output_names if name in asked]
 
     # --- one execution ---------------------------------------------------------------------
-    def execute(self, copy: int, inputs: dict[str, np.ndarray]) -> InferResult:
+    def execute(self, copy: int, inputs: dict[str, np.ndarray | Rows]) -> InferResult:
         """One runtime inference of `inputs` on copy `copy` (the batcher's `execute`),
         timed into the statistics: the runtime's result as it is (every output an array of
         its true shape, and its code: a NaN/Inf outcome is kept). The inputs go to the
