@@ -7,9 +7,9 @@ calls of another: the small model's latency and calls/s, and the big model's cal
 The big model is an MLP 1024-2048-2048-10 at batch 16 (a few ms a run, ninfer 8), the
 small one an MLP 64-64-10 at batch 1; each client is a process of its own, calling
 synchronous `infer` with its tensors inline, as any gRPC client does. Calls on one NC take
-their turns there (driver_sim/turns.py); the daemon's call pool lets one call per core
-compute at once (neuron_rtd/server/pool.py): a call waiting its turn must not hold up the
-small model's calls.
+their turns there; the runtime's compute gate lets one call per core compute at once and
+counts a turn's wait as a wait (neuron_rtd/runtime/compute.py): a call waiting its turn
+must not hold up the small model's calls.
 """
 
 from __future__ import annotations

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     )
     from driver_sim.program import Instr, LoadedProgram, NcProgram, load_program
     from driver_sim.stats import HealthCounters, NcCounters
-    from driver_sim.turns import spend_waits_in, take_turn
 
 # Each name and where it lives, imported when first asked for: a reader of the machine's
 # tree (neuron-ls) does not import the NC's kernels, scipy and onnxruntime with it.
@@ -89,8 +88,6 @@ _WHERE = {
     "load_program": "driver_sim.program",
     "HealthCounters": "driver_sim.stats",
     "NcCounters": "driver_sim.stats",
-    "spend_waits_in": "driver_sim.turns",
-    "take_turn": "driver_sim.turns",
 }
 
 
@@ -146,7 +143,5 @@ __all__ = [
     "fast",
     "load_program",
     "parse_fault_spec",
-    "spend_waits_in",
     "supported_ops",
-    "take_turn",
 ]

@@ -1,7 +1,7 @@
 """A NeuronCore: loads programs and runs them, one at a time, counting the work.
 
 A run executes in the caller's thread under the core's lock (a run that finds the core
-busy waits its turn: `driver_sim.turns`). Counters live in the
+busy waits its turn, as the process that owns the device said: `TakeTurn`). Counters live in the
 device's stats file (see `driver_sim.stats`); a run adds its precomputed totals there
 (`LoadedProgram.cost_of`, as `RunCounts`) plus its measured busy time.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,13 +24,23 @@ from driver_sim.fast import FastProgram, check_engine
 from driver_sim.ops.random import use_rng
 from driver_sim.program import MAX_CACHED_COSTS, LoadedProgram, NcProgram, RunCost, load_program
 from driver_sim.stats import NC_FIELD, NcCounters, cycle_slots, nc_counters_from, nc_slots
-from driver_sim.turns import take_turn
 from neuron_rtd.onnxrt import WHILE_BUSY, check_spinning
 
 if TYPE_CHECKING:
     from driver_sim.device import Device
 
 _BUSY_NS = NC_FIELD["busy_ns"]
+
+# How a run takes its NC's lock (a wait for a run in progress is a wait its process may
+# count as such: the daemon's compute gate lets another call compute meanwhile); None:
+# it plainly waits.
+TakeTurn = Callable[[threading.Lock], None]
+
+
+def _plainly(lock: threading.Lock) -> None:
+    lock.acquire()
+
+
 # The stats file's words are little-endian, the host's own (x86, ARM): a run adds to them
 # as the host's unsigned 64-bit words.
 assert sys.byteorder == "little", "driver_sim's stats file needs a little-endian host"
@@ -58,6 +68,7 @@ class NeuronCore:
         engine: str = "reference",
         threads: int = 1,
         spinning: str = WHILE_BUSY,
+        take_turn: TakeTurn | None = None,
     ) -> None:
         self.device_index = device.index
         self.index = index
@@ -66,6 +77,7 @@ class NeuronCore:
         self.spinning = check_spinning(spinning)  # ... and how they wait for work
         self._device = device
         self.lock = threading.Lock()
+        self._take_turn: TakeTurn = take_turn or _plainly
         self.rng = np.random.default_rng()
         self._slots: np.ndarray | None = None
         self._words: memoryview | None = None  # `_slots`, as words to add to
@@ -106,7 +118,7 @@ class NeuronCore:
         costed for the recorder (see `run_steps`); the counters count it as any run."""
         if program.owner is not self:
             raise DriverError(f"program was loaded on {program.owner!r}, not on {self!r}")
-        take_turn(self.lock)  # another run in progress: a wait, as the server counts it
+        self._take_turn(self.lock)  # another run in progress: a wait, as its owner counts it
         try:
             start = time.perf_counter_ns()
             self._device.before_run(self.index)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from driver_sim.core import NeuronCore
+from driver_sim.core import NeuronCore, TakeTurn
 from driver_sim.dram import ChannelAllocator, DramBuffer
 from driver_sim.errors import DramExhausted, DriverError, HwFault, InitFailed
 from driver_sim.faults import (
@@ -61,6 +61,7 @@ class Device:
         threads: int = 1,
         spinning: str = WHILE_BUSY,
         faults: str | None = None,
+        take_turn: TakeTurn | None = None,
     ) -> None:
         self.machine = machine
         self.index = index
@@ -75,7 +76,9 @@ class Device:
         self._channels = [ChannelAllocator(CHANNEL_BYTES) for _ in range(DRAM_CHANNELS)]
         self._buffers: dict[tuple[int, int], DramBuffer] = {}
         self._cores = tuple(
-            NeuronCore(self, nc, engine=engine, threads=threads, spinning=spinning)
+            NeuronCore(
+                self, nc, engine=engine, threads=threads, spinning=spinning, take_turn=take_turn
+            )
             for nc in range(NC_PER_DEVICE)
         )
         self._stats: StatsMap | None = None

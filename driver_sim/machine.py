@@ -32,6 +32,7 @@ from driver_sim.stats import (
 from driver_sim.tree import TreePaths, build_tree, parse_connected, read_machine_json, read_text
 
 if TYPE_CHECKING:  # a device, its NCs and their kernels: imported by `acquire` only
+    from driver_sim.core import TakeTurn
     from driver_sim.device import Device
 
 OWNER_WAIT_S = 0.5  # how long DeviceBusy waits for a new owner to write its owner file
@@ -171,11 +172,13 @@ class Machine:
         threads: int = 1,
         spinning: str | None = None,
         faults: str | None = None,
+        take_turn: TakeTurn | None = None,
     ) -> list[Device]:
         """Own the devices `indices`, all or none: DeviceBusy names a current owner. Their
         NCs compute with `engine` (`threads`: the fast engine's threads per NC run,
         `spinning`: how they wait for work, see `neuron_rtd.onnxrt`; None: WHILE_BUSY), with
-        `faults` injected (`NEURON_SIM_FAULTS`' syntax; None: that variable's)."""
+        `faults` injected (`NEURON_SIM_FAULTS`' syntax; None: that variable's), a run at a busy
+        NC waiting its turn by `take_turn` (None: plainly)."""
         # a device, its NCs, their kernels and onnxruntime: imported here, not by a reader
         # of the tree (neuron-ls)
         from driver_sim.device import Device
@@ -200,6 +203,7 @@ class Machine:
                     threads=threads,
                     spinning=WHILE_BUSY if spinning is None else spinning,
                     faults=faults,
+                    take_turn=take_turn,
                 )
                 taken.append(device)
         except BaseException:

@@ -312,6 +312,7 @@ def http_options(config: DaemonConfig) -> Any:
         max_body_bytes=config.http_max_body_mb << 20,
         header_timeout_s=float(config.http_header_timeout_secs),
         max_connections_per_user=config.http_max_connections_per_user,
+        threads=config.http_threads,
     )
 
 

@@ -56,7 +56,7 @@ from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
 from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
-from neuron_rtd.runtime import Runtime, SimDevice, acquire_sim
+from neuron_rtd.runtime import ComputeGate, Runtime, SimDevice, acquire_sim
 from neuron_rtd.server import (
     CallerOf,
     Health,
@@ -66,7 +66,7 @@ from neuron_rtd.server import (
     Tickets,
     add_servicers,
 )
-from neuron_rtd.server.pool import server_pool, waiting
+from neuron_rtd.server.pool import server_pool
 from neuron_rtd.serving import Serving, ServingError
 from neuron_rtd.typed_json import ConfigError
 from neuron_rtd.visible import DEVICES_ENV, show_indices
@@ -363,6 +363,7 @@ class Daemon:
             self.listener.claim()
         machine = driver_sim.Machine.open(config.sim.root, instance_type=config.sim.instance_type)
         indices = select_devices(machine, config.devices, config.visible_devices)
+        compute = ComputeGate()  # the runtime's; its NCs' runs wait their turns through it
         self.devices = acquire_sim(
             machine,
             indices,
@@ -371,20 +372,19 @@ class Daemon:
             engine=config.nc_engine,
             spinning=config.nc_spinning,
             faults=config.sim.faults,
+            take_turn=compute.take_turn,
         )
-        runtime = Runtime(self.devices, options=runtime_options(config))
+        runtime = Runtime(self.devices, options=runtime_options(config), compute_gate=compute)
         sd.notify("STATUS=Initializing devices")
         runtime.init_devices()
         # before the gRPC server and the peer socket: a refusal leaves neither behind
         self.serving = self._start_serving(runtime)
-        # a call waiting its turn at a busy NC computes nothing: it lets another start
-        driver_sim.spend_waits_in(waiting)
         # a TCP port has no mode: who may do more than ask is judged per call
         gate: list[grpc.ServerInterceptor[Any, Any]] = []
         if not self.listener:
             gate.append(MembersOnly(CallerOf(self.address.target), socket_gid(config)))
         server = grpc.server(
-            server_pool(config.server_threads, "nmgr"),
+            server_pool(compute, config.server_threads, "nmgr"),
             interceptors=gate,
             options=[
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
@@ -396,7 +396,13 @@ class Daemon:
             path = self.listener.peer_socket_path
             try:
                 self.peer_socket = PeerSocket(
-                    runtime, tickets, path, mode=config.socket_mode, gid=self.listener.gid()
+                    runtime,
+                    tickets,
+                    path,
+                    mode=config.socket_mode,
+                    gid=self.listener.gid(),
+                    max_lanes=config.peer_lanes,
+                    max_lanes_per_uid=config.peer_lanes_per_user,
                 )
             except OSError as exc:
                 raise ListenError(f"cannot listen on {path}: {exc.strerror}") from None
@@ -409,6 +415,7 @@ class Daemon:
             tickets=tickets,
             peer_socket=str(self.peer_socket.path) if self.peer_socket else "",
             serving=self.serving,
+            stream_threads=config.stream_threads,
         )
         if self.listener:
             self.listener.bind(server)
@@ -462,15 +469,20 @@ class Daemon:
         except ServingError as exc:
             raise StartupError(f"model repository: {exc.message}") from None
         if config.http_address:
-            self.http = self._http(serving, config.http_address)
+            self.http = self._http(serving, config.http_address, runtime.compute_gate)
         return serving
 
-    def _http(self, serving: Serving, address: str) -> HttpServer:
+    def _http(self, serving: Serving, address: str, gate: ComputeGate) -> HttpServer:
         """The v2 HTTP/REST front end, listening on `address`."""
         from neuron_rtd.server.http_server import HttpServer
 
         try:
-            http = HttpServer(serving, address, http_options(self.config))
+            http = HttpServer(
+                serving,
+                address,
+                http_options(self.config),
+                compute_gate=gate,
+            )
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         try:

@@ -38,6 +38,7 @@ from neuron_rtd.runtime.api import (
     parse_version,
     wire_bytes,
 )
+from neuron_rtd.runtime.compute import ComputeGate
 from neuron_rtd.runtime.driver import (
     NC_ENGINES,
     DeviceApi,
@@ -75,6 +76,7 @@ __all__ = [
     "NC_ENGINES",
     "Aggregate",
     "Caller",
+    "ComputeGate",
     "DeviceApi",
     "DeviceInfo",
     "DeviceSpec",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,9 @@ from neuron_rtd.neff import Stage, TensorSpec
 InstrRecord = driver_sim.InstrRecord
 InstrRecorder = driver_sim.InstrRecorder
 
-# Waiting for a turn at what one run uses at a time (an NC, a shared-NC model), counted
-# as the process's server says (`driver_sim.turns`).
-take_turn = driver_sim.take_turn
+# How a run takes the lock of what one run uses at a time (an NC, a shared-NC model): the
+# runtime's compute gate's `take_turn`, which counts a wait for it as a wait.
+TakeTurn = Callable[[threading.Lock], None]
 
 
 class RunFn(Protocol):
@@ -310,12 +311,14 @@ def acquire_sim(
     engine: str | None = None,
     spinning: str = onnxrt.WHILE_BUSY,
     faults: str = "",
+    take_turn: TakeTurn | None = None,
 ) -> list[SimDevice]:
     """Own devices `indices` of a simulated machine (DriverError names an owner); their
     NCs compute with `engine` (see `nc_engine`), the fast engine's threads waiting for
     work as `spinning` says (see neuron_rtd.onnxrt: spinning between the ops of a run and
     a millisecond after it, then asleep, unless it says otherwise; the benches measure
-    each way), with `faults` injected (driver_sim.faults' syntax; ValueError if malformed)."""
+    each way), with `faults` injected (driver_sim.faults' syntax; ValueError if malformed),
+    a run at a busy NC waiting its turn by `take_turn` (the runtime's compute gate's)."""
     devices = machine.acquire(
         indices,
         address=address,
@@ -324,6 +327,7 @@ def acquire_sim(
         threads=nc_threads(),
         spinning=onnxrt.check_spinning(spinning),
         faults=faults,
+        take_turn=take_turn,
     )
     return [SimDevice(d) for d in devices]
 

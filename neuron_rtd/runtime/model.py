@@ -49,11 +49,11 @@ from neuron_rtd.errors import (
     QueueFull,
 )
 from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.compute import ComputeGate
 from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBufferApi,
     driver_errors,
-    take_turn,
 )
 from neuron_rtd.runtime.finite import all_finite, checked_form
 from neuron_rtd.runtime.host import HostPool
@@ -117,6 +117,7 @@ class LoadedModel:
     state: ModelState = ModelState.STANDBY
     failure: str = ""
     host_pool: HostPool = field(default_factory=HostPool)
+    compute_gate: ComputeGate = field(default_factory=ComputeGate)  # the runtime's
     observer: Observer | None = None
     _free: list[int] = field(default_factory=list)
     _jobs: set[Job] = field(default_factory=set)
@@ -284,7 +285,8 @@ class LoadedModel:
         """Run a submitted inference to its end; the outcome is in the job (never raises)."""
         try:
             if self.mode is _SHARED:
-                take_turn(self._serial)  # shared-NC mode runs one request at a time
+                # shared-NC mode runs one request at a time
+                self.compute_gate.take_turn(self._serial)
                 try:
                     self._execute(job)
                 finally:

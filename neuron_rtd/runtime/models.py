@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from neuron_rtd.errors import InvalidHandle, NrtError
 from neuron_rtd.neff import Neff
+from neuron_rtd.runtime.compute import ComputeGate
 from neuron_rtd.runtime.driver import DeviceApi, driver_errors
 from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.inflight import Inflight
@@ -35,12 +36,14 @@ class ModelTable:
         inflight: Inflight,
         stats: Stats,
         host_pool: HostPool,
+        compute_gate: ComputeGate,
     ) -> None:
         self._devices = devices
         self._ncgs = ncgs
         self._inflight = inflight
         self._stats = stats
         self._host_pool = host_pool
+        self._compute_gate = compute_gate
         self._models: dict[int, LoadedModel] = {}
         self._ids = itertools.count(FIRST_MODEL_ID)
 
@@ -108,6 +111,7 @@ class ModelTable:
             host_threads=self._host_pool.threads,
         )
         model.host_pool = self._host_pool
+        model.compute_gate = self._compute_gate
         model.observer = self._stats
         self._stats.model_built(model_id)
         return model

@@ -41,6 +41,7 @@ from neuron_rtd.runtime.api import (
     SystemCounters,
     Topology,
 )
+from neuron_rtd.runtime.compute import ComputeGate
 from neuron_rtd.runtime.dataplane import DataPath
 from neuron_rtd.runtime.devices import DeviceInit
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
@@ -72,9 +73,13 @@ class Runtime:
         devices: Sequence[DeviceApi],
         *,
         options: RuntimeOptions | None = None,
+        compute_gate: ComputeGate | None = None,
     ) -> None:
         self._devices = list(devices)
         self.options = options or RuntimeOptions()
+        # one computing call per usable core, every front's (see runtime/compute.py); the
+        # devices' NCs were handed its take_turn when acquired
+        self.compute_gate = compute_gate or ComputeGate()
         first = self._devices[0].index if self._devices else 0
         self._ncgs = NcgTable(len(self._devices), self.options.ncs_per_device, first_device=first)
         self.version = __version__
@@ -90,7 +95,9 @@ class Runtime:
         self._admission = NeffAdmission(self.options.neff_file_dirs)
         logging.getLogger("nrtd").addHandler(self._stats.logs)
         host_pool = HostPool(self.options.host_threads)
-        self._models = ModelTable(self._devices, self._ncgs, self._inflight, self._stats, host_pool)
+        self._models = ModelTable(
+            self._devices, self._ncgs, self._inflight, self._stats, host_pool, self.compute_gate
+        )
         self._readings = Readings(self._devices, self._ncgs, self._models, self._stats, self._lock)
         self._sessions = SessionTable(
             limit=self.options.session_max_open, per_peer=self.options.session_max_per_peer

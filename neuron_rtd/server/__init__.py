@@ -8,12 +8,14 @@ health and reflection services (`health`).
 Long streams never hold the server's call threads: session and health-watch streams hold
 no thread at all, nor do `load`, `infer_stream` and `ModelStreamInfer` while they wait
 for their client (`streams`): a stream takes a thread of its kind's pool (at most
-`STREAM_THREADS`) only while one of its requests is worked on. Clients that keep streams
-open, idle, cost the daemon memory, not threads: they cannot starve the unary calls nor
-each other's streams and loads. What bounds them: at most `MAX_OPEN_STREAMS` open (the
-longest idle gives way to a new one), `MAX_STREAMS_PER_SESSION` of them presenting one
-session, and a load that sends nothing for `STALLED_AFTER_S` is ended. Clients whose
-streams all have work running share the pools' threads, as unary calls share theirs."""
+`stream_threads`, the config's) only while one of its requests is worked on, and
+computes on a turn of the runtime's compute gate (`neuron_rtd/runtime/compute.py`), as
+unary calls do. Clients that keep streams open, idle, cost the daemon memory, not
+threads: they cannot starve the unary calls nor each other's streams and loads. What
+bounds them: at most `MAX_OPEN_STREAMS` open (the longest idle gives way to a new one),
+`MAX_STREAMS_PER_SESSION` of them presenting one session, and a load that sends nothing
+for `STALLED_AFTER_S` is ended. Clients whose streams all have work running share the
+pools' threads, as unary calls share theirs."""
 
 from __future__ import annotations
 
@@ -118,11 +120,14 @@ def add_servicers(
     tickets: Tickets,
     peer_socket: str = "",
     serving: ServingApi | None = None,
+    stream_threads: int = STREAM_THREADS,
 ) -> ServicerSet:
     """Add every service to `server` (the KServe v2 one when given its `serving` core);
-    those the daemon acts on itself."""
+    those the daemon acts on itself. Streams' requests run on pools of `stream_threads`
+    threads each (loads; inferences), on the runtime's compute gate's turns."""
     table = StreamTable()
-    infer_pool = server_pool(STREAM_THREADS, "stream")  # infer_stream's and v2's
+    gate = runtime.compute_gate
+    infer_pool = server_pool(gate, stream_threads, "stream")  # infer_stream's and v2's
     nmgr = NmgrServicer(runtime)
     replaced = {
         "load": table.handler(
@@ -130,7 +135,7 @@ def add_servicers(
             lambda context: LoadAnswers(nmgr, context),
             request=pb.load_request,
             response=pb.load_response,
-            pool=server_pool(STREAM_THREADS, "load"),
+            pool=server_pool(gate, stream_threads, "load"),
             unary=True,
         )
     }

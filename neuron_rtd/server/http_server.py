@@ -3,7 +3,8 @@
 
 One I/O thread reads and parses requests and holds every connection, so an idle
 keep-alive client costs a socket, not a thread; a fixed pool of workers runs the
-requests, whose `Serving.infer` blocks until its (possibly batched) answer. Waitress
+requests, whose `Serving.infer` blocks until its (possibly batched) answer, each on a
+turn of the runtime's compute gate (`neuron_rtd/runtime/compute.py`), as gRPC's calls. Waitress
 buffers a request's body as it comes (in memory, then a temporary file), refuses one
 longer than `max_body_bytes` from its Content-Length alone, and answers malformed HTTP
 itself: here its error answers are JSON `{"error": ...}` like every other.
@@ -36,7 +37,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error
 
-from neuron_rtd.runtime import Caller
+from neuron_rtd.runtime import Caller, ComputeGate
 from neuron_rtd.server.kserve_http import (
     HEADER_TIMEOUT_S,
     JSON_TYPE,
@@ -234,6 +235,17 @@ class _Listener(TcpWSGIServer):
         server.trigger.close()
 
 
+def _gated(app: KServeApp, gate: ComputeGate) -> Callable[..., Any]:
+    """`app` as a WSGI application whose every request computes on a turn of `gate`
+    (the runtime's: one computing call per usable core, every front's)."""
+
+    def gated(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        with gate.turn():
+            return app(environ, start_response)
+
+    return gated
+
+
 # --- the server -------------------------------------------------------------------------
 class HttpServer:
     """The v2 HTTP/REST front end over `serving`, listening on `address` ("HOST:PORT", port
@@ -247,12 +259,14 @@ class HttpServer:
         *,
         threads: int | None = None,
         max_body_bytes: int | None = None,
+        compute_gate: ComputeGate | None = None,
     ) -> None:
         self.serving = serving
         self.address = address
         self.options = options or HttpOptions()
         self.threads = self.options.threads if threads is None else threads
         self.app = KServeApp(serving, self.options, max_body_bytes=max_body_bytes)
+        self.compute_gate = compute_gate  # each request computes on a turn of it
         self._lock = threading.Lock()
         self._listener: _Listener | None = None
         self._dispatcher: ThreadedTaskDispatcher | None = None
@@ -282,7 +296,7 @@ class HttpServer:
             dispatcher.set_thread_count(self.threads)
             try:
                 listener = _Listener(
-                    self.app,
+                    self.app if self.compute_gate is None else _gated(self.app, self.compute_gate),
                     map={},
                     _sock=sock,
                     dispatcher=dispatcher,

@@ -20,7 +20,6 @@ from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import LoadReader, LoadRequest, read_load_stream
-from neuron_rtd.server.pool import waiting
 from neuron_rtd.server.streams import broke_off
 
 log = logging.getLogger("nrtd.NMGR")
@@ -155,7 +154,8 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     ) -> pb.infer_response:
         def make() -> pb.infer_response:
             outputs, session = wire.shm_ofmaps(request.shm_ofmap), presented_session(context)
-            with waiting():  # for the inference: other calls may compute meanwhile
+            # for the inference: other calls may compute meanwhile
+            with self.runtime.compute_gate.waiting():
                 result = self.runtime.wait(request.cookie, outputs, session=session)
             return wire.infer_response(result)
 

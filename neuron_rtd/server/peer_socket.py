@@ -20,9 +20,10 @@ nothing costs a file descriptor until `IDLE_S`, not a thread; at most `MAX_CONNE
 are open at once, `MAX_PER_UID` of them one user's (more are closed at once). A
 connection's first `infer` makes it a lane: a thread of its own blocks on it and runs
 each call as it comes (no hand-off between threads, which would cost what the lane
-saves), until the client closes it or says nothing for `LANE_IDLE_S`; at most
-`MAX_LANES`, `MAX_LANES_PER_UID` of them one user's (an infer past those is refused with
-NERR_RESOURCE: the client calls over gRPC).
+saves), until the client closes it or says nothing for `LANE_IDLE_S`, each call on a turn
+of the runtime's compute gate (`neuron_rtd/runtime/compute.py`), as gRPC's; at most
+`max_lanes` (the config's `peer_lanes`), `max_lanes_per_uid` of them one user's (an infer
+past those is refused with NERR_RESOURCE: the client calls over gRPC).
 """
 
 from __future__ import annotations
@@ -95,9 +96,19 @@ class PeerSocket:
     """Serves peer requests on `path` (made with `mode`, chowned to `gid`)."""
 
     def __init__(
-        self, runtime: Runtime, tickets: Tickets, path: Path, *, mode: int, gid: int | None
+        self,
+        runtime: Runtime,
+        tickets: Tickets,
+        path: Path,
+        *,
+        mode: int,
+        gid: int | None,
+        max_lanes: int = MAX_LANES,
+        max_lanes_per_uid: int = MAX_LANES_PER_UID,
     ) -> None:
         self.runtime = runtime
+        self.max_lanes = max_lanes
+        self.max_lanes_per_uid = max_lanes_per_uid
         self.tickets = tickets
         self.path = path
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -224,7 +235,10 @@ class PeerSocket:
         """Make `conn` a lane, its thread answering `first` and what follows; False (the
         connection left as it is) when there are as many lanes as may be."""
         with self._lock:
-            if len(self._lanes) >= MAX_LANES or self._lanes_per_uid[uid] >= MAX_LANES_PER_UID:
+            if (
+                len(self._lanes) >= self.max_lanes
+                or self._lanes_per_uid[uid] >= self.max_lanes_per_uid
+            ):
                 return False
             self._lanes[conn] = uid
             self._lanes_per_uid[uid] += 1
@@ -241,8 +255,11 @@ class PeerSocket:
     def _lane(self, conn: socket.socket, uid: int, first: _Message) -> None:
         message: _Message | None = first
         try:
+            gate = self.runtime.compute_gate
             while message is not None and not self._stop.is_set():
-                conn.send(self._respond(uid, message))
+                with gate.turn():  # the runtime's: one computing call per core, every front's
+                    answer = self._respond(uid, message)
+                conn.send(answer)
                 message = _receive(conn)
         except OSError:  # the client went away mid-answer
             pass
@@ -271,7 +288,8 @@ class PeerSocket:
         else:  # never run here: an inference would hold up every other connection
             answer = ext_pb.peer_response(
                 status_code=int(Nerr.RESOURCE),
-                details=f"no lane free for infer (at most {MAX_LANES}, {MAX_LANES_PER_UID} "
+                details=f"no lane free for infer (at most {self.max_lanes}, "
+                f"{self.max_lanes_per_uid} "
                 "per user): call it over gRPC",
             ).SerializeToString()
         try:

@@ -1,23 +1,16 @@
-"""The gRPC server's call threads (`CallPool`): one call computes per core, more run only
-while some wait.
+"""The gRPC server's call threads (`CallPool`): a call starts on a turn of the runtime's
+compute gate (`neuron_rtd/runtime/compute.py`: one computing call per usable core, for
+every front, and why), more run only while some wait.
 
-grpcio's synchronous server runs each call on a thread of the pool it is given, and its
-own Python (the call's receive, its status, the completion queue's thread that hands
-calls out) shares one GIL with them. Every call in progress is a thread wanting the GIL
-at each of those steps, so past a few calls at once the threads spend the GIL handing it
-to each other. Measured on 2 cores, 8 clients calling a small model (MLP 784-128-10,
-`bench/data_plane.py --concurrency`): 1500-1970 calls/s on a plain pool of 16 threads,
-2100-2250 with 4 computing at once, 2940-3440 with 2; the bare gRPC echo on the same
-pools 3080-3820, 3640-3760 and 3660-4820.
-
-A pool of few threads, though, would leave calls waiting behind calls that only wait. A
-call says so where it is known (`waiting()`: an `infer_wait` waiting for its inference,
-an inference waiting its turn at a busy NC, `driver_sim.turns`); else a call that has
-run for BLOCKED_AFTER_S (a long inference, a stream) no longer counts against the calls
-that may compute at once.
-Either way a waiting call then starts, on a thread the pool adds (up to its most).
-Threads beyond what runs end after IDLE_EXIT_S with nothing to take (the newest idle
-thread takes a call, so under steady traffic the others do idle).
+grpcio's synchronous server runs each call on a thread of the pool it is given. A pool
+starts a queued call only when the gate has a turn free: a call computing for
+BLOCKED_AFTER_S, or waiting (`ComputeGate.waiting()`: an `infer_wait` waiting for its
+inference, a run waiting its turn at a busy NC), no longer holds one. The waiting call
+then starts, on a thread the pool adds (up to its most). Threads beyond what runs end
+after IDLE_EXIT_S with nothing to take (the newest idle thread takes a call, so under
+steady traffic the others do idle). The daemon's pools (unary calls, stream requests,
+loads) share the one gate, and its lock guards their queues: a turn given back by any of
+them, or by the HTTP front or a peer lane, starts the next call of whichever pool waits.
 """
 
 from __future__ import annotations
@@ -26,45 +19,20 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any, cast
 
-from neuron_rtd.runtime import usable_cpus
+from neuron_rtd.runtime import ComputeGate
 
-# A call running this long is taken to be waiting, not computing: another may start. Not
-# much less: under load a computing call takes a few ms (8 clients of a small model: 3-4 ms
-# a call at p50), and at 5 ms the pool took calls slowed by the GIL for blocked ones, ran
-# more at once, slowed them further, and served fewer than a plain pool of 16 threads.
-BLOCKED_AFTER_S = 0.05
 IDLE_EXIT_S = 5.0  # a thread beyond the calls that may run at once, idle this long, ends
 
-_on = threading.local()  # `pool`: the CallPool whose call this thread runs, if any
 
-
-def server_pool(threads: int, name: str = "call") -> futures.ThreadPoolExecutor:
-    """The pool of a gRPC server of at most `threads` call threads: one call computing at
-    once per usable core (see the module doc). Typed as grpcio's stubs name a server's
-    pool; grpcio only submits calls to it."""
-    pool = CallPool(min(usable_cpus(), threads), threads, name=name)
-    return cast(futures.ThreadPoolExecutor, pool)
-
-
-@contextlib.contextmanager
-def waiting() -> Iterator[None]:
-    """The call on this thread waits in the block (for its inference, say), computing
-    nothing: meanwhile it does not count against the calls that may compute at once, and
-    a call waiting to start starts. Anywhere else than a CallPool's thread, a no-op."""
-    pool: CallPool | None = getattr(_on, "pool", None)
-    if pool is None:
-        yield
-        return
-    me = threading.get_ident()
-    pool._waits(me)
-    try:
-        yield
-    finally:
-        pool._computes(me)
+def server_pool(gate: ComputeGate, threads: int, name: str = "call") -> futures.ThreadPoolExecutor:
+    """The pool of a gRPC server of at most `threads` call threads, starting calls on
+    `gate`'s turns. Typed as grpcio's stubs name a server's pool; grpcio only submits
+    calls to it."""
+    return cast(futures.ThreadPoolExecutor, CallPool(gate, threads, name=name))
 
 
 class _Sleepers:
@@ -104,25 +72,25 @@ class _Sleepers:
 
 
 class CallPool(futures.Executor):
-    """Runs submitted calls on up to `most` threads, at most `running` of them at once
-    unless some have run for BLOCKED_AFTER_S (see the module doc)."""
+    """Runs submitted calls on up to `most` threads, each started on a turn of `gate`
+    (see the module doc)."""
 
-    def __init__(self, running: int, most: int, *, name: str = "call") -> None:
-        if not 1 <= running <= most:
-            raise ValueError(f"running ({running}) must be 1..most ({most})")
-        self.running = running
+    def __init__(self, gate: ComputeGate, most: int, *, name: str = "call") -> None:
+        if most < 1:
+            raise ValueError(f"a pool needs a thread at least, got {most}")
+        self.gate = gate
         self.most = most
         self._name = name
         self._queue: collections.deque[tuple[futures.Future[Any], Callable[[], Any]]] = (
             collections.deque()
         )
-        self._started: dict[int, float] = {}  # thread id -> when its call started
-        self._lock = threading.Lock()
+        self._lock = gate.lock  # the gate's: its turns and this queue together
         self._sleepers = _Sleepers(self._lock)  # the idle threads
         self._threads = 0
         self._idle = 0
         self._watching = False  # an idle thread waits for a computing call to block
         self._closed = False
+        gate.listen(self._turn_freed)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
         future: futures.Future[Any] = futures.Future()
@@ -140,11 +108,18 @@ class CallPool(futures.Executor):
                 while self._queue:
                     self._queue.popleft()[0].cancel()
             self._sleepers.notify_all()
+        self.gate.forget(self._turn_freed)
+
+    def _turn_freed(self) -> None:
+        """A turn of the gate's may be free (under the lock): the queue's first call to
+        start, if any."""
+        if self._queue:
+            self._start_first()
 
     def _start_first(self) -> None:
         """Someone to start the queue's first call (under the lock): an idle thread woken
         now when it may start now, else as `_watch` says."""
-        if self._idle and len(self._computing(time.monotonic())) < self.running:
+        if self._idle and self.gate.free(time.monotonic()):
             self._sleepers.notify()
         else:
             self._watch()
@@ -162,36 +137,18 @@ class CallPool(futures.Executor):
                 target=self._work, name=f"{self._name}_{self._threads}", daemon=True
             ).start()
 
-    def _waits(self, me: int) -> None:
-        """The call of thread `me` waits from now (see `waiting`)."""
-        with self._lock:
-            self._started.pop(me, None)
-            if self._queue:
-                self._start_first()
-
-    def _computes(self, me: int) -> None:
-        """The call of thread `me` computes again, counted from now."""
-        with self._lock:
-            self._started[me] = time.monotonic()
-
-    def _computing(self, now: float) -> list[float]:
-        """When the calls running that started under BLOCKED_AFTER_S ago started (called
-        under the lock)."""
-        since = now - BLOCKED_AFTER_S
-        return [started for started in self._started.values() if started > since]
-
     def _next(self, me: int) -> tuple[futures.Future[Any], Callable[[], Any]] | None:
-        """The next call this thread runs, once it may start (its start noted), or None
+        """The next call this thread runs, once it may start (its turn taken), or None
         when the thread is to end. One idle thread watches a waiting queue: it wakes when
         the oldest computing call would count as blocked."""
+        gate = self.gate
         with self._lock:
-            self._started.pop(me, None)  # its last call has ended
+            gate.give_back(me, quiet=self._turn_freed)  # its last call has ended
             idle_since = time.monotonic()
             while True:
                 now = time.monotonic()
-                computing = self._computing(now)
-                if self._queue and len(computing) < self.running:
-                    self._started[me] = now
+                if self._queue and gate.free(now):
+                    gate.take(me, now)
                     item = self._queue.popleft()
                     if self._queue:
                         self._watch()
@@ -201,8 +158,8 @@ class CallPool(futures.Executor):
                 watch = bool(self._queue) and not self._watching
                 timeout: float | None = None
                 if watch:
-                    timeout = min(computing) + BLOCKED_AFTER_S - now
-                elif self._threads > self.running:
+                    timeout = gate.next_free_s(now)
+                elif self._threads > gate.cores:
                     if now - idle_since >= IDLE_EXIT_S:
                         break
                     timeout = idle_since + IDLE_EXIT_S - now
@@ -217,7 +174,6 @@ class CallPool(futures.Executor):
 
     def _work(self) -> None:
         me = threading.get_ident()
-        _on.pool = self
         while (item := self._next(me)) is not None:
             future, call = item
             if future.set_running_or_notify_cancel():
