@@ -6,7 +6,6 @@ and on SIGTERM drains, unloads, releases the devices and removes its socket.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import faulthandler
 import logging
@@ -23,14 +22,9 @@ import grpc
 
 import driver_sim
 from neuron_rtd import __version__
-from neuron_rtd.command_line import add_version, entry
+from neuron_rtd.command_line import entry
 from neuron_rtd.daemon import sd
 from neuron_rtd.daemon.config import (
-    DEFAULT_ADDRESS,
-    DEFAULT_CONFIG,
-    INSTANCE_CONFIG_DIR,
-    LOG_LEVELS,
-    MODEL_CONTROL_MODES,
     DaemonConfig,
     http_options,
     load_config,
@@ -39,6 +33,8 @@ from neuron_rtd.daemon.config import (
     runtime_options,
     socket_gid,
 )
+from neuron_rtd.daemon.devices import StartupError, select_devices
+from neuron_rtd.daemon.flags import parse_args
 from neuron_rtd.daemon.fronts import (
     EXIT_FRONT_SILENT,
     Front,
@@ -54,7 +50,6 @@ from neuron_rtd.daemon.listener import (
 )
 from neuron_rtd.daemon.logs import setup_logging
 from neuron_rtd.daemon.memory import keep_freed_memory
-from neuron_rtd.help_format import PlainHelp
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import ComputeGate, Runtime, SimDevice, acquire_sim
 from neuron_rtd.server import (
@@ -69,7 +64,6 @@ from neuron_rtd.server import (
 from neuron_rtd.server.pool import server_pool
 from neuron_rtd.serving import Serving, ServingError
 from neuron_rtd.typed_json import ConfigError
-from neuron_rtd.visible import DEVICES_ENV, show_indices
 
 if TYPE_CHECKING:
     from neuron_rtd.server.http_server import HttpServer
@@ -77,174 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nrtd.NRTD")
 
 DRAIN_GRACE_S = 5.0
-
-
-class StartupError(Exception):
-    """The daemon cannot start; the message says why."""
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="neuron-rtd",
-        description="Neuron runtime daemon: serves the nrt gRPC API for its Neuron devices.",
-        epilog="Environment: NEURON_SIM_ROOT, the folder of the simulated machine it serves "
-        "(made there if absent; default /run/neuron-sim for root and for whoever can read "
-        "the service's machine there, else /tmp/neuron-sim-UID; it overrides the config's "
-        "sim root); NEURON_RTD_ADDRESS, the address it listens on (as -a); "
-        "AWS_NEURON_VISIBLE_DEVICES, the devices it serves (as -t).",
-        formatter_class=PlainHelp,
-    )
-    parser.add_argument(
-        "-t",
-        dest="devices",
-        action="append",
-        metavar="BDF",
-        help="serve only this device (repeatable; the set must be contiguous; default: the "
-        "devices $AWS_NEURON_VISIBLE_DEVICES names by index, as 1 or 0-1, else all)",
-    )
-    parser.add_argument(
-        "-g",
-        "-a",
-        "--address",
-        dest="server_address",
-        metavar="ADDRESS",
-        help="listen on this socket path (/run/neuron.sock, ./neuron.sock, unix:/path) or "
-        "host:port (default: $NEURON_RTD_ADDRESS, as the clients read it, else the config's "
-        f"server_address, else {DEFAULT_ADDRESS})",
-    )
-    parser.add_argument(
-        "-c",
-        dest="config",
-        metavar="CONFIG",
-        help=f"JSON config file (default {DEFAULT_CONFIG} when it exists; else built-in defaults)",
-    )
-    parser.add_argument(
-        "-l",
-        dest="log_level",
-        choices=LOG_LEVELS,
-        help=f"log level (default {DaemonConfig.log_level}, or the config's log_level)",
-    )
-    parser.add_argument(
-        "-x",
-        dest="log_console",
-        action="store_const",
-        const=True,
-        help="also log to the console (stderr)",
-    )
-    parser.add_argument(
-        "-i",
-        dest="instance",
-        metavar="INSTANCE",
-        help=f"instance name: reads {INSTANCE_CONFIG_DIR}/INSTANCE.json",
-    )
-    serving = parser.add_argument_group(
-        "KServe v2 / Triton protocol",
-        "Served on the same address as the nrt API (tritonclient.grpc works on it as it "
-        "is), and over HTTP/REST with --http-address.",
-    )
-    serving.add_argument(
-        "--model-repository",
-        dest="model_repository",
-        metavar="DIR",
-        help="serve the models of this folder, in Triton's layout: DIR/NAME/VERSION/model.neff "
-        "and an optional DIR/NAME/config.pbtxt (default: the config's model_repository, "
-        "else none)",
-    )
-    serving.add_argument(
-        "--model-control-mode",
-        dest="model_control_mode",
-        choices=MODEL_CONTROL_MODES,
-        help="none: load every model of the repository at start; explicit: only those "
-        "--load-model names, then what clients load and unload; poll: follow the "
-        f"repository's changes (default {DaemonConfig.model_control_mode})",
-    )
-    serving.add_argument(
-        "--load-model",
-        dest="load_models",
-        action="append",
-        metavar="NAME",
-        help="in explicit mode, load this model of the repository at start (repeatable; "
-        "* for all of them)",
-    )
-    serving.add_argument(
-        "--repository-poll-secs",
-        dest="repository_poll_secs",
-        type=int,
-        metavar="N",
-        help="in poll mode, read the repository again every N seconds (default "
-        f"{DaemonConfig.repository_poll_secs})",
-    )
-    serving.add_argument(
-        "--http-address",
-        dest="http_address",
-        metavar="HOST:PORT",
-        help="also serve the protocol over HTTP/REST here, e.g. 127.0.0.1:8000 (default: "
-        "off; a host beyond loopback needs --allow-remote-clients)",
-    )
-    parser.add_argument(
-        "--allow-remote-clients",
-        dest="allow_remote_clients",
-        action="store_const",
-        const=True,
-        help="let -a HOST:PORT and --http-address listen beyond loopback, in plaintext: anyone "
-        "who reaches the address can use the daemon (default: the config's "
-        "allow_remote_clients, else off)",
-    )
-    add_version(parser, "-v")
-    return parser.parse_args(argv)
-
-
-def select_devices(
-    machine: driver_sim.Machine, bdfs: tuple[str, ...], visible: frozenset[int] | None = None
-) -> list[int]:
-    """Device indices for the BDFs asked for, else for the indices of
-    `AWS_NEURON_VISIBLE_DEVICES` (`visible`), else all: contiguous, no repeats. Both
-    given, they must name the same devices."""
-    if not bdfs:
-        return _visible_devices(machine, visible)
-    indices = []
-    for bdf in bdfs:
-        try:
-            indices.append(machine.index_of_bdf(bdf))
-        except driver_sim.DeviceNotFound:
-            known = ", ".join(d.bdf for d in machine.devices())
-            raise StartupError(f"no Neuron device at {bdf} (this machine has {known})") from None
-    if len(set(indices)) != len(indices):
-        raise StartupError(f"a device is named twice in {', '.join(bdfs)}")
-    ordered = sorted(indices)
-    if ordered != list(range(ordered[0], ordered[0] + len(ordered))):
-        raise StartupError(
-            f"devices {', '.join(bdfs)} (indices {', '.join(map(str, ordered))}) are not "
-            "contiguous: a daemon serves one connected run of devices"
-        )
-    if visible is not None and set(ordered) != visible:
-        raise StartupError(
-            f"-t {' -t '.join(bdfs)} names devices {show_indices(ordered)}, but "
-            f"{DEVICES_ENV}={show_indices(visible)} names others: drop one of the two "
-            "(-t wins nowhere: they must agree)"
-        )
-    return ordered
-
-
-def _visible_devices(machine: driver_sim.Machine, visible: frozenset[int] | None) -> list[int]:
-    """The devices `AWS_NEURON_VISIBLE_DEVICES` names (all when unset): existing and
-    contiguous."""
-    every = list(range(machine.device_count))
-    if visible is None:
-        return every
-    missing = sorted(visible - set(every))
-    if missing:
-        raise StartupError(
-            f"{DEVICES_ENV}={show_indices(visible)}: no device {show_indices(missing)} on this "
-            f"{machine.instance_type}, whose devices are {show_indices(every)}"
-        )
-    ordered = sorted(visible)
-    if ordered != list(range(ordered[0], ordered[-1] + 1)):
-        raise StartupError(
-            f"{DEVICES_ENV}={show_indices(visible)} is not a contiguous run of devices: a "
-            "daemon serves one connected run (start one daemon per run)"
-        )
-    return ordered
 
 
 class Daemon:
