@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
+from waiting import wait_until
 
 import driver_sim
 from driver_sim import (
@@ -317,15 +317,13 @@ def test_dead_owner_releases_its_claim(machine: Machine, root: pathlib.Path) -> 
 
 
 def _wait_until_zombie_or_gone(pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def dead() -> bool:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"pid {pid} did not die")
+            return True
+
+    wait_until(dead, 10, f"pid {pid} dead")
 
 
 # ---- reset -------------------------------------------------------------------------------

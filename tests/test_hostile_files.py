@@ -23,7 +23,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import psutil
 import pytest
 from test_service_user import OTHER_UID, STAND_IN_GID, STAND_IN_UID, Service, as_user, unit_service
+from waiting import wait_until
 
 from neuron_rtd.errors import InvalidError, ModelFileRefused, NeffInvalid, Nerr, ResourceError
 from neuron_rtd.neff import HEADER_SIZE, build_mlp
@@ -867,10 +867,11 @@ def test_poll_mode_is_stopped_by_no_model(tmp_path: Path) -> None:
             staged = version_folder(root, ".later")  # hidden: not a model until renamed
             readable(staged / "model.neff", MLP.neff)
             (root / ".later").rename(root / "later")
-            deadline = time.monotonic() + 60
-            while daemon.index().get("later", {}).get("state") != "READY":
-                assert time.monotonic() < deadline, daemon.index()
-                time.sleep(0.2)
+            wait_until(
+                lambda: daemon.index().get("later", {}).get("state") == "READY",
+                60,
+                "the renamed model READY",
+            )
             daemon.legit("later")
             daemon.legit()
             assert "FIFO" in daemon.index()["a-fifo"]["reason"]

@@ -13,7 +13,6 @@ import secrets
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 from test_service_user import OTHER_UID, STAND_IN_GID, Service, as_user, service
+from waiting import wait_until
 
 from neuron_rtd.client import Client
 from neuron_rtd.errors import Nerr
@@ -254,10 +254,8 @@ def test_open_sessions_do_not_freeze_the_daemon(service: Service, mlp: SampleMod
         cwd="/",
     )
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert holder.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: ready.exists() or holder.poll() is not None, 120, "the holder")
+        assert holder.poll() is None, "the holder ended before it held its sessions"
         with Client(address(service), shm=True, timeout_s=30) as victim:
             model = victim.load(mlp.neff)
             x = mlp.random_inputs(2)["x"]

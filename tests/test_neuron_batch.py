@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import NrtClientError
@@ -263,9 +264,7 @@ def test_a_daemon_gone_mid_run_fails_it_once_and_a_resume_completes_it(
             batch_cmd(doomed, neff, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         checkpoint = out / ".checkpoint.json"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not checkpoint.exists():
-            time.sleep(0.05)
+        wait_until(checkpoint.exists, 120, "neuron-batch's first checkpoint")
         assert doomed.proc is not None
         doomed.proc.kill()
         _, err = run.communicate(timeout=60)
