@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from answers import as_array, expected
+from answers import expected, slot_answer
 from fake_device import GatedDevice
 
 from neuron_rtd.errors import InferCancelled, InferTimeout, InvalidHandle, ResourceError
@@ -34,10 +34,7 @@ def raw(sample: SampleModel, seed: int = 1) -> dict[str, bytes]:
 
 def collected(posted: Posted, sample: SampleModel) -> np.ndarray:
     """A waited-for inference's output, and its slot given back."""
-    try:
-        return as_array(posted.model.outputs(posted.job).popitem()[1].copy(), sample)
-    finally:
-        posted.model.answered(posted.job)
+    return slot_answer(posted.model, posted.job, sample)
 
 
 def ended(inflight: Inflight, cookie: int) -> None:

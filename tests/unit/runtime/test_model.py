@@ -9,14 +9,15 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from answers import as_array, expected
+from answers import expected
+from answers import slot_answer as answer
 from fake_device import GatedDevice
 from waiting import wait_until
 
 import driver_sim
 from neuron_rtd.errors import FailedState, InferCancelled, Nerr, NrtError, QueueFull
 from neuron_rtd.neff.samples import SampleModel
-from neuron_rtd.runtime.job import Job, JobState
+from neuron_rtd.runtime.job import JobState
 from neuron_rtd.runtime.model import LoadedModel, ModelState
 
 MakeModel = Callable[..., LoadedModel]  # the `make_model` fixture
@@ -26,14 +27,6 @@ WAIT_S = 30.0  # a bound on what must happen, on a loaded machine: a hang fails 
 def inputs(sample: SampleModel, seed: int) -> tuple[np.ndarray, dict[str, bytes]]:
     x = sample.random_inputs(seed)["x"]
     return x, {"x": x.tobytes()}
-
-
-def answer(model: LoadedModel, job: Job, sample: SampleModel) -> np.ndarray:
-    """The job's output, read from its slot, and the slot given back."""
-    try:
-        return as_array(model.outputs(job).popitem()[1].copy(), sample)
-    finally:
-        model.answered(job)
 
 
 def test_a_slot_is_taken_filled_run_answered_and_given_back(
