@@ -20,7 +20,7 @@ from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
 from neuron_rtd.server.load_stream import LoadReader, LoadRequest, read_load_stream
-from neuron_rtd.server.streams import broke_off
+from neuron_rtd.server.stream_io import broke_off
 
 log = logging.getLogger("nrtd.NMGR")
 

@@ -45,7 +45,7 @@ from neuron_rtd.errors import InvalidError, Nerr, NrtError
 from neuron_rtd.proto import MAX_PEER_MESSAGE, ext_pb, pb
 from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server.nmgr import answer_infer
-from neuron_rtd.server.streams import guarded
+from neuron_rtd.server.stream_io import guarded
 
 log = logging.getLogger("nrtd.NMGR")
 

@@ -28,7 +28,7 @@ from neuron_rtd.runtime import Runtime, session_tag
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_ticket
 from neuron_rtd.server.peer_socket import Tickets
-from neuron_rtd.server.streams import guarded, read_async
+from neuron_rtd.server.stream_io import guarded, read_async
 
 log = logging.getLogger("nrtd.NMGR")
 

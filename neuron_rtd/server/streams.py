@@ -5,10 +5,10 @@ grpcio's sync server runs a streaming handler on a thread for the stream's whole
 blocked in the request iterator while the client says nothing: 64 idle streams filled a
 pool of 64 threads, and every other client's stream or load waited past its deadline.
 Here a stream's reads and answers are asked of gRPC's completion queue (`read_async`,
-`send_async`, on grpcio's server internals, pinned with grpcio in pyproject.toml, as the
-session streams do): a stream takes a thread of its pool only to work on a request it
-has read (an inference, a load's chunk copied into its buffer, the load itself), so any
-number of idle streams leave the pool to those that have work.
+`send_async`, `neuron_rtd/server/stream_io.py`, as the session streams do): a stream
+takes a thread of its pool only to work on a request it has read (an inference, a load's
+chunk copied into its buffer, the load itself), so any number of idle streams leave the
+pool to those that have work.
 
 An idle stream still costs memory, so the table holds at most `most` streams; when it is
 full, the stream that has waited longest for its client (nothing of it running) gives way
@@ -34,11 +34,10 @@ from concurrent import futures
 from typing import Any, Protocol
 
 import grpc
-from grpc import _server as grpc_server  # a stream's reads and sends, see read_async
-from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from neuron_rtd.errors import NrtError
 from neuron_rtd.server.caller import presented_session
+from neuron_rtd.server.stream_io import broke_off, guarded, read_async, send_async
 
 log = logging.getLogger("nrtd.NMGR")
 
@@ -46,81 +45,6 @@ MAX_OPEN_STREAMS = 1024  # open request streams, every kind together
 MAX_STREAMS_PER_SESSION = 64  # of them presenting one session
 STALLED_AFTER_S = 20.0  # a load stream that sends nothing this long is ended
 _SWEEP_S = 1.0
-
-
-def guarded(what: str, work: Callable[[], Any]) -> None:
-    """Run `work`; an exception is logged, never raised (on gRPC's thread or a pool's)."""
-    try:
-        work()
-    except Exception:
-        log.exception("%s: internal error", what, extra={"fn": what})
-
-
-def read_async(requests: Iterator[Any], on_read: Callable[[Any], None]) -> bool:
-    """Ask for the stream's next request without waiting for it: `on_read(request)` runs
-    on gRPC's thread when it comes, `on_read(None)` when the client ended its side or the
-    call ended. False (and nothing asked) when the call has ended already."""
-    state = requests._state  # type: ignore[attr-defined]
-    call = requests._call  # type: ignore[attr-defined]
-    receive = grpc_server._receive_message(state, call, requests._request_deserializer)  # type: ignore[attr-defined]
-
-    def received(event: Any) -> Any:
-        outcome = receive(event)  # grpc's own bookkeeping: the request, or the end
-        with state.condition:
-            request, state.request = state.request, None
-        guarded("stream read", lambda: on_read(request))
-        return outcome
-
-    with state.condition:
-        if state.client is grpc_server._CANCELLED or not grpc_server._is_rpc_state_active(state):
-            return False
-        if grpc_server._RECEIVE_MESSAGE_TOKEN in state.due:
-            return True  # a read is pending already
-        call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), received)
-        state.due.add(grpc_server._RECEIVE_MESSAGE_TOKEN)
-    return True
-
-
-def send_async(requests: Iterator[Any], message: bytes, on_sent: Callable[[], None]) -> bool:
-    """Send one serialized answer on the stream without waiting for the client to take
-    it: `on_sent()` runs on gRPC's thread once it is sent (or the call ended). False (and
-    nothing sent) when the call has ended already. One send at a time per stream."""
-    state = requests._state  # type: ignore[attr-defined]
-    call = requests._call  # type: ignore[attr-defined]
-    with state.condition:
-        if not grpc_server._is_rpc_state_active(state):
-            return False
-        operation = cygrpc.SendMessageOperation(
-            message, grpc_server._get_send_message_op_flags_from_state(state)
-        )
-        if state.initial_metadata_allowed:
-            operations: tuple[Any, ...] = (
-                grpc_server._get_initial_metadata_operation(state, None),
-                operation,
-            )
-            state.initial_metadata_allowed = False
-            token = grpc_server._SEND_INITIAL_METADATA_AND_SEND_MESSAGE_TOKEN
-        else:
-            operations = (operation,)
-            token = grpc_server._SEND_MESSAGE_TOKEN
-        bookkeeping = grpc_server._send_message(state, token)
-
-        def sent(event: Any) -> Any:
-            outcome = bookkeeping(event)
-            guarded("stream send", on_sent)
-            return outcome
-
-        call.start_server_batch(operations, sent)
-        state.due.add(token)
-        grpc_server._reset_per_message_state(state)
-    return True
-
-
-def broke_off(kind: str) -> None:
-    """Log that a stream of `kind` that answers once (a load) lost its caller first."""
-    log.info(
-        "the %s stream broke off before its end (the client went away)", kind, extra={"fn": kind}
-    )
 
 
 class Answers(Protocol):
