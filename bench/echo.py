@@ -12,6 +12,7 @@ import grpc
 
 from neuron_rtd.daemon.config import DaemonConfig
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb
+from neuron_rtd.runtime import ComputeGate
 from neuron_rtd.server.pool import server_pool
 
 ECHO_SERVICE = "bench.Echo"
@@ -59,7 +60,8 @@ def serve_echo(address: str) -> None:
             ),
         },
     )
-    server = grpc.server(server_pool(DaemonConfig().server_threads), options=CHANNEL_OPTIONS)
+    pool = server_pool(ComputeGate(), DaemonConfig().server_threads)  # the daemon's pool
+    server = grpc.server(pool, options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(address)
     server.start()
