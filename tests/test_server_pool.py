@@ -293,3 +293,19 @@ def test_pools_and_threads_on_one_gate_compute_one_per_turn_together() -> None:
     holder.join(WAIT_S)
     for each in (unary, streams, pool):
         each.shutdown()
+
+
+def test_the_http_front_runs_each_request_on_a_turn() -> None:
+    """The HTTP front's WSGI application, as the daemon serves it, computes each request on
+    a turn of the runtime's gate: while a request holds the one turn, none is free."""
+    from neuron_rtd.server.http_server import _gated
+
+    gate = _gate(1, 60.0)
+    seen: list[bool] = []
+
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        seen.append(gate.free(time.monotonic()))
+        return [b"{}"]
+
+    assert _gated(app, gate)({}, lambda *a: None) == [b"{}"]  # type: ignore[arg-type]
+    assert seen == [False] and gate.free(time.monotonic())
