@@ -39,6 +39,7 @@ from neuron_rtd.neff import HEADER_SIZE, build_mlp
 from neuron_rtd.runtime import LocalRuntime, NeffFile, read_model_file
 from neuron_rtd.runtime.admission import NeffAdmission
 from neuron_rtd.serving import InferRequest, Serving, ServingError, Status
+from neuron_rtd.serving.loading import Loader
 
 MLP = build_mlp((32, 16, 4), name="mlp")
 MLP2 = build_mlp((32, 16, 4), seed=7, name="mlp")  # same shapes, other weights
@@ -306,14 +307,14 @@ def test_the_poll_thread_outlives_any_model(
     root = tmp_path / "repo"
     model_dir(root, "a")
     os.mkfifo(model_dir(root, "b", {}) / "model.neff")
-    real = Serving._load_version
+    real = Loader._load_version
 
-    def broken(self: Serving, scanned: Any, *args: Any) -> Any:
+    def broken(self: Loader, scanned: Any, *args: Any) -> Any:
         if scanned.name == "a":
             raise RuntimeError("a surprise")
         return real(self, scanned, *args)
 
-    monkeypatch.setattr(Serving, "_load_version", broken)
+    monkeypatch.setattr(Loader, "_load_version", broken)
     serving = serve(local, root, control_mode="poll", poll_s=3600)
     model_dir(root, "c")
     in_time(serving.poll_once)
@@ -321,7 +322,7 @@ def test_the_poll_thread_outlives_any_model(
     assert "RuntimeError: a surprise" in rows["a"].reason and rows["a"].state != "READY"
     assert "FIFO" in rows["b"].reason
     assert rows["c"].state == "READY"
-    monkeypatch.setattr(Serving, "_load_version", real)
+    monkeypatch.setattr(Loader, "_load_version", real)
     (root / "a" / "1" / "model.neff").write_bytes(MLP2.neff)  # changed: tried again
     in_time(serving.poll_once)
     assert serving.model_ready("a")

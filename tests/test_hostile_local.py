@@ -188,7 +188,7 @@ def test_a_clients_tensors_cannot_be_taken_over(
     model = victim.load(mlp.neff)
     x = mlp.random_inputs(1)["x"]
     want = model(x=x)["probs"]
-    (slot,) = model._idle  # the slot A's inference used, its objects passed and unlinked
+    (slot,) = model._slots._idle  # the slot A's inference used, its objects passed and unlinked
     names = [buffer.path for buffer in slot.buffers()]
     assert not any((Path("/dev/shm") / n[1:]).exists() for n in names)
     got = probe(
