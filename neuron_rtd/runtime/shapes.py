@@ -154,6 +154,10 @@ def fill_slot(
         if type(data) is bytes and name in slot_bytes and target.shape == shape:
             slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
             continue
+        whole = type(data) is np.ndarray and data.shape == shape == target.shape
+        if whole and data.dtype == target.dtype:  # a numpy caller's whole input, as the slot's
+            np.copyto(target, data, casting="no")
+            continue
         if not isinstance(data, bytes | bytearray | memoryview | np.ndarray):
             if target.shape == shape and target.flags.c_contiguous:
                 data.read_into(target.reshape(-1).view(np.uint8).data)

@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -47,7 +48,7 @@ from neuron_rtd.server.kserve_codec import (
     render,
 )
 from neuron_rtd.server.kserve_errors import GRPC_CODES, refusal
-from neuron_rtd.serving.api import InferRequest, InferResponse, ServingApi, SharedMemoryApi
+from neuron_rtd.serving.api import InferResponse, ServingApi, SharedMemoryApi
 
 log = logging.getLogger("nrtd.KSERVE")
 
@@ -76,6 +77,7 @@ CUDA_SHM_UNSUPPORTED = (
 )
 
 SOURCES = Sources(raw="raw_input_contents", typed="contents")
+_NONE: Mapping[str, object] = MappingProxyType({})  # a tensor's parameters when it has none
 
 S = TypeVar("S")
 Q = TypeVar("Q")
@@ -234,13 +236,10 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         its answer put back; `caller`'s shared memory."""
         shm = self.serving.shm(caller)
         decoded = decode(
-            InferRequest(
-                model=request.model_name,
-                version=request.model_version,
-                inputs={},
-                id=request.id,
-                parameters=parameters_of(request.parameters) if request.parameters else {},
-            ),
+            request.model_name,
+            request.model_version,
+            request.id,
+            parameters_of(request.parameters) if request.parameters else {},
             lifted_inputs(request),
             [OutputIn(o.name, parameters_of(o.parameters)) for o in request.outputs],
             shm,
@@ -354,7 +353,7 @@ def lifted_inputs(request: kserve_pb.ModelInferRequest) -> list[TensorIn]:
     lifted = []
     taken = 0
     for tensor in tensors:
-        parameters = parameters_of(tensor.parameters) if tensor.parameters else {}
+        parameters = parameters_of(tensor.parameters) if tensor.parameters else _NONE
         if tensor.HasField("contents"):
             lifted.append(
                 TensorIn(

@@ -129,7 +129,7 @@ Typed = Callable[[str, str, np.dtype, tuple[int, ...]], np.ndarray]
 """A front's typed values made an array: (what, datatype, dtype, shape) -> the array."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TensorIn:
     """An input as a front lifted it off its wire: its name, datatype, shape and
     parameters (plain values), and its data: `raw` bytes, `typed` values (gRPC's
@@ -143,7 +143,7 @@ class TensorIn:
     typed: Typed | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutputIn:
     """An output a request asks for, with its parameters (plain values)."""
 
@@ -159,7 +159,7 @@ class Sources:
     typed: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Asked:
     """An output asked for: where in shared memory it goes (None: back on the wire)."""
 
@@ -174,40 +174,45 @@ class Decoded:
 
 
 def decode(
-    request: InferRequest,
+    model: str,
+    version: str,
+    request_id: str,
+    parameters: Mapping[str, object],
     inputs: Iterable[TensorIn],
     outputs: Iterable[OutputIn],
     shm: SharedMemoryApi,
     sources: Sources,
 ) -> Decoded:
-    """`request` (its model, version, id and parameters) with its inputs decoded and the
-    outputs it asks for; an output's place in shared memory is checked here, before the
-    inference runs."""
+    """A request to `model` (`version`, its `request_id` and `parameters`) with its
+    inputs decoded and the outputs it asks for; an output's place in shared memory is
+    checked here, before the inference runs."""
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:
-        what = f"input {tensor.name!r}"
-        if tensor.name in arrays:
+        name = tensor.name
+        what = f"input {name!r}"
+        if name in arrays:
             raise invalid(f"{what} is given twice")
-        arrays[tensor.name] = decode_input(what, tensor, shm, sources)
-    asked = decode_outputs(outputs, shm)
-    return Decoded(
-        InferRequest(
-            model=request.model,
-            version=request.version,
-            inputs=arrays,
-            outputs=list(asked) or None,
-            id=request.id,
-            parameters=request.parameters,
-        ),
-        asked,
-    )
+        if tensor.raw is not None and not tensor.parameters and tensor.typed is None:
+            # the common case: raw bytes, seen as an array of the shape declared
+            dtype = tensor_dtype(what, tensor.datatype)
+            negative_dims(what, tensor.shape)
+            arrays[name] = from_bytes(what, tensor.raw, dtype, tensor.shape)
+        else:
+            arrays[name] = decode_input(what, tensor, shm, sources)
+    asked = decode_outputs(outputs, shm) if outputs else {}
+    request = InferRequest(model, arrays, version, list(asked) or None, request_id, parameters)
+    return Decoded(request, asked)
+
+
+def negative_dims(what: str, shape: tuple[int, ...]) -> None:
+    if shape and min(shape) < 0:
+        raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
 
 
 def decode_input(what: str, tensor: TensorIn, shm: SharedMemoryApi, sources: Sources) -> np.ndarray:
     dtype = tensor_dtype(what, tensor.datatype)
     shape = tensor.shape
-    if shape and min(shape) < 0:
-        raise invalid(f"{what} has a negative dimension in its shape {list(shape)}")
+    negative_dims(what, shape)
     place = shm_place(what, tensor.parameters) if tensor.parameters else None
     raw, typed = tensor.raw, tensor.typed
     if place is None and typed is None:
@@ -253,7 +258,7 @@ def decode_outputs(outputs: Iterable[OutputIn], shm: SharedMemoryApi) -> dict[st
     return asked
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rendered:
     """An output of the answer as a front puts it back: `asked` None or with no place
     when its contents go on the wire; else it was written to its place."""

@@ -281,10 +281,7 @@ def decode_infer(
     inputs = _lift_inputs(_field(header, "inputs", list, "the request") or [], binary)
     outputs, raw = _lift_outputs(_field(header, "outputs", list, "the request") or [])
     passed = {k: v for k, v in parameters.items() if k != BINARY_DATA_OUTPUT}
-    request = InferRequest(
-        model=model, version=version, inputs={}, id=request_id, parameters=passed
-    )
-    decoded = decode(request, inputs, outputs, shm, SOURCES)
+    decoded = decode(model, version, request_id, passed, inputs, outputs, shm, SOURCES)
     for name, asked in decoded.outputs.items():
         if asked.place is not None and raw[name]:
             raise invalid(f"output {name!r} asks for both '{BINARY_DATA}' and '{SHM_REGION}'")

@@ -139,6 +139,7 @@ class ServedVersion:
         self._busy = [0] * len(self.model_ids)
         self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
         self._free = threading.Condition(threading.Lock())
+        self._waiting = 0  # requests waiting on `_free` for a slot
         self.batcher: Batcher | None = None
         if config.HasField("dynamic_batching"):
             batching = config.dynamic_batching
@@ -207,17 +208,20 @@ class ServedVersion:
         """On the least busy copy, once one has a free slot."""
         busy = self._busy
         with self._free:
-            while min(busy) >= self._slots:
+            while (least := min(busy)) >= self._slots:
+                self._waiting += 1
                 self._free.wait()
-            copy = busy.index(min(busy))
+                self._waiting -= 1
+            copy = busy.index(least)
             busy[copy] += 1
         queue_ns = time.perf_counter_ns() - began_ns
         try:
-            return self.execute(copy, dict(inputs)), queue_ns
+            return self.execute(copy, inputs), queue_ns
         finally:
             with self._free:
                 busy[copy] -= 1
-                self._free.notify()
+                if self._waiting:  # (a notify with nobody waiting still costs a call)
+                    self._free.notify()
 
     def _check(self, request: InferRequest) -> int:
         """The request's batch size (1 for a model that does not batch), once its inputs
@@ -302,7 +306,7 @@ class ServedVersion:
         return [name for name in self._output_names if name in asked]
 
     # --- one execution ---------------------------------------------------------------------
-    def execute(self, copy: int, inputs: dict[str, np.ndarray | Rows]) -> InferResult:
+    def execute(self, copy: int, inputs: Mapping[str, np.ndarray | Rows]) -> InferResult:
         """One runtime inference of `inputs` on copy `copy` (the batcher's `execute`),
         timed into the statistics: the runtime's result as it is (every output an array of
         its true shape, and its code: a NaN/Inf outcome is kept). The inputs go to the
