@@ -539,3 +539,27 @@ def test_row_blocks_are_read_into_the_slot_as_their_concatenation(rows: tuple[in
     assert by_rows.code == whole.code == Nerr.OK
     np.testing.assert_array_equal(by_rows.outputs["y"], whole.outputs["y"])
     np.testing.assert_allclose(by_rows.outputs["y"], np.concatenate(blocks) @ W, rtol=1e-5)
+
+
+def test_an_inline_output_is_copied_once_and_sent_as_it_is() -> None:
+    """An inference's inline outputs are arrays of their true shapes over one bytes copy
+    each out of the slot: a wire sends those very bytes (`wire_bytes`, no second copy),
+    and a part of one (a batch's rows) as a copy of its own."""
+    from neuron_rtd.runtime import LocalRuntime, wire_bytes
+
+    sample = build_mlp((8, 8, 4), batch=2)
+    with LocalRuntime() as local:
+        model = local.runtime.load(sample.neff)
+        inputs = {k: v.tobytes() for k, v in sample.random_inputs().items()}
+        first = local.runtime.infer(model.id, inputs).outputs
+        kept = {name: array.copy() for name, array in first.items()}
+        zeros = {k: bytes(len(v)) for k, v in inputs.items()}
+        local.runtime.infer(model.id, zeros)  # the same slot, other values
+    for name, array in first.items():
+        spec = next(t for t in read_neff(sample.neff).outputs if t.name == name)
+        assert array.shape == spec.shape and not array.flags.writeable
+        np.testing.assert_array_equal(array, kept[name])  # a copy, not a view of the slot
+        sent = wire_bytes(array)
+        assert type(sent) is bytes and sent is wire_bytes(array)  # the result's own bytes
+        assert sent == kept[name].tobytes()
+        assert wire_bytes(array[:1]) == array[:1].tobytes()
