@@ -180,11 +180,13 @@ _BY_CODE: dict[int, type[NrtError]] = {
 
 
 def all_error_classes() -> list[type[NrtError]]:
-    """Every class of the tree, NrtError included."""
+    """Every class of the tree defined here, NrtError included (not the client's, which
+    are these classes too, made with a client's answer)."""
     found: list[type[NrtError]] = []
     todo: list[type[NrtError]] = [NrtError]
     while todo:
         cls = todo.pop()
-        found.append(cls)
+        if cls.__module__ == __name__ and cls not in found:
+            found.append(cls)
         todo.extend(cls.__subclasses__())
     return found
