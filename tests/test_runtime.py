@@ -563,3 +563,29 @@ def test_an_inline_output_is_copied_once_and_sent_as_it_is() -> None:
         assert type(sent) is bytes and sent is wire_bytes(array)  # the result's own bytes
         assert sent == kept[name].tobytes()
         assert wire_bytes(array[:1]) == array[:1].tobytes()
+
+
+def test_the_nan_outcome_reaches_every_numpy_caller(tmp_path: Path) -> None:
+    """The one numpy entry (`Runtime.infer` on arrays) keeps an inference's code: the
+    in-process runtime's outputs carry it (`Outputs.code`), and so does the serving core's
+    answer (`InferResponse.code`)."""
+    from neuron_rtd.runtime import LocalRuntime
+    from neuron_rtd.serving import InferRequest, Serving
+
+    sample = build_mlp((4, 4), name="m")
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.neff").write_bytes(sample.neff)
+    bad, good = np.full((1, 4), np.inf, np.float32), np.ones((1, 4), np.float32)
+    with LocalRuntime() as local:
+        model = local.load(sample.neff)
+        assert local.infer(model, {"x": bad}).code == Nerr.INFER_COMPLETED_WITH_NUM_ERR
+        assert local.infer(model, {"x": good}).code == Nerr.OK
+        assert local.wait(model, local.post(model, {"x": bad})).code != Nerr.OK
+        serving = Serving(local.runtime, repository=tmp_path)
+        serving.start()
+        try:
+            answer = serving.infer(InferRequest("m", {"x": bad}))
+            assert answer.code == Nerr.INFER_COMPLETED_WITH_NUM_ERR
+            assert serving.infer(InferRequest("m", {"x": good})).code == Nerr.OK
+        finally:
+            serving.close()
