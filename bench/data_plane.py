@@ -61,6 +61,7 @@ import grpc
 import numpy as np
 import psutil
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
+from timing import percentile  # bench/timing.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -76,11 +77,6 @@ OK = 0
 
 
 # --- small helpers -------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def p50(values: Sequence[float]) -> float:
     return statistics.median(values)
 

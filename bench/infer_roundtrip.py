@@ -36,6 +36,7 @@ from echo import (  # bench/echo.py (a script's folder is on its path)
     serve_echo,
     serve_socket_echo,
 )
+from timing import percentile  # bench/timing.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -47,11 +48,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> int:

@@ -22,7 +22,6 @@ import functools
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnxruntime import quantization
+from timing import alternate  # bench/timing.py (a script's folder is on its path)
 from torch_nets import export  # bench/torch_nets.py (a script's folder is on its path)
 
 from neuron_rtd import onnxrt
@@ -82,17 +82,9 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
-def timed(sides: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, float]:
+def p50_ms(sides: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, float]:
     """Each side's p50 in ms over `calls` calls, in alternating rounds."""
-    for call in sides.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, call in sides.items():
-            for _ in range(max(1, calls // rounds)):
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+    times = alternate(sides, calls, rounds)
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
@@ -113,8 +105,8 @@ def compare(net: str, paths: dict[str, Path], client: Client, args: argparse.Nam
     ort_sides: dict[str, Callable[[], Any]] = {
         label: functools.partial(session.run, None, feeds) for label, session in sessions.items()
     }
-    ours = timed(daemon_sides, args.calls, args.rounds)
-    theirs = timed(ort_sides, args.calls, args.rounds)
+    ours = p50_ms(daemon_sides, args.calls, args.rounds)
+    theirs = p50_ms(ort_sides, args.calls, args.rounds)
     reference = next(iter(loaded["float"].infer(feeds).values()))
     print(
         f"{'':24}{'daemon ms':>11}{'x float':>9}{'onnxruntime ms':>16}{'x float':>9}"

@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ import onnx
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
+from timing import alternate, percentile  # bench/timing.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -46,11 +46,6 @@ from neuron_rtd.neff.samples import build_mlp, build_relu
 from neuron_rtd.proto import CHANNEL_OPTIONS, kserve_pb, kserve_pb_grpc, pb, pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def free_port() -> int:
@@ -104,28 +99,6 @@ def write_repository(root: Path) -> None:
     )
 
 
-def timed(call: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def compare(
-    sides: dict[str, Callable[[], object]], calls: int, rounds: int
-) -> dict[str, list[float]]:
-    """Each side's call times, the sides alternating in rounds (warmed up first)."""
-    for call in sides.values():
-        timed(call, 100)
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, call in sides.items():
-            times[name] += timed(call, max(1, calls // rounds))
-    return times
-
-
 def report(title: str, times: dict[str, list[float]], base: str) -> None:
     print(f"\n{title}")
     p50_base = statistics.median(times[base])
@@ -153,7 +126,7 @@ def latency(address: str, http: str, calls: int, rounds: int) -> None:
         triton_http=httpclient.InferenceServerClient(http),
     )
     for name, shape in (("tiny", (1, 16)), ("mid", (32, 1024))):
-        times = compare(sides(clients, name, ids[name], shape), calls, rounds)
+        times = alternate(sides(clients, name, ids[name], shape), calls, rounds, warm_up=100)
         report(f"{name} {shape}: one client, sync calls", times, NMGR)
         p50 = {k: statistics.median(v) for k, v in times.items()}
         print(

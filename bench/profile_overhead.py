@@ -18,17 +18,13 @@ import statistics
 import time
 
 import numpy as np
+from timing import percentile  # bench/timing.py (a script's folder is on its path)
 
 from neuron_rtd.compiler import compile_model
 from neuron_rtd.models import resnet
 from neuron_rtd.neff import read_neff
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.runtime import LocalRuntime, ModelInfo
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def bench(local: LocalRuntime, title: str, neff: bytes, calls: int, rounds: int) -> None:

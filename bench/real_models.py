@@ -65,7 +65,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
-from infer_roundtrip import cpu_seconds, percentile
+from infer_roundtrip import cpu_seconds
+from timing import percentile  # bench/timing.py (a script's folder is on its path)
 from vs_onnxruntime import (
     INFER_TIMEOUT_S,
     blas_threads,

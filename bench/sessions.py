@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
+from timing import percentile  # bench/timing.py (a script's folder is on its path)
 
 import driver_sim
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -37,11 +38,6 @@ from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS, ext_pb, ext_pb_grpc, pb, pb_grpc
 
 HOLDERS = 4
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def hold_sessions(address: str, count: int, pipe: Connection) -> None:

@@ -19,12 +19,10 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+from timing import alternate, percentile  # bench/timing.py (a script's folder is on its path)
 from torch import nn
 
 import neuron_rtd.torch as neuron
@@ -46,35 +44,6 @@ class ResidualCNN(nn.Module):
         y = self.stem(x)
         y = torch.relu(y + self.body(y))
         return self.head(y.mean((2, 3)))
-
-
-def timed(call: Callable[[], Any], count: int) -> list[float]:
-    """Seconds per call of `count` calls."""
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def alternate(
-    sides: dict[str, Callable[[], Any]], calls: int, rounds: int
-) -> dict[str, list[float]]:
-    """Each side called `calls` times in all, in `rounds` alternating rounds (one warm-up
-    call each first)."""
-    for call in sides.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, call in sides.items():
-            times[name] += timed(call, max(1, calls // rounds))
-    return times
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def report(times: dict[str, list[float]], base: str) -> None:
