@@ -1,7 +1,7 @@
 """What a client reads from its environment, the way the framework plugins read it.
 
 - `NEURON_RTD_ADDRESS`: the daemon's address (a socket path, `unix:/path` or `host:port`;
-  read by `address.py`, as every address is).
+  parsed by `address.py`, as every address is).
 - `NEURON_RTD_SHM_MAP`: `no` (also `0`, `false`, `off`) sends every tensor inline instead
   of through shared memory.
 - `NEURONCORE_GROUP_SIZES`: NeuronCore Groups to create at open, as comma-separated NC
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+ADDRESS_ENV = "NEURON_RTD_ADDRESS"
 LANE_ENV = "NEURON_RTD_FAST_LANE"
 SHM_ENV = "NEURON_RTD_SHM_MAP"
 NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
@@ -21,6 +22,12 @@ NCG_SIZES_ENV = "NEURONCORE_GROUP_SIZES"
 CHUNK_BYTES = 1 << 20  # NEFF chunks of a load stream: at most 1 MiB each
 DEFAULT_NINFER = 4  # in-flight inferences per model (the daemon's default too)
 _OFF = frozenset({"no", "0", "false", "off"})
+
+
+def address_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """What `NEURON_RTD_ADDRESS` says ("" when unset); `address.py` reads it as an address."""
+    env = os.environ if environ is None else environ
+    return env.get(ADDRESS_ENV, "")
 
 
 def shm_from_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -20,8 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_rtd.client._config import ADDRESS_ENV as ADDRESS_ENV
+from neuron_rtd.client._config import address_from_env
+
 DEFAULT_ADDRESS = "unix:/run/neuron.sock"
-ADDRESS_ENV = "NEURON_RTD_ADDRESS"
 UNIX = "unix:"
 # gRPC's target schemes other than unix: passed through as they are
 OTHER_SCHEMES = ("unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
@@ -72,8 +74,7 @@ def grpc_target(text: str) -> str:
 def default_address(environ: Mapping[str, str] | None = None) -> str:
     """The gRPC target of `NEURON_RTD_ADDRESS`, else of DEFAULT_ADDRESS; AddressError
     naming the variable when it names no address."""
-    env = os.environ if environ is None else environ
-    text = env.get(ADDRESS_ENV)
+    text = address_from_env(environ)
     if not text:
         return DEFAULT_ADDRESS
     try:
