@@ -332,13 +332,10 @@ def run(args: argparse.Namespace) -> int:
     except RecordTooLarge as exc:
         error(f"{exc} (--max-record-mb raises the limit)")
         return EXIT_FAILED
-    except (CorruptRecord, DecodeError) as exc:
-        error(str(exc))
-        return EXIT_FAILED
     except NrtClientError as exc:
         error(f"the daemon: {exc}")
         return EXIT_FAILED
-    except (NrtError, OSError) as exc:
+    except (CorruptRecord, DecodeError, NrtError, OSError) as exc:
         error(str(exc))
         return EXIT_FAILED
     if not args.json:

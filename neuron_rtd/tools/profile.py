@@ -53,7 +53,13 @@ from neuron_rtd.tools.control.command import explain
 from neuron_rtd.tools.profile_report import build_report, dims, render, shape_text
 from neuron_rtd.tools.validate.command import read_neff_or_fail
 from neuron_rtd.tools.validate.errors import UsageError
-from neuron_rtd.tools.validate.inputs import input_shapes, int_ranges, npz_inputs, random_inputs
+from neuron_rtd.tools.validate.inputs import (
+    given_shapes,
+    input_shapes,
+    int_ranges,
+    npz_inputs,
+    random_inputs,
+)
 
 PROG = "neuron-cli profile"
 
@@ -143,13 +149,9 @@ def _one_line(exc: Exception) -> str:
 def _inputs(neff: Neff, args: argparse.Namespace) -> dict[str, np.ndarray]:
     """The npz's arrays, or random ones at the declared shapes (a varying axis at its
     largest bucket, or as --input-shape says), as validate makes them."""
+    given = given_shapes(args.inputs, args.input_shape)
     if args.inputs is not None:
-        if args.input_shape:
-            raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
         return npz_inputs(args.inputs, neff.inputs, args.cast)
-    given = dict(args.input_shape)
-    if len(given) != len(args.input_shape):
-        raise UsageError("--input-shape names an input more than once")
     shapes = input_shapes(neff.inputs, given)
     values = (-1.0, 1.0)
     return random_inputs(neff.inputs, shapes, values, 0, int_ranges(neff.inputs, {}, values))

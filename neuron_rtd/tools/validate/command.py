@@ -51,6 +51,7 @@ from neuron_rtd.neff import Neff, TensorSpec, read_neff_file
 from neuron_rtd.tools.validate.errors import UsageError
 from neuron_rtd.tools.validate.inputs import (
     DEFAULT_FLOAT_RANGE,
+    given_shapes,
     input_shapes,
     int_ranges,
     npz_inputs,
@@ -314,15 +315,11 @@ def _run(args: argparse.Namespace) -> int:
 
     implied = implied_int_ranges(graph)
     integer_ranges: dict[str, tuple[int, int]] = {}
+    given = given_shapes(args.inputs, args.input_shape)
     if args.inputs is not None:
-        if args.input_shape:
-            raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
         inputs = npz_inputs(args.inputs, neff.inputs, args.cast)
         source = f"from {args.inputs}"
     else:
-        given = dict(args.input_shape)
-        if len(given) != len(args.input_shape):
-            raise UsageError("--input-shape names an input more than once")
         shapes = input_shapes(neff.inputs, given)
         integer_ranges = int_ranges(neff.inputs, implied, args.range)
         inputs = random_inputs(neff.inputs, shapes, args.range, args.seed, integer_ranges)

@@ -37,6 +37,19 @@ def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
             )
 
 
+def given_shapes(
+    npz: str | None, input_shape: Sequence[tuple[str, tuple[int, ...]]]
+) -> dict[str, tuple[int, ...]]:
+    """--input-shape's shapes by input name, for random inputs; UsageError when an npz is
+    given too (`--inputs`: it gives the shapes) or an input is named twice."""
+    if npz is not None and input_shape:
+        raise UsageError("--input-shape does not apply with --inputs (the npz gives shapes)")
+    given = dict(input_shape)
+    if len(given) != len(input_shape):
+        raise UsageError("--input-shape names an input more than once")
+    return given
+
+
 def input_shapes(
     specs: Sequence[TensorSpec], given: Mapping[str, Sequence[int]]
 ) -> dict[str, tuple[int, ...]]:
