@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from terminal import on_a_terminal
 
 from neuron_rtd import onnxrt
 from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model
@@ -313,22 +314,18 @@ def test_invalid_onnx_is_refused() -> None:
         compile_model(broken, input_shapes={"x": [1, 16]})
 
 
-def test_cli_writes_the_neff_and_prints_the_summary(tmp_path: Path) -> None:
+def compile_the_mlp(tmp_path: Path) -> list[str]:
+    """`neuron-cc compile` of the MLP with a CPU op (saved as model.onnx in `tmp_path`), its
+    further arguments to follow."""
     source = tmp_path / "model.onnx"
     onnx.save(mlp_with_cpu_op(), str(source))
+    return [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source)]
+
+
+def test_cli_writes_the_neff_and_prints_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "model.neff"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "neuron_rtd.compiler.cli",
-            "compile",
-            str(source),
-            "-o",
-            str(out),
-            "--dynamic-batch",
-            "1:4",
-        ],
+        [*compile_the_mlp(tmp_path), "-o", str(out), "--dynamic-batch", "1:4"],
         capture_output=True,
         text=True,
         check=False,
@@ -339,18 +336,16 @@ def test_cli_writes_the_neff_and_prints_the_summary(tmp_path: Path) -> None:
 
 
 def test_cli_failure_exits_1_and_writes_nothing(tmp_path: Path) -> None:
-    source = tmp_path / "model.onnx"
-    onnx.save(mlp_with_cpu_op(), str(source))
     out = tmp_path / "model.neff"
     done = subprocess.run(
-        [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)],
+        [*compile_the_mlp(tmp_path), "-o", str(out)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert done.returncode == 1
     assert "neuron-cc: error:" in done.stderr and "'N'" in done.stderr
-    assert not out.exists() and list(tmp_path.iterdir()) == [source]
+    assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "model.onnx"]
 
 
 def test_shape_functions_bound_value_dependent_outputs(local: LocalRuntime) -> None:
@@ -465,10 +460,8 @@ def test_3x3_stride_1_conv_is_lowered_to_winograd(local: LocalRuntime) -> None:
 
 
 def test_cli_dynamic_symbol_and_argument_errors(tmp_path: Path) -> None:
-    source = tmp_path / "model.onnx"
-    onnx.save(mlp_with_cpu_op(), str(source))
     out = tmp_path / "model.neff"
-    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)]
+    cli = [*compile_the_mlp(tmp_path), "-o", str(out)]
     done = subprocess.run(
         [*cli, "--dynamic", "N=1:4:uniform:2", "-q"], capture_output=True, text=True, check=False
     )
@@ -547,10 +540,8 @@ def test_dynamic_naming_a_fixed_axis_says_what_is_free() -> None:
 
 
 def test_cli_json_summary_and_progress_only_on_a_terminal(tmp_path: Path) -> None:
-    source = tmp_path / "model.onnx"
-    onnx.save(mlp_with_cpu_op(), str(source))
     out = tmp_path / "model.neff"
-    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source), "-o", str(out)]
+    cli = [*compile_the_mlp(tmp_path), "-o", str(out)]
     done = subprocess.run(
         [*cli, "--dynamic-batch", "1:4", "--json"], capture_output=True, text=True, check=False
     )
@@ -570,14 +561,7 @@ def test_cli_json_summary_and_progress_only_on_a_terminal(tmp_path: Path) -> Non
     # on a terminal (script(1) gives the command one), progress shows each bucket
     typescript = tmp_path / "typescript"
     command = " ".join([*cli, "--dynamic-batch", "1:4"]) + " > /dev/null"
-    done = subprocess.run(
-        ["script", "-q", "-e", "-c", command, str(typescript)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    screen = typescript.read_text(errors="replace")
+    screen = on_a_terminal(command, typescript)
     assert "compiling bucket batch=3..4" in screen and "writing the NEFF" in screen
 
 
@@ -597,9 +581,7 @@ def test_summary_states_ncs_and_shared_weights_truly() -> None:
 
 
 def test_cli_checks_the_output_path_before_compiling(tmp_path: Path) -> None:
-    source = tmp_path / "model.onnx"
-    onnx.save(mlp_with_cpu_op(), str(source))
-    cli = [sys.executable, "-m", "neuron_rtd.compiler.cli", "compile", str(source)]
+    cli = compile_the_mlp(tmp_path)
     for output, why in (
         (tmp_path / "nodir" / "m.neff", "there is no directory"),
         (tmp_path, "it is a directory"),

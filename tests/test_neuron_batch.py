@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from terminal import on_a_terminal
 from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -518,14 +519,7 @@ def test_progress_on_a_terminal(tmp_path: Path) -> None:
     summary follows."""
     typescript = tmp_path / "typescript"
     command = f"{sys.executable} -m neuron_rtd.cli.stream_demo --images 2048"
-    done = subprocess.run(
-        ["script", "-q", "-e", "-c", command, str(typescript)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    screen = typescript.read_text(errors="replace")
+    screen = on_a_terminal(command, typescript)
     assert " records  " in screen and "/s  " in screen and "MB/s" in screen
     assert "neuron-batch: 2048 records in" in screen and "Traceback" not in screen
 

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from terminal import on_a_terminal
 
 from neuron_rtd import onnxrt
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -212,15 +213,7 @@ def test_progress_on_a_terminal(files: Files, work: Path) -> None:
         f"{script} quantize {files.float_onnx} -o {work / 'q.onnx'} "
         f"--calibration {files.calibration} > /dev/null"
     )
-    done = subprocess.run(
-        ["script", "-q", "-e", "-c", command, str(typescript)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    screen = typescript.read_text(errors="replace")
+    screen = on_a_terminal(command, typescript)
     assert "pre-processing" in screen and "calibrating" in screen and "16/16" in screen
 
 
