@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from neuron_rtd.errors import BadInput, HwError, InferCancelled, InferTimeout, Nerr
+from neuron_rtd.proto import pb
 from neuron_rtd.runtime.stats import (
     LATENCY_BOUNDS_US,
     ErrorSubtype,
@@ -25,6 +26,22 @@ def job(error: object = None, code: Nerr = Nerr.OK) -> object:
     return SimpleNamespace(
         error=error, code=code, started=1.0, posted=0.5, ended=1.5, nc_ns=2000, cycles=7000
     )
+
+
+def test_the_counters_enums_are_the_wires() -> None:
+    """The transport-free runtime restates the nmgr wire's enums (the wire sends a value
+    by its name, `pb.infer_status.Name`): every value, of the same name."""
+    for ours, wire, prefix in (
+        (InferStatus, pb.infer_status, "IST_"),
+        (ErrorSubtype, pb.infer_error_subtype, "INFER_ERROR_SUBTYPE_"),
+        (Metric, pb.metric_type, "NMGR_METRIC_"),
+    ):
+        theirs = {  # CYCLESx1k: the one name not in capitals
+            name.removeprefix(prefix).upper().replace("CYCLESX1K", "CYCLES_X1K"): value
+            for name, value in wire.items()
+            if name != "NMGR_METRIC_NUM"  # a count, not a metric
+        }
+        assert {m.name: m.value for m in ours} == theirs
 
 
 def test_outcomes() -> None:
