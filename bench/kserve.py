@@ -37,7 +37,7 @@ import onnx
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
-from timing import alternate, percentile  # bench/timing.py (a script's folder is on its path)
+from timing import alternate, report  # bench/timing.py (a script's folder is on its path)
 
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.client import Client
@@ -99,17 +99,6 @@ def write_repository(root: Path) -> None:
     )
 
 
-def report(title: str, times: dict[str, list[float]], base: str) -> None:
-    print(f"\n{title}")
-    p50_base = statistics.median(times[base])
-    for name, values in times.items():
-        p50 = statistics.median(values)
-        print(
-            f"  {name:<28} p50 {p50 * 1e6:8.1f} us  p99 {percentile(values, 0.99) * 1e6:8.1f} us"
-            f"  {p50 / p50_base:5.2f}x {base}"
-        )
-
-
 def model_ids(address: str) -> dict[str, int]:
     """The runtime's model id of each repository model (they are ordinary models)."""
     with Client(address) as client:
@@ -127,7 +116,8 @@ def latency(address: str, http: str, calls: int, rounds: int) -> None:
     )
     for name, shape in (("tiny", (1, 16)), ("mid", (32, 1024))):
         times = alternate(sides(clients, name, ids[name], shape), calls, rounds, warm_up=100)
-        report(f"{name} {shape}: one client, sync calls", times, NMGR)
+        print(f"\n{name} {shape}: one client, sync calls")
+        report(times, NMGR)
         p50 = {k: statistics.median(v) for k, v in times.items()}
         print(
             f"  goals: v2/nmgr {p50[V2] / p50[NMGR]:.2f}x (<= 1.1); "

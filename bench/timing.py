@@ -1,11 +1,13 @@
 """How the benches time calls: each call's seconds, sides called in alternating rounds (so
-the machine's noise hits every side alike), and a percentile of the times.
+the machine's noise hits every side alike), a percentile of the times, and the sides'
+table (p50, p99, and p50 against a base side).
 
 A bench imports it by name, as `python bench/x.py` puts the script's folder on its path.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -39,3 +41,15 @@ def alternate(
         for name, call in sides.items():
             times[name] += timed(call, max(1, calls // rounds))
     return times
+
+
+def report(times: dict[str, list[float]], base: str) -> None:
+    """A line per side: its p50 and p99 in us, and its p50 against the `base` side's."""
+    width = max(len(name) for name in times)
+    p50_base = statistics.median(times[base])
+    for name, values in times.items():
+        p50 = statistics.median(values)
+        print(
+            f"  {name:<{width}} p50 {p50 * 1e6:9.1f} us  p99 {percentile(values, 0.99) * 1e6:9.1f}"
+            f" us  {p50 / p50_base:6.3f}x {base}"
+        )

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
 import torch
-from timing import alternate, percentile  # bench/timing.py (a script's folder is on its path)
+from timing import alternate, report  # bench/timing.py (a script's folder is on its path)
 from torch import nn
 
 import neuron_rtd.torch as neuron
@@ -44,16 +43,6 @@ class ResidualCNN(nn.Module):
         y = self.stem(x)
         y = torch.relu(y + self.body(y))
         return self.head(y.mean((2, 3)))
-
-
-def report(times: dict[str, list[float]], base: str) -> None:
-    p50_base = statistics.median(times[base])
-    for name, values in times.items():
-        p50 = statistics.median(values)
-        print(
-            f"  {name:<34} p50 {p50 * 1e6:9.1f} us  p99 {percentile(values, 0.99) * 1e6:9.1f} us"
-            f"  {p50 / p50_base:6.3f}x {base}"
-        )
 
 
 def overhead(net: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
