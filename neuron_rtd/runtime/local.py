@@ -31,8 +31,8 @@ from neuron_rtd.visible import visible_cores
 
 class LocalRuntime:
     """A Runtime owning every device of a fresh simulated machine in a temp folder. Its
-    NCs compute with `engine` (reference or fast; default $NEURON_RTD_NC_ENGINE, else
-    fast); `wrap_device` puts a test's own device in front of each simulated one. Its
+    NCs compute with `engine` (reference or fast; default fast: `NEURON_RTD_NC_ENGINE`
+    is the daemon's); `wrap_device` puts a test's own device in front of each simulated one. Its
     NCGs lie within `NEURON_RT_VISIBLE_CORES` when that is set (read here: InvalidError
     when it is no list)."""
 

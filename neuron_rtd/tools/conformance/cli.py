@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--engine",
         choices=NC_ENGINES,
-        help="how the NCs compute (default: $NEURON_RTD_NC_ENGINE, else fast)",
+        help="how the NCs compute (default: fast)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per case")
     args = parser.parse_args(argv)
