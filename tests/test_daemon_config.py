@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from neuron_rtd.daemon.config import (
+    ENV,
     DaemonConfig,
     SimConfig,
     config_from_dict,
@@ -108,3 +109,20 @@ def test_one_number_decides_the_cpu_nodes_threads() -> None:
     assert HostPool(cores * 4).width == 1
     with one:
         pass
+
+
+def test_every_key_and_variable_is_documented() -> None:
+    """docs/operations.md's config reference has a row for every key of the file and names
+    every variable a field is read from."""
+    text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    keys = [k for k in file_types(DaemonConfig) if k != "sim"]
+    keys += [f"sim.{k}" for k in file_types(SimConfig)]
+    assert [k for k in keys if f"| `{k}` |" not in text] == []
+    variables = [
+        f.metadata[ENV]
+        for cls in (DaemonConfig, SimConfig)
+        for f in fields(cls)
+        if ENV in f.metadata
+    ]
+    assert len(variables) == 7
+    assert [v for v in variables if f"`{v}`" not in text] == []
