@@ -31,7 +31,6 @@ import dataclasses
 import io
 import logging
 import tempfile
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ from neuron_rtd.arguments import unreadable
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import as_input
+from neuron_rtd.records.npz import NpzUnreadable, npz_arrays
 
 Progress = Callable[[str, int, int], None]  # (what, done, total), as the compiler's
 
@@ -241,13 +241,14 @@ def read_npz_samples(
 
 
 def _load_npz(path: str | Path, where: str) -> dict[str, np.ndarray]:
-    if not zipfile.is_zipfile(path):
-        raise CalibrationError(f"{where}: not an npz archive (numpy.savez writes one)")
     try:
-        with np.load(path, allow_pickle=False) as loaded:
-            return {key: loaded[key] for key in loaded.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise CalibrationError(f"{where}: cannot read it as an npz archive: {exc}") from None
+        return npz_arrays(path)
+    except NpzUnreadable as exc:
+        if exc.cause is None:
+            raise CalibrationError(
+                f"{where}: not an npz archive (numpy.savez writes one)"
+            ) from None
+        raise CalibrationError(f"{where}: cannot read it as an npz archive: {exc.cause}") from None
 
 
 def _split_samples(spec: ModelInput, array: np.ndarray, where: str, cast: bool) -> list[np.ndarray]:

@@ -18,6 +18,7 @@ from neuron_rtd.command_line import add_cast
 from neuron_rtd.errors import BadInput as RefusedInput
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import TensorSpec, as_input, shape_problem
+from neuron_rtd.records.npz import NpzUnreadable, npz_arrays
 from neuron_rtd.tools.control.command import Answer, Command, Failure, UnusableInput
 from neuron_rtd.tools.control.models import model_id
 
@@ -29,13 +30,12 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     why = unreadable(path)
     if why:
         raise UnusableInput(f"{path}: {why}")
-    if not zipfile.is_zipfile(path):
-        raise UnusableInput(f"{path}: not an npz file (numpy.savez writes one)")
     try:
-        with np.load(path, allow_pickle=False) as npz:  # a zip: always an NpzFile
-            return {name: npz[name] for name in npz.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise UnusableInput(f"{path}: not a readable npz file ({exc})") from None
+        return npz_arrays(path)
+    except NpzUnreadable as exc:
+        if exc.cause is None:
+            raise UnusableInput(f"{path}: not an npz file (numpy.savez writes one)") from None
+        raise UnusableInput(f"{path}: not a readable npz file ({exc.cause})") from None
 
 
 def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:

@@ -4,7 +4,6 @@ values drawn from a seed, or arrays read from an npz."""
 from __future__ import annotations
 
 import math
-import zipfile
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -12,6 +11,7 @@ import numpy as np
 from neuron_rtd.arguments import unreadable
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import TensorSpec, as_input
+from neuron_rtd.records.npz import NpzUnreadable, npz_arrays
 from neuron_rtd.tools.validate.errors import UsageError
 
 
@@ -169,18 +169,13 @@ def npz_inputs(path: str, specs: Sequence[TensorSpec], cast: bool = False) -> di
     if why:
         raise UsageError(f"--inputs {path}: {why}")
     try:
-        if not zipfile.is_zipfile(path):
-            raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)")
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise UsageError(f"--inputs {path}: cannot read it as an npz archive: {exc}") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)")
-    try:
-        with loaded:
-            arrays = {key: loaded[key] for key in loaded.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise UsageError(f"--inputs {path}: cannot read it as an npz archive: {exc}") from None
+        arrays = npz_arrays(path)
+    except NpzUnreadable as exc:
+        if exc.cause is None:
+            raise UsageError(f"--inputs {path}: not an npz archive (np.savez writes one)") from None
+        raise UsageError(
+            f"--inputs {path}: cannot read it as an npz archive: {exc.cause}"
+        ) from None
     names = [spec.name for spec in specs]
     missing = [n for n in names if n not in arrays]
     extra = sorted(set(arrays) - set(names))
