@@ -2,7 +2,7 @@
 the machine's noise hits every side alike), a percentile of the times, and the sides'
 table (p50, p99, and p50 against a base side).
 
-A bench imports it by name, as `python bench/x.py` puts the script's folder on its path.
+A bench imports it by name: running a bench puts its folder on the path.
 """
 
 from __future__ import annotations
