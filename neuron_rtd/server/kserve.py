@@ -78,6 +78,7 @@ CUDA_SHM_UNSUPPORTED = (
 
 SOURCES = Sources(raw="raw_input_contents", typed="contents")
 _NONE: Mapping[str, object] = MappingProxyType({})  # a tensor's parameters when it has none
+_STRANGER = stranger()  # who a request that names no region is taken for: it needs none
 
 S = TypeVar("S")
 Q = TypeVar("Q")
@@ -210,14 +211,15 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
     def ModelInfer(
         self, request: kserve_pb.ModelInferRequest, context: grpc.ServicerContext
     ) -> kserve_pb.ModelInferResponse:
-        return self.infer(request, self.caller_of(context))
+        return self.infer(request, lambda: self.caller_of(context))
 
     def stream_answer(
         self, request: kserve_pb.ModelInferRequest, caller: Caller
     ) -> kserve_pb.ModelStreamInferResponse:
         """One request of a stream, answered: its response, or its error as the message."""
         try:
-            return kserve_pb.ModelStreamInferResponse(infer_response=self.infer(request, caller))
+            answer = self.infer(request, lambda: caller)
+            return kserve_pb.ModelStreamInferResponse(infer_response=answer)
         except Exception as exc:
             _, message = refusal(exc, "ModelStreamInfer", "ModelStreamInfer")
         return kserve_pb.ModelStreamInferResponse(
@@ -230,11 +232,16 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         )
 
     def infer(
-        self, request: kserve_pb.ModelInferRequest, caller: Caller
+        self, request: kserve_pb.ModelInferRequest, caller: Callable[[], Caller]
     ) -> kserve_pb.ModelInferResponse:
         """One inference: its tensors lifted off the message and decoded, run by the core,
-        its answer put back; `caller`'s shared memory."""
-        shm = self.serving.shm(caller)
+        its answer put back. Only a tensor's parameters name a shared-memory region, so
+        who calls (`caller()`: a stat of the daemon's socket, its peer) is asked only
+        when some tensor has parameters; otherwise the regions are a stranger's, none."""
+        named = any(t.parameters for t in request.inputs) or any(
+            o.parameters for o in request.outputs
+        )
+        shm = self.serving.shm(caller() if named else _STRANGER)
         decoded = decode(
             request.model_name,
             request.model_version,
