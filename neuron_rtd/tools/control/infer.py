@@ -18,6 +18,7 @@ from neuron_rtd.command_line import add_cast
 from neuron_rtd.errors import BadInput as RefusedInput
 from neuron_rtd.errors import Nerr
 from neuron_rtd.neff import TensorSpec, as_input, shape_problem
+from neuron_rtd.neff.casting import shape_text
 from neuron_rtd.records.npz import NpzUnreadable, npz_arrays
 from neuron_rtd.tools.control.command import Answer, Command, Failure, UnusableInput
 from neuron_rtd.tools.control.models import model_id
@@ -47,11 +48,6 @@ def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
                     np.lib.format.write_array(member, array, allow_pickle=False)
     except OSError as exc:
         raise Failure(f"{path}: cannot write the outputs ({exc})") from None
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    """`(2, 8)`, `(5,)`, `()`: as Python writes a tuple."""
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def mismatches(
