@@ -93,21 +93,6 @@ def _dtype_name(dtype: npt.DTypeLike) -> str:
     return dtype if isinstance(dtype, str) else np.dtype(dtype).name
 
 
-def _tensor_json(
-    name: str,
-    dtype: npt.DTypeLike,
-    shape: Sequence[int],
-    dynamic: Sequence[int] = (),
-    symbols: Sequence[str | None] | None = None,
-) -> JsonDict:
-    entry: JsonDict = {"name": name, "dtype": _dtype_name(dtype), "shape": [int(d) for d in shape]}
-    if dynamic:
-        entry["dynamic"] = [int(axis) for axis in dynamic]
-    if symbols is not None and any(sym is not None for sym in symbols):
-        entry["symbols"] = list(symbols)
-    return entry
-
-
 class NeffBuilder:
     """Collects a model's tensors and nodes; `build()` returns the NEFF bytes."""
 
@@ -181,7 +166,16 @@ class NeffBuilder:
         dynamic: Sequence[int] = (),
         symbols: Sequence[str | None] | None = None,
     ) -> JsonDict:
-        entry = _tensor_json(name, dtype, shape, dynamic, symbols)
+        """The tensor's JSON entry, the same each time it is declared."""
+        entry: JsonDict = {
+            "name": name,
+            "dtype": _dtype_name(dtype),
+            "shape": [int(d) for d in shape],
+        }
+        if dynamic:
+            entry["dynamic"] = [int(axis) for axis in dynamic]
+        if symbols is not None and any(sym is not None for sym in symbols):
+            entry["symbols"] = list(symbols)
         known = self._tensors.setdefault(name, entry)
         if known != entry:
             raise NeffInvalid(
