@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from neuron_rtd.errors import BadInput, InvalidError
+from neuron_rtd.runtime.sessions import SessionId
 from neuron_rtd.runtime.shm import (
     PARALLEL_READ_BYTES,
     PROT_READ,
@@ -23,8 +24,10 @@ F_SEAL_FUTURE_WRITE = 0x10  # linux/fcntl.h; not in Python's fcntl
 
 
 def at(table: ShmTable, path: str, caller: int | None = None, owner: int = 0) -> ShmMapping:
-    """The mapping a call names (presenting `caller`, on a model of session `owner`)."""
-    return table.find(path, caller, owner, "ifmap 'x'")
+    """The mapping a call names (presenting session `caller`, on a model of session
+    `owner`)."""
+    presented = None if caller is None else SessionId(caller)
+    return table.find(path, presented, SessionId(owner), "ifmap 'x'")
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def make(root: Path, name: str, data: bytes) -> None:
 def test_round_trip_and_the_name_may_be_unlinked_after_mapping(root: Path) -> None:
     table = ShmTable(root=root)
     make(root, "aws_neuron_runtime_1", b"abcdefgh")
-    table.map("/aws_neuron_runtime_1", RW, session_id=7)
+    table.map("/aws_neuron_runtime_1", RW, session_id=SessionId(7))
     (root / "aws_neuron_runtime_1").unlink()  # as the client may do right after shm_map
     mapping = at(table, "/aws_neuron_runtime_1", caller=7)
     assert at(table, "/aws_neuron_runtime_1", owner=7) is mapping  # by the model's session
@@ -47,7 +50,7 @@ def test_round_trip_and_the_name_may_be_unlinked_after_mapping(root: Path) -> No
     table.write(mapping, b"WXYZ", "ofmap 'y'")
     assert table.read(mapping, 8, "ifmap 'x'") == b"WXYZefgh"
     assert table.size(mapping, "x") == 8
-    assert table.unmap_session(7) == ["/aws_neuron_runtime_1"] and len(table) == 0
+    assert table.unmap_session(SessionId(7)) == ["/aws_neuron_runtime_1"] and len(table) == 0
 
 
 def test_bad_names_are_refused(root: Path) -> None:
@@ -141,16 +144,16 @@ def test_a_name_is_per_session_and_never_taken_over(root: Path) -> None:
     session: A's calls still reach A's object, B's reach B's."""
     table = ShmTable(root=root)
     make(root, "t", b"AAAA")
-    table.map("/t", RW, session_id=1)
+    table.map("/t", RW, session_id=SessionId(1))
     (root / "t").unlink()
     make(root, "t", b"BBBB")
-    table.map("/t", RW, session_id=2)
+    table.map("/t", RW, session_id=SessionId(2))
     assert table.read(at(table, "/t", caller=1), 4, "x") == b"AAAA"
     assert table.read(at(table, "/t", owner=1), 4, "x") == b"AAAA"
     assert table.read(at(table, "/t", caller=2), 4, "x") == b"BBBB"
     with pytest.raises(BadInput, match="not mapped for session"):
         at(table, "/t", caller=3)
-    table.unmap("/t", 2)
+    table.unmap("/t", SessionId(2))
     assert table.read(at(table, "/t", caller=1), 4, "x") == b"AAAA"
 
 
@@ -159,20 +162,20 @@ def test_a_passed_object_is_named_only_by_calls_presenting_its_session(root: Pat
     make(root, "p", b"mine")
     fd = os.open(root / "p", os.O_RDWR)
     (root / "p").unlink()  # passed, never named on disk
-    table.adopt(fd, "/p", RW, session_id=5)
+    table.adopt(fd, "/p", RW, session_id=SessionId(5))
     assert table.read(at(table, "/p", caller=5), 4, "x") == b"mine"
     with pytest.raises(BadInput, match="named only by calls that present it"):
         at(table, "/p", owner=5)  # a call on the session's model that presents nothing
     with pytest.raises(BadInput, match="not mapped for session"):
         at(table, "/p", caller=6)
-    assert table.unmap_session(5) == ["/p"]
+    assert table.unmap_session(SessionId(5)) == ["/p"]
 
 
 def test_a_passed_descriptor_that_is_no_regular_file_is_refused_and_closed(root: Path) -> None:
     table = ShmTable(root=root)
     read_end, write_end = os.pipe()
     with pytest.raises(InvalidError, match="not a shared memory object"):
-        table.adopt(read_end, "/pipe", RW, session_id=5)
+        table.adopt(read_end, "/pipe", RW, session_id=SessionId(5))
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed by the refusal
     os.close(write_end)
@@ -191,7 +194,7 @@ def test_a_passed_object_sealed_against_shrinking_is_mapped_and_copied_exactly(
 ) -> None:
     table = ShmTable(root=root)
     fd = memfd(bytes(range(256)) * 64, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-    table.adopt(os.dup(fd), "/sealed", RW, session_id=5)
+    table.adopt(os.dup(fd), "/sealed", RW, session_id=SessionId(5))
     mapping = at(table, "/sealed", caller=5)
     assert mapping.view is not None and len(mapping.view) == 16384
     assert table.read(mapping, 300, "x") == (bytes(range(256)) * 2)[:300]
@@ -205,7 +208,7 @@ def test_a_passed_object_sealed_against_shrinking_is_mapped_and_copied_exactly(
     assert table.read(mapping, 8192 + 4, "x")[8188:] == b"\x00" * 4 + bytes(range(4))
     with pytest.raises(BadInput, match="holds 16384 bytes"):
         table.read(mapping, 16385, "x")  # past its end: the kernel's short read says so
-    assert table.unmap_session(5) == ["/sealed"]
+    assert table.unmap_session(SessionId(5)) == ["/sealed"]
     assert mapping.view.closed
     os.close(fd)
 
@@ -214,9 +217,9 @@ def test_unsealed_or_unmappable_passed_objects_go_through_the_kernel(root: Path)
     table = ShmTable(root=root)
     plain = memfd(b"abcd")  # could be shrunk any time: never mapped
     future = memfd(b"efgh", fcntl.F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE)  # no writable map
-    table.adopt(plain, "/plain", RW, session_id=5)
-    table.adopt(future, "/future", RW, session_id=5)
-    table.adopt(memfd(b"ijkl", fcntl.F_SEAL_SHRINK), "/ro", PROT_READ, session_id=5)
+    table.adopt(plain, "/plain", RW, session_id=SessionId(5))
+    table.adopt(future, "/future", RW, session_id=SessionId(5))
+    table.adopt(memfd(b"ijkl", fcntl.F_SEAL_SHRINK), "/ro", PROT_READ, session_id=SessionId(5))
     assert at(table, "/plain", caller=5).view is None
     assert at(table, "/future", caller=5).view is None
     assert at(table, "/ro", caller=5).view is not None  # read-only: mapped read-only

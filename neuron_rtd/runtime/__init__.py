@@ -59,7 +59,7 @@ from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
 from neuron_rtd.runtime.models import FIRST_MODEL_ID
 from neuron_rtd.runtime.profile import InferenceProfile, ModelProfile, StepRecord
 from neuron_rtd.runtime.runtime import Runtime
-from neuron_rtd.runtime.sessions import session_tag
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionId, session_tag
 from neuron_rtd.runtime.shm import ShmMapping
 from neuron_rtd.runtime.stats import (
     LATENCY_BOUNDS_US,
@@ -74,6 +74,7 @@ __all__ = [
     "FIRST_MODEL_ID",
     "LATENCY_BOUNDS_US",
     "NC_ENGINES",
+    "NO_SESSION",
     "Aggregate",
     "Caller",
     "ComputeGate",
@@ -105,6 +106,7 @@ __all__ = [
     "RunFn",
     "Runtime",
     "RuntimeOptions",
+    "SessionId",
     "SessionRelease",
     "ShmInput",
     "ShmMapping",

@@ -22,13 +22,14 @@ from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.job import Job, Source
 from neuron_rtd.runtime.model import LoadedModel
+from neuron_rtd.runtime.sessions import SessionId
 from neuron_rtd.runtime.shm import ShmMapping, ShmTable
 
 ShmSinks = Mapping[str, ShmMapping]  # output name -> the mapping it is written to
 
 
 class DataPath:
-    """`caller` below: the session the call presents (None: none; see `ShmTable.find`)."""
+    """`presented` below: the session the call presents (None: none; see `ShmTable.find`)."""
 
     def __init__(self, shm: ShmTable, inflight: Inflight) -> None:
         self._shm = shm
@@ -39,11 +40,11 @@ class DataPath:
         model: LoadedModel,
         inputs: Mapping[str, Input],
         outputs: ShmOutputs,
-        caller: int | None,
+        presented: SessionId | None,
     ) -> InferResult:
         """One inference in the caller's thread, answered."""
-        sinks = self._sinks(model, outputs, caller)
-        job = model.infer(self._sources(model, inputs, caller))
+        sinks = self._sinks(model, outputs, presented)
+        job = model.infer(self._sources(model, inputs, presented))
         return self._answer(model, job, sinks)
 
     def post(
@@ -51,50 +52,52 @@ class DataPath:
         model: LoadedModel,
         inputs: Mapping[str, Input],
         outputs: ShmOutputs,
-        caller: int | None,
+        presented: SessionId | None,
     ) -> int:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
-        sinks = self._sinks(model, outputs, caller)
-        return self._inflight.post(model, self._sources(model, inputs, caller), sinks)
+        sinks = self._sinks(model, outputs, presented)
+        return self._inflight.post(model, self._sources(model, inputs, presented), sinks)
 
-    def wait(self, cookie: int, outputs: ShmOutputs, caller: int | None) -> InferResult:
+    def wait(self, cookie: int, outputs: ShmOutputs, presented: SessionId | None) -> InferResult:
         """The result of a posted inference once it has ended; the cookie is spent. Its
         outputs go to the shared memory named here, else to that named by the post."""
         posted = self._inflight.wait(cookie)
         try:
-            sinks = self._sinks(posted.model, outputs, caller)
+            sinks = self._sinks(posted.model, outputs, presented)
         except NrtError:
             posted.model.answered(posted.job)  # the cookie is spent: its slot goes back
             raise
         return self._answer(posted.model, posted.job, sinks or posted.extra or {})
 
-    def poll(self, cookie: int, outputs: ShmOutputs, caller: int | None) -> InferResult | None:
+    def poll(
+        self, cookie: int, outputs: ShmOutputs, presented: SessionId | None
+    ) -> InferResult | None:
         """As `wait` once the inference has ended; None (the cookie kept) until then."""
         if not self._inflight.peek(cookie).done:
             return None
-        return self.wait(cookie, outputs, caller)
+        return self.wait(cookie, outputs, presented)
 
     def completed(self, cookies: Iterable[int]) -> list[int]:
         """The cookies, of those given, whose inferences have ended."""
         return self._inflight.completed(cookies)
 
     def _sinks(
-        self, model: LoadedModel, outputs: ShmOutputs, caller: int | None
+        self, model: LoadedModel, outputs: ShmOutputs, presented: SessionId | None
     ) -> dict[str, ShmMapping]:
         if not outputs:  # the common case: all answered inline
             return {}
         return {
-            name: self._shm.find(path, caller, model.session_id, f"shm_ofmap '{name}'")
+            name: self._shm.find(path, presented, model.session_id, f"shm_ofmap '{name}'")
             for name, path in outputs.items()
         }
 
     def _sources(
-        self, model: LoadedModel, inputs: Mapping[str, Input], caller: int | None
+        self, model: LoadedModel, inputs: Mapping[str, Input], presented: SessionId | None
     ) -> dict[str, bytes | bytearray | memoryview | np.ndarray | Source]:
         """The inputs as the model reads them: bytes-like objects as they are (a numpy
         caller's arrays as `array_input` makes them), shared memory
-        (named in the session the call presents, `caller`, see `ShmTable.find`) as a source
+        (named in the session the call presents, `presented`, see `ShmTable.find`) as a source
         read straight into the slot (as many bytes as the input takes; for an input whose
         size varies, the whole object)."""
         resolved: dict[str, bytes | bytearray | memoryview | np.ndarray | Source] = {}
@@ -105,7 +108,7 @@ class DataPath:
                 fixed = spec is not None and not spec.varying_axes
                 size = spec.nbytes if spec is not None and fixed else None
                 what = f"ifmap '{name}'"
-                mapping = self._shm.find(value.path, caller, model.session_id, what)
+                mapping = self._shm.find(value.path, presented, model.session_id, what)
                 resolved[name] = self._shm.source(mapping, size, what)
             elif type(value) is np.ndarray and name in specs:
                 resolved[name] = array_input(value, specs[name])

@@ -20,6 +20,7 @@ from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.profile import ModelProfile, model_profile
 from neuron_rtd.runtime.sessions import (
     NO_SESSION,
+    SessionId,
     SessionTable,
     check_models_quota,
     session_name,
@@ -46,10 +47,12 @@ class ModelCalls:
     def _refuse_if_stopping(self) -> None:
         raise NotImplementedError
 
-    def _check_ncs_quota(self, session_id: int, more: int) -> None:
+    def _check_ncs_quota(self, session_id: SessionId, more: int) -> None:
         raise NotImplementedError
 
-    def profile(self, model_id: int, last: int = 0, *, session: int | None = None) -> ModelProfile:
+    def profile(
+        self, model_id: int, last: int = 0, *, session: SessionId | None = None
+    ) -> ModelProfile:
         """The per-op profiles a model loaded with `enable_node_profiling` kept of its
         last inferences (the `last` most recent, 0: all kept), oldest first. A model of a
         session tells them only to a call that presents that session (`session`)."""
@@ -80,7 +83,7 @@ class ModelCalls:
         ncg_id: int | None = None,
         timeout_s: float | None = None,
         ninfer: int | None = None,
-        session_id: int = 0,
+        session_id: SessionId = NO_SESSION,
         profile: bool = False,
         visible: frozenset[int] | None = None,
     ) -> ModelInfo:
@@ -107,7 +110,7 @@ class ModelCalls:
         ncg_id: int | None,
         timeout_s: float | None,
         ninfer: int | None,
-        session_id: int,
+        session_id: SessionId,
         profile: bool,
         visible: frozenset[int] | None,
     ) -> ModelInfo:

@@ -32,6 +32,7 @@ from neuron_rtd.runtime.driver import (
 from neuron_rtd.runtime.host import compile_host_stage
 from neuron_rtd.runtime.model import LoadedModel, LoadMode, ModelParams
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionId
 from neuron_rtd.runtime.variant import HostRun, StageRun, Step, Variant
 
 WEIGHT_ALIGN = 64  # each weight in a stage's block of DRAM starts on this boundary
@@ -208,7 +209,7 @@ def build_model(
     ncgs: NcgTable,
     devices: Sequence[DeviceApi],
     params: ModelParams,
-    session_id: int = 0,
+    session_id: SessionId = NO_SESSION,
     host_threads: int = 1,
 ) -> LoadedModel:
     """Place `neff` on `ncg` (its CPU nodes on `host_threads` threads each); on any

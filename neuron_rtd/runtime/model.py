@@ -59,6 +59,7 @@ from neuron_rtd.runtime.finite import all_finite, checked_form
 from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.job import BUSY_STATES, Job, JobState
 from neuron_rtd.runtime.profile import Profiler
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionId
 from neuron_rtd.runtime.shapes import InputShapes, cut, fill_slot, plain_outputs, variant_for
 from neuron_rtd.runtime.variant import StageRun, Variant
 
@@ -113,7 +114,7 @@ class LoadedModel:
     variants: list[Variant]
     dram: list[tuple[DeviceApi, DramBufferApi]]  # (device, buffer) to free on unload
     vncs: tuple[int, ...]
-    session_id: int = 0
+    session_id: SessionId = NO_SESSION
     state: ModelState = ModelState.STANDBY
     failure: str = ""
     host_pool: HostPool = field(default_factory=HostPool)

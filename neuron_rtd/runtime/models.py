@@ -21,6 +21,7 @@ from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import LoadedModel, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
+from neuron_rtd.runtime.sessions import SessionId
 from neuron_rtd.runtime.stats import Stats
 
 log = logging.getLogger("nrtd.NMGR")
@@ -57,10 +58,10 @@ class ModelTable:
         """The models, by id."""
         return iter(sorted(self._models.values(), key=lambda m: m.id))
 
-    def held_by(self, session_id: int) -> int:
+    def held_by(self, session_id: SessionId) -> int:
         return sum(m.session_id == session_id for m in self._models.values())
 
-    def add(self, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int) -> LoadedModel:
+    def add(self, neff: Neff, ncg: Ncg, params: ModelParams, session_id: SessionId) -> LoadedModel:
         """`neff` built on `ncg` as a new model, stopped, in the table and on its NCG."""
         model = self._build(next(self._ids), neff, ncg, params, session_id)
         ncg.models.append(model.id)
@@ -96,7 +97,7 @@ class ModelTable:
         return model, ncg
 
     def _build(
-        self, model_id: int, neff: Neff, ncg: Ncg, params: ModelParams, session_id: int
+        self, model_id: int, neff: Neff, ncg: Ncg, params: ModelParams, session_id: SessionId
     ) -> LoadedModel:
         """`neff` placed on `ncg` as model `model_id`, wired to the runtime's host pool
         and counters (a load, or a reload after a reset)."""

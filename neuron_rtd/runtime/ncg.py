@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from neuron_rtd.errors import InvalidError, InvalidHandle, NrtError, ResourceError, ResourceNcError
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionId
 from neuron_rtd.visible import show_indices
 
 FIRST_NCG_ID = 1
@@ -34,7 +35,7 @@ class Ncg:
     id: int
     start: int
     nc_count: int
-    session_id: int = 0
+    session_id: SessionId = NO_SESSION
     implicit: bool = False
     models: list[int] = field(default_factory=list)
 
@@ -72,7 +73,7 @@ class NcgTable:
         self,
         nc_count: int,
         *,
-        session_id: int = 0,
+        session_id: SessionId = NO_SESSION,
         implicit: bool = False,
         visible: frozenset[int] | None = None,
     ) -> Ncg:
@@ -154,7 +155,7 @@ class NcgTable:
             )
         return ncg
 
-    def ncs_held_by(self, session_id: int) -> int:
+    def ncs_held_by(self, session_id: SessionId) -> int:
         """The NCs of the NCGs of a session (implicit ones too)."""
         return sum(g.nc_count for g in self.list() if g.session_id == session_id)
 

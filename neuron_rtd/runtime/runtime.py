@@ -52,6 +52,7 @@ from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.readings import Readings
 from neuron_rtd.runtime.sessions import (
     NO_SESSION,
+    SessionId,
     SessionTable,
     check_ncs_quota,
 )
@@ -137,13 +138,13 @@ class Runtime(ModelCalls):
         return self._readings.devices()
 
     # --- sessions ------------------------------------------------------------------
-    def open_session(self, peer: int | None = None) -> int:
+    def open_session(self, peer: int | None = None) -> SessionId:
         """A new session's id (random, for its client's eyes only) for `peer` (the user
         id the caller proved, None if it did not); ResourceError past `session_max_open`
         or `session_max_per_peer`."""
         return self._sessions.open(peer)
 
-    def end_session(self, session_id: int, *, release: bool = True) -> SessionRelease | None:
+    def end_session(self, session_id: SessionId, *, release: bool = True) -> SessionRelease | None:
         """Forget an ended session and, with `release`, unload its models (and any model
         on its NCGs), destroy its NCGs and unmap its shared memory: what a client that
         went away leaves. Nothing new is tied to the session once it is forgotten."""
@@ -163,7 +164,7 @@ class Runtime(ModelCalls):
         maps = self._shm.unmap_session(session_id)
         return SessionRelease(models=models, ncgs=[ncg.id for ncg in ncgs], shm_maps=maps)
 
-    def _check_ncs_quota(self, session_id: int, more: int) -> None:
+    def _check_ncs_quota(self, session_id: SessionId, more: int) -> None:
         held = self._ncgs.ncs_held_by(session_id)
         check_ncs_quota(session_id, held + more, self.options.session_max_ncs)
 
@@ -172,7 +173,7 @@ class Runtime(ModelCalls):
         self,
         nc_count: int,
         *,
-        session_id: int = 0,
+        session_id: SessionId = NO_SESSION,
         visible: frozenset[int] | None = None,
         implicit: bool = False,
     ) -> NcgInfo:
@@ -247,7 +248,7 @@ class Runtime(ModelCalls):
         inputs: Mapping[str, Input],
         shm_outputs: ShmOutputs | None = None,
         *,
-        session: int | None = None,
+        session: SessionId | None = None,
     ) -> InferResult:
         """One inference, in this thread: inputs as bytes-like objects or `ShmInput`s by
         name; the outputs inline, or written to the shared memory `shm_outputs` names."""
@@ -268,7 +269,7 @@ class Runtime(ModelCalls):
         inputs: Mapping[str, Input],
         shm_outputs: ShmOutputs | None = None,
         *,
-        session: int | None = None,
+        session: SessionId | None = None,
     ) -> int:
         """Queue an inference (inputs checked and copied into its slot before this
         returns); its cookie (see `Inflight`)."""
@@ -278,7 +279,11 @@ class Runtime(ModelCalls):
         return self._data.post(model, inputs, shm_outputs or {}, self._sessions.presented(session))
 
     def wait(
-        self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
+        self,
+        cookie: int,
+        shm_outputs: ShmOutputs | None = None,
+        *,
+        session: SessionId | None = None,
     ) -> InferResult:
         """The result of a posted inference once it has ended; the cookie is spent. Its
         outputs go to the shared memory named here, else to that named by the post."""
@@ -286,7 +291,11 @@ class Runtime(ModelCalls):
         return self._data.wait(cookie, shm_outputs or {}, self._sessions.presented(session))
 
     def poll(
-        self, cookie: int, shm_outputs: ShmOutputs | None = None, *, session: int | None = None
+        self,
+        cookie: int,
+        shm_outputs: ShmOutputs | None = None,
+        *,
+        session: SessionId | None = None,
     ) -> InferResult | None:
         """As `wait` once the inference has ended; None (the cookie kept) until then."""
         self.ensure_ready()
@@ -299,7 +308,7 @@ class Runtime(ModelCalls):
         return self._data.completed(cookies)
 
     # --- shared memory -------------------------------------------------------------
-    def shm_map(self, path: str | None, prot: int, session_id: int = NO_SESSION) -> None:
+    def shm_map(self, path: str | None, prot: int, session_id: SessionId = NO_SESSION) -> None:
         """Map the client's shm object `path` by name, opened with the daemon's rights
         (None: the client gave none, as with hugetlb memory, which is not supported)."""
         self.ensure_ready()
@@ -308,7 +317,7 @@ class Runtime(ModelCalls):
         self._sessions.check(session_id)
         self._shm.map(path, prot, session_id, limit=self.options.session_max_shm_maps)
 
-    def shm_adopt(self, fd: int, path: str, prot: int, session_id: int, uid: int) -> None:
+    def shm_adopt(self, fd: int, path: str, prot: int, session_id: SessionId, uid: int) -> None:
         """Map the object a client of user `uid` passed (its file descriptor, which this
         takes) as `path` of the open session `session_id`: the caller's own object, named
         only by calls that present the session. A session that belongs to a user takes
@@ -321,7 +330,7 @@ class Runtime(ModelCalls):
             raise
         self._shm.adopt(fd, path, prot, session_id, limit=self.options.session_max_shm_maps)
 
-    def shm_unmap(self, path: str, *, session: int | None = None) -> None:
+    def shm_unmap(self, path: str, *, session: SessionId | None = None) -> None:
         self.ensure_ready()
         self._shm.unmap(path, self._sessions.presented(session))
 

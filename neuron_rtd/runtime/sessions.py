@@ -13,20 +13,24 @@ import hashlib
 import secrets
 import threading
 from collections import Counter
+from typing import NewType
 
 from neuron_rtd.errors import InvalidError, ResourceError
 
-NO_SESSION = 0
+# A session's id, the one name of the concept in the runtime: a capability (see above),
+# never a count, a model id or a uid, which mypy keeps it apart from.
+SessionId = NewType("SessionId", int)
+NO_SESSION = SessionId(0)
 
 
-def session_tag(session_id: int) -> str:
+def session_tag(session_id: SessionId) -> str:
     """The session's public name (8 hex digits); "" for no session."""
     if session_id == NO_SESSION:
         return ""
     return hashlib.blake2b(session_id.to_bytes(8, "little"), digest_size=4).hexdigest()
 
 
-def session_name(session_id: int) -> str:
+def session_name(session_id: SessionId) -> str:
     """Who holds what a session holds, in messages (no session: one quota for all)."""
     if session_id == NO_SESSION:
         return "the clients with no session"
@@ -48,11 +52,11 @@ class SessionTable:
     def __init__(self, *, limit: int = 0, per_peer: int = 0) -> None:
         self.limit = limit
         self.per_peer = per_peer
-        self._open: dict[int, int | None] = {}  # session id -> its peer
+        self._open: dict[SessionId, int | None] = {}  # session id -> its peer
         self._held: Counter[int | None] = Counter()
         self._lock = threading.Lock()
 
-    def open(self, peer: int | None = UNIDENTIFIED) -> int:
+    def open(self, peer: int | None = UNIDENTIFIED) -> SessionId:
         """A new session's id for `peer`; ResourceError past either limit."""
         with self._lock:
             if self.limit and len(self._open) >= self.limit:
@@ -74,14 +78,14 @@ class SessionTable:
                     )
                 )
             while True:
-                session_id = secrets.randbits(64)
+                session_id = SessionId(secrets.randbits(64))
                 if session_id != NO_SESSION and session_id not in self._open:
                     break
             self._open[session_id] = peer
             self._held[peer] += 1
         return session_id
 
-    def end(self, session_id: int) -> bool:
+    def end(self, session_id: SessionId) -> bool:
         """Forget the session; False if it was not open."""
         with self._lock:
             if session_id not in self._open:
@@ -92,24 +96,24 @@ class SessionTable:
                 del self._held[peer]
         return True
 
-    def is_open(self, session_id: int) -> bool:
+    def is_open(self, session_id: SessionId) -> bool:
         with self._lock:
             return session_id in self._open
 
-    def peer(self, session_id: int) -> int | None:
+    def peer(self, session_id: SessionId) -> int | None:
         """The peer an open session belongs to (UNIDENTIFIED if it never said)."""
         self.check(session_id)
         with self._lock:
             return self._open.get(session_id)
 
-    def presented(self, session: int | None) -> int | None:
+    def presented(self, session: SessionId | None) -> SessionId | None:
         """The session a call presents (None or 0: none), checked to be open."""
         if not session:
             return None
         self.check(session)
         return session
 
-    def check_passer(self, session_id: int, uid: int) -> None:
+    def check_passer(self, session_id: SessionId, uid: int) -> None:
         """InvalidError unless user `uid` may pass objects into the open session: any
         user into a session of no known user, else only that user."""
         if session_id == NO_SESSION:
@@ -124,7 +128,7 @@ class SessionTable:
                 "a session of your own"
             )
 
-    def check(self, session_id: int) -> None:
+    def check(self, session_id: SessionId) -> None:
         """InvalidError unless `session_id` is 0 (no session) or an open session. The
         message never tells an open id from one that never was."""
         if session_id != NO_SESSION and not self.is_open(session_id):
@@ -135,7 +139,7 @@ class SessionTable:
             )
 
 
-def check_ncs_quota(session_id: int, would_hold: int, limit: int) -> None:
+def check_ncs_quota(session_id: SessionId, would_hold: int, limit: int) -> None:
     """ResourceError if the session's NCGs would hold more NCs than `limit` (0: any)."""
     if limit and would_hold > limit:
         raise ResourceError(
@@ -145,7 +149,7 @@ def check_ncs_quota(session_id: int, would_hold: int, limit: int) -> None:
         )
 
 
-def check_models_quota(session_id: int, held: int, limit: int) -> None:
+def check_models_quota(session_id: SessionId, held: int, limit: int) -> None:
     """ResourceError if the session has `limit` models loaded already (0: any)."""
     if limit and held >= limit:
         raise ResourceError(

@@ -38,7 +38,7 @@ from pathlib import Path
 from neuron_rtd.errors import BadInput, InvalidError, ResourceError
 from neuron_rtd.runtime.access import Caller, may_open
 from neuron_rtd.runtime.driver import usable_cpus
-from neuron_rtd.runtime.sessions import NO_SESSION, session_name
+from neuron_rtd.runtime.sessions import NO_SESSION, SessionId, session_name
 
 SHM_ROOT = Path("/dev/shm")
 VIEW_BYTES = 256 << 20  # of a passed sealed object mapped; larger tensors move by preadv
@@ -58,7 +58,7 @@ class ShmMapping:
     path: str
     fd: int
     writable: bool
-    session_id: int
+    session_id: SessionId
     passed: bool  # the client passed the object itself (else: opened by name)
     # Its first bytes mapped here, when no one can shrink it (`sealed_view`).
     view: mmap.mmap | None = None
@@ -95,7 +95,9 @@ class ShmTable:
             return len(self._maps)
 
     # --- map / unmap ----------------------------------------------------------------
-    def map(self, path: str, prot: int, session_id: int = NO_SESSION, *, limit: int = 0) -> None:
+    def map(
+        self, path: str, prot: int, session_id: SessionId = NO_SESSION, *, limit: int = 0
+    ) -> None:
         """Open the object `path` names with the daemon's own rights (read-write when
         `prot` has PROT_WRITE); with a `limit`, ResourceError if the session has that many
         objects mapped already. An object this process may not open, or that does not
@@ -125,7 +127,9 @@ class ShmTable:
             raise
         return fd
 
-    def adopt(self, fd: int, path: str, prot: int, session_id: int, *, limit: int = 0) -> None:
+    def adopt(
+        self, fd: int, path: str, prot: int, session_id: SessionId, *, limit: int = 0
+    ) -> None:
         """Take the object a client passed (its open file descriptor, now ours) as
         `path` of `session_id`; the fd is closed here on a refusal."""
         try:
@@ -199,13 +203,13 @@ class ShmTable:
         """Let go of a held object (closed when its last read or write ends)."""
         self._drop(mapping)
 
-    def unmap(self, path: str, caller: int | None = None) -> None:
+    def unmap(self, path: str, presented: SessionId | None = None) -> None:
         """Unmap `path` of the session the call presents; a call that presents none
         unmaps it among the clients with no session, else the one mapping by name of
         that path there is."""
         with self._lock:
-            if caller is not None:
-                key: tuple[int, str] | None = (caller, path)
+            if presented is not None:
+                key: tuple[int, str] | None = (presented, path)
             elif (NO_SESSION, path) in self._maps:
                 key = (NO_SESSION, path)
             else:
@@ -213,11 +217,11 @@ class ShmTable:
                 key = named[0] if len(named) == 1 else None
             mapping = self._maps.pop(key, None) if key is not None else None
         if mapping is None:
-            where = "" if caller is None else f" by {session_name(caller)}"
+            where = "" if presented is None else f" by {session_name(presented)}"
             raise InvalidError(f"shm_unmap: '{path}' is not mapped{where}")
         self._drop(mapping)
 
-    def unmap_session(self, session_id: int) -> list[str]:
+    def unmap_session(self, session_id: SessionId) -> list[str]:
         """Unmap every object mapped with `session_id`; their paths."""
         with self._lock:
             gone = [m for (s, _), m in self._maps.items() if s == session_id]
@@ -243,13 +247,15 @@ class ShmTable:
             self._close(mapping)
 
     # --- naming ---------------------------------------------------------------------
-    def find(self, path: str, caller: int | None, owner: int, what: str) -> ShmMapping:
+    def find(
+        self, path: str, presented: SessionId | None, owner: SessionId, what: str
+    ) -> ShmMapping:
         """The mapping a call's tensor names: in the session the call presents
-        (`caller`); for a call that presents none, a by-name mapping of the session of
+        (`presented`); for a call that presents none, a by-name mapping of the session of
         the model it runs (`owner`), or of the clients with no session."""
         with self._lock:
-            if caller is not None:
-                mapping = self._maps.get((caller, path))
+            if presented is not None:
+                mapping = self._maps.get((presented, path))
             else:
                 mapping = self._maps.get((owner, path))
                 if mapping is not None and mapping.passed:
@@ -260,7 +266,7 @@ class ShmTable:
                 if mapping is None:
                     mapping = self._maps.get((NO_SESSION, path))
         if mapping is None:
-            whose = session_name(caller if caller is not None else owner)
+            whose = session_name(presented if presented is not None else owner)
             raise BadInput(
                 f"{what}: shared memory '{path}' is not mapped for {whose} (shm_map it first "
                 "in the session this call presents)"

@@ -15,7 +15,7 @@ import grpc
 
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.proto import SESSION_METADATA, TICKET_METADATA
-from neuron_rtd.runtime import Caller, socket_caller, stranger
+from neuron_rtd.runtime import Caller, SessionId, socket_caller, stranger
 from neuron_rtd.server.peers import grpc_peer_address, tcp_caller
 
 _SOCKET_CALLER_TTL_S = 5.0  # the socket's users read again at most this often
@@ -65,9 +65,10 @@ class CallerOf:
         return found
 
 
-def presented_session(context: grpc.ServicerContext) -> int | None:
+def presented_session(context: grpc.ServicerContext) -> SessionId | None:
     """The session id the call presents; None when it presents none (or 0)."""
-    return _uint64(context, SESSION_METADATA, "a session id") or None
+    presented = _uint64(context, SESSION_METADATA, "a session id")
+    return SessionId(presented) if presented else None
 
 
 def presented_ticket(context: grpc.ServicerContext) -> int | None:

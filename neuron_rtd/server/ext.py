@@ -10,7 +10,7 @@ import grpc
 
 from neuron_rtd.errors import NrtError
 from neuron_rtd.proto import ext_pb, ext_pb_grpc
-from neuron_rtd.runtime import Runtime
+from neuron_rtd.runtime import Runtime, SessionId
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 
@@ -82,7 +82,7 @@ class ExtServicer(ext_pb_grpc.nmgr_extServicer):
             visible = frozenset(request.visible_ncs) if request.visible_ncs else None
             ncg = self.runtime.create_ncg(
                 request.nc_count,
-                session_id=request.session_id,
+                session_id=SessionId(request.session_id),
                 visible=visible,
                 implicit=request.implicit,
             )

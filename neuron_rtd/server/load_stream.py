@@ -12,14 +12,14 @@ import grpc
 
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.proto import pb
-from neuron_rtd.runtime import NeffFile
+from neuron_rtd.runtime import NO_SESSION, NeffFile, SessionId
 
 
 @dataclass(frozen=True)
 class LoadRequest:
     neff: memoryview | NeffFile
     ncg_id: int | None
-    session_id: int
+    session_id: SessionId
     timeout_s: float | None
     ninfer: int | None
     profile: bool = False  # model_params.enable_node_profiling
@@ -52,7 +52,7 @@ class LoadReader:
     def __init__(self, buffer_for: Callable[[int], memoryview]) -> None:
         self.buffer_for = buffer_for
         self.ncg_id: int | None = None
-        self.session_id = 0
+        self.session_id = NO_SESSION
         self.timeout_s: float | None = None
         self.ninfer: int | None = None
         self.profile = False
@@ -68,7 +68,7 @@ class LoadReader:
         if kind == "h_eg":
             self.ncg_id = msg.h_eg.id
         elif kind == "session_id":
-            self.session_id = msg.session_id
+            self.session_id = SessionId(msg.session_id)
         elif kind == "model_params":
             p = msg.model_params
             self.timeout_s = p.timeout.data if p.HasField("timeout") else None

@@ -15,7 +15,7 @@ import grpc
 
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.proto import pb, pb_grpc
-from neuron_rtd.runtime import Runtime
+from neuron_rtd.runtime import Runtime, SessionId
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.calls import finish
@@ -26,7 +26,7 @@ log = logging.getLogger("nrtd.NMGR")
 
 
 def answer_infer(
-    runtime: Runtime, request: pb.infer_request, session: Callable[[], int | None]
+    runtime: Runtime, request: pb.infer_request, session: Callable[[], SessionId | None]
 ) -> pb.infer_response:
     """One synchronous infer, answered: over gRPC (`NmgrServicer.infer`) or on the peer
     socket's fast lane, with the session the call presents (`session()`, whose error, a
@@ -307,7 +307,7 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
     ) -> pb.shm_map_response:
         def make() -> pb.shm_map_response:
             path = request.path if request.WhichOneof("data") == "path" else None
-            self.runtime.shm_map(path, request.mmap_prot, request.session_id)
+            self.runtime.shm_map(path, request.mmap_prot, SessionId(request.session_id))
             return pb.shm_map_response()
 
         return finish("shm_map", make, pb.shm_map_response)
@@ -326,7 +326,9 @@ class NmgrServicer(pb_grpc.nmgr_v1Servicer):
         self, request: pb.create_eg_request, context: grpc.ServicerContext
     ) -> pb.create_eg_response:
         def make() -> pb.create_eg_response:
-            ncg = self.runtime.create_ncg(request.nc_count, session_id=request.session_id)
+            ncg = self.runtime.create_ncg(
+                request.nc_count, session_id=SessionId(request.session_id)
+            )
             return pb.create_eg_response(h_eg=pb.h_eg(id=ncg.id), nc_count=ncg.nc_count)
 
         return finish("create_eg", make, pb.create_eg_response)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from neuron_rtd.errors import InvalidError, Nerr, NrtError
 from neuron_rtd.proto import MAX_PEER_MESSAGE, ext_pb, pb
-from neuron_rtd.runtime import Runtime, session_tag
+from neuron_rtd.runtime import Runtime, SessionId, session_tag
 from neuron_rtd.server.nmgr import answer_infer
 from neuron_rtd.server.stream_io import guarded
 
@@ -341,18 +341,19 @@ class PeerSocket:
                 f"(SCM_RIGHTS), it carries {len(fds)}"
             )
         share = request.shm_share
+        session_id = SessionId(share.session_id)
         fd = fds.pop()
-        self.runtime.shm_adopt(fd, share.path, share.mmap_prot, share.session_id, uid)
+        self.runtime.shm_adopt(fd, share.path, share.mmap_prot, session_id, uid)
         log.debug(
             "Session %s (uid %d) passed shared memory '%s'",
-            session_tag(share.session_id),
+            session_tag(session_id),
             uid,
             share.path,
             extra={"fn": "shm_share"},
         )
         # never an empty message (proto3's all-default answer): on SOCK_SEQPACKET a
         # zero-length read is how the client sees the daemon close the connection
-        mapped = f"mapped '{share.path}' in session {session_tag(share.session_id)}"
+        mapped = f"mapped '{share.path}' in session {session_tag(session_id)}"
         return ext_pb.peer_response(status_code=int(Nerr.OK), details=mapped)
 
     def _infer(self, infer: ext_pb.peer_infer_request) -> ext_pb.peer_response:
@@ -360,7 +361,8 @@ class PeerSocket:
             request = pb.infer_request.FromString(infer.infer_request)
         except Exception:  # protobuf's DecodeError, by whichever implementation
             raise _Refused("infer: infer_request is not an nrt.infer_request") from None
-        answer = answer_infer(self.runtime, request, lambda: infer.session_id or None)
+        presented = SessionId(infer.session_id) if infer.session_id else None
+        answer = answer_infer(self.runtime, request, lambda: presented)
         return ext_pb.peer_response(
             status_code=int(Nerr.OK), infer_response=answer.SerializeToString()
         )

@@ -24,7 +24,7 @@ import grpc
 
 from neuron_rtd.errors import Nerr, NrtError
 from neuron_rtd.proto import pb, pb_grpc
-from neuron_rtd.runtime import Runtime, session_tag
+from neuron_rtd.runtime import Runtime, SessionId, session_tag
 from neuron_rtd.server import wire
 from neuron_rtd.server.caller import presented_ticket
 from neuron_rtd.server.peer_socket import Tickets
@@ -42,7 +42,7 @@ class _SessionStream:
     def __init__(
         self,
         servicer: SessionServicer,
-        session_id: int,
+        session_id: SessionId,
         requests: Iterator[Any],
         context: grpc.ServicerContext,
         send: Callable[[Any], None],
@@ -149,7 +149,7 @@ class SessionServicer(pb_grpc.nmgr_session_managerServicer):
             stream.context.cancel()
         self.pool.shutdown(wait=True)
 
-    def _end(self, session_id: int, *, release: bool) -> None:
+    def _end(self, session_id: SessionId, *, release: bool) -> None:
         tag = session_tag(session_id)
         try:
             released = self.runtime.end_session(session_id, release=release)

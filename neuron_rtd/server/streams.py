@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import grpc
 
 from neuron_rtd.errors import NrtError
+from neuron_rtd.runtime import SessionId
 from neuron_rtd.server.caller import presented_session
 from neuron_rtd.server.stream_io import broke_off, guarded, read_async, send_async
 
@@ -74,7 +75,7 @@ class _Stream:
         pool: futures.Executor,
         window: int,
         unary: bool,
-        session: int | None,
+        session: SessionId | None,
     ) -> None:
         self.table = table
         self.kind = kind

@@ -18,6 +18,7 @@ from neuron_rtd.runtime.driver import open_sim
 from neuron_rtd.runtime.loader import build_model
 from neuron_rtd.runtime.model import LoadedModel, ModelParams, ModelState
 from neuron_rtd.runtime.ncg import NcgTable
+from neuron_rtd.runtime.sessions import SessionId
 
 
 @pytest.fixture
@@ -46,11 +47,11 @@ def make_model(gated: GatedDevice) -> Iterator[Callable[..., LoadedModel]]:
         model = build_model(
             model_id=next(ids),
             neff=neff,
-            ncg=ncgs.create(max(neff.nc_count, 1), session_id=session_id),
+            ncg=ncgs.create(max(neff.nc_count, 1), session_id=SessionId(session_id)),
             ncgs=ncgs,
             devices=[gated],
             params=ModelParams(timeout_s=timeout_s, ninfer=ninfer),
-            session_id=session_id,
+            session_id=SessionId(session_id),
         )
         model.set_state(ModelState.READY)
         made.append(model)
