@@ -25,10 +25,12 @@ waits out its delay): no polling.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,9 +148,13 @@ class Batcher:
         max_queue_delay_us: int = 0,
         name: str = "",
         merge: Merge | None = None,
+        waits: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         _check_config(copies, max_batch_size, preferred_batch_sizes, max_queue_delay_us)
         self._execute = execute
+        # how a request queued for a batch waits (the runtime's compute gate's `waiting`:
+        # it computes nothing meanwhile, and another call may)
+        self._waits = waits
         self._merge = merge or _concatenate
         self._copies = copies
         self._max_batch_size = max_batch_size
@@ -205,7 +211,8 @@ class Batcher:
             else:
                 copy = self._idle.pop()
         if copy < 0:
-            return request.wait()
+            with self._waits():
+                return request.wait()
         # the fast path: nothing queued, a copy idle, nothing worth waiting for
         try:
             start_ns = time.monotonic_ns()

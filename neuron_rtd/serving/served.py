@@ -151,6 +151,7 @@ class ServedVersion:
                 max_queue_delay_us=batching.max_queue_delay_microseconds,
                 name=f"{name}:{version}",
                 merge=self._rows,
+                waits=runtime.compute_gate.waiting,
             )
 
     def _input(self, entry: model_config_pb.ModelInput) -> _Input:
