@@ -56,7 +56,7 @@ from neuron_rtd.runtime.driver import (
 )
 from neuron_rtd.runtime.local import LocalRuntime
 from neuron_rtd.runtime.model import LoadMode, ModelParams, ModelState
-from neuron_rtd.runtime.models import FIRST_MODEL_ID
+from neuron_rtd.runtime.model_table import FIRST_MODEL_ID
 from neuron_rtd.runtime.profile import InferenceProfile, ModelProfile, StepRecord
 from neuron_rtd.runtime.runtime import Runtime
 from neuron_rtd.runtime.sessions import NO_SESSION, SessionId, session_tag

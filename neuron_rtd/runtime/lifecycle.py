@@ -15,7 +15,7 @@ from neuron_rtd.neff import Neff
 from neuron_rtd.runtime.admission import NeffAdmission, NeffSource
 from neuron_rtd.runtime.api import ModelInfo, RuntimeOptions
 from neuron_rtd.runtime.model import ModelParams, ModelState
-from neuron_rtd.runtime.models import ModelTable
+from neuron_rtd.runtime.model_table import ModelTable
 from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.profile import ModelProfile, model_profile
 from neuron_rtd.runtime.sessions import (

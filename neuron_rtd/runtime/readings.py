@@ -24,7 +24,7 @@ from neuron_rtd.runtime.api import (
     Topology,
 )
 from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
-from neuron_rtd.runtime.models import ModelTable
+from neuron_rtd.runtime.model_table import ModelTable
 from neuron_rtd.runtime.ncg import Ncg, NcgTable
 from neuron_rtd.runtime.sessions import session_tag
 from neuron_rtd.runtime.stats import Stats

@@ -47,7 +47,7 @@ from neuron_rtd.runtime.driver import DeviceApi, NcCounters, driver_errors
 from neuron_rtd.runtime.host import HostPool
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.lifecycle import ModelCalls
-from neuron_rtd.runtime.models import ModelTable
+from neuron_rtd.runtime.model_table import ModelTable
 from neuron_rtd.runtime.ncg import NcgTable
 from neuron_rtd.runtime.readings import Readings
 from neuron_rtd.runtime.sessions import (
