@@ -12,13 +12,13 @@ cores (its CPU affinity), and no more.
 
 A gate of few turns, though, would leave calls waiting behind calls that only wait. A
 call says so where it is known (`waiting()`: an `infer_wait` waiting for its inference,
-a run waiting its turn at a busy NC or a shared-NC model, `take_turn`, which the driver
-port hands the simulated NCs); else a call that has computed for BLOCKED_AFTER_S (a long
-inference, a stream) no longer counts against the calls that may compute at once. Either
-way a call waiting for a turn then starts. (A run waiting for a busy NC used to keep a
-call for another NC from starting: 3 clients of a big model on one NCG had pushed a small
-model's calls on another NCG from 0.8 to 6.3 ms p50; giving the turn back while it
-waits, 0.77-0.81 ms.)
+a request waiting for its dynamic batch, a run waiting its turn at a busy NC or a
+shared-NC model, `take_turn`, which the driver port hands the simulated NCs); else a
+call that has computed for BLOCKED_AFTER_S (a long inference, a stream) no longer counts
+against the calls that may compute at once. Either way a call waiting for a turn then
+starts. (A run waiting for a busy NC used to keep a call for another NC from starting: 3
+clients of a big model on one NCG had pushed a small model's calls on another NCG from
+0.8 to 6.3 ms p50; giving the turn back while it waits, 0.77-0.81 ms.)
 
 Who passes through it: the gRPC server's call pools (`neuron_rtd/server/pool.py`: unary
 calls, stream requests, loads), which start a call only on a free turn; the HTTP front's
