@@ -147,6 +147,7 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         self.serving = serving
         self.caller_of = caller_of  # who a call comes from: whose shared memory it names
+        self._strangers: SharedMemoryApi | None = None  # regions of a call that names none
 
     # --- health and metadata ------------------------------------------------------------
     @answered
@@ -238,21 +239,28 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         its answer put back. Only a tensor's parameters name a shared-memory region, so
         who calls (`caller()`: a stat of the daemon's socket, its peer) is asked only
         when some tensor has parameters; otherwise the regions are a stranger's, none."""
-        named = any(t.parameters for t in request.inputs) or any(
-            o.parameters for o in request.outputs
-        )
-        shm = self.serving.shm(caller() if named else _STRANGER)
+        inputs, named = lifted_inputs(request)
+        outputs = [OutputIn(o.name, parameters_of(o.parameters)) for o in request.outputs]
+        if named or any(o.parameters for o in outputs):
+            shm = self.serving.shm(caller())
+        else:
+            shm = self._strangers or self._stranger_regions()
         decoded = decode(
             request.model_name,
             request.model_version,
             request.id,
             parameters_of(request.parameters) if request.parameters else {},
-            lifted_inputs(request),
-            [OutputIn(o.name, parameters_of(o.parameters)) for o in request.outputs],
+            inputs,
+            outputs,
             shm,
             SOURCES,
         )
         return response_message(request, decoded, self.serving.infer(decoded.request), shm)
+
+    def _stranger_regions(self) -> SharedMemoryApi:
+        """A stranger's regions (none): asked of the core once, kept."""
+        self._strangers = self.serving.shm(_STRANGER)
+        return self._strangers
 
     # --- the model repository -----------------------------------------------------------
     @answered
@@ -351,41 +359,45 @@ def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) ->
     raise AssertionError("context.abort returned")  # it raises; this tells mypy
 
 
-def lifted_inputs(request: kserve_pb.ModelInferRequest) -> list[TensorIn]:
-    """The request's inputs as the decoder takes them. `raw_input_contents` go, one each
-    and in order, to the inputs sent raw (neither typed `contents` nor in shared memory);
-    their count is checked here, as the message's own rule."""
+def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn], bool]:
+    """The request's inputs as the decoder takes them, and whether any has parameters
+    (only they name a shared-memory region). `raw_input_contents` go, one each and in
+    order, to the inputs sent raw (neither typed `contents` nor in shared memory); their
+    count is checked here, as the message's own rule."""
     raw = request.raw_input_contents
-    tensors = request.inputs
+    count = len(raw)
     lifted = []
     taken = 0
-    for tensor in tensors:
-        parameters = parameters_of(tensor.parameters) if tensor.parameters else _NONE
+    named = False
+    parameters: Mapping[str, object]
+    for tensor in request.inputs:
+        if tensor.parameters:
+            named = True
+            parameters = parameters_of(tensor.parameters)
+        else:
+            parameters = _NONE
+        shape = tuple(tensor.shape)
         if tensor.HasField("contents"):
-            lifted.append(
-                TensorIn(
-                    tensor.name,
-                    tensor.datatype,
-                    tuple(tensor.shape),
-                    parameters,
-                    typed=from_contents(tensor.contents),
-                )
-            )
-            continue
-        data = None if SHM_REGION in parameters or taken >= len(raw) else raw[taken]
-        if SHM_REGION not in parameters:
+            typed = from_contents(tensor.contents)
+            lifted.append(TensorIn(tensor.name, tensor.datatype, shape, parameters, typed=typed))
+        elif SHM_REGION in parameters:
+            lifted.append(TensorIn(tensor.name, tensor.datatype, shape, parameters))
+        else:
+            data = raw[taken] if taken < count else None
             taken += 1
-        lifted.append(TensorIn(tensor.name, tensor.datatype, tuple(tensor.shape), parameters, data))
-    if raw and taken != len(raw):
+            lifted.append(TensorIn(tensor.name, tensor.datatype, shape, parameters, data))
+    if count and taken != count:
         sent_raw = [
-            t.name for t in tensors if SHM_REGION not in t.parameters and not t.HasField("contents")
+            t.name
+            for t in request.inputs
+            if SHM_REGION not in t.parameters and not t.HasField("contents")
         ]
         raise invalid(
-            f"{len(raw)} raw_input_contents for {len(sent_raw)} inputs sent raw "
+            f"{count} raw_input_contents for {len(sent_raw)} inputs sent raw "
             f"({', '.join(map(repr, sent_raw)) or 'none'}): one each, in the order of "
             "the inputs"
         )
-    return lifted
+    return lifted, named
 
 
 def response_message(

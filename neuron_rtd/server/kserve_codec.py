@@ -27,7 +27,7 @@ from neuron_rtd.serving.api import (
     SharedMemoryApi,
     Status,
 )
-from neuron_rtd.serving.datatypes import datatype_of, dtype_of
+from neuron_rtd.serving.datatypes import DTYPES, datatype_of, dtype_of
 
 SHM_REGION = "shared_memory_region"
 SHM_OFFSET = "shared_memory_offset"
@@ -167,7 +167,7 @@ class Asked:
     parameters: Mapping[str, object]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decoded:
     request: InferRequest
     outputs: Mapping[str, Asked]  # the outputs named in the request, in its order
@@ -189,19 +189,36 @@ def decode(
     arrays: dict[str, np.ndarray] = {}
     for tensor in inputs:
         name = tensor.name
-        what = f"input {name!r}"
         if name in arrays:
-            raise invalid(f"{what} is given twice")
-        if tensor.raw is not None and not tensor.parameters and tensor.typed is None:
-            # the common case: raw bytes, seen as an array of the shape declared
-            dtype = tensor_dtype(what, tensor.datatype)
-            negative_dims(what, tensor.shape)
-            arrays[name] = from_bytes(what, tensor.raw, dtype, tensor.shape)
+            raise invalid(f"input {name!r} is given twice")
+        raw = tensor.raw
+        if raw is not None and tensor.typed is None and not tensor.parameters:
+            arrays[name] = raw_array(name, tensor.datatype, tensor.shape, raw)
         else:
-            arrays[name] = decode_input(what, tensor, shm, sources)
+            arrays[name] = decode_input(f"input {name!r}", tensor, shm, sources)
     asked = decode_outputs(outputs, shm) if outputs else {}
     request = InferRequest(model, arrays, version, list(asked) or None, request_id, parameters)
     return Decoded(request, asked)
+
+
+def raw_array(
+    name: str, datatype: str, shape: tuple[int, ...], raw: bytes | bytearray | memoryview
+) -> np.ndarray:
+    """The common case, input `name` sent as raw bytes: seen as an array of the datatype
+    and shape declared (no copy), checked as `decode_input` checks it (its datatype, no
+    negative dimension, its size), the message made only when one is said."""
+    dtype = DTYPES.get(datatype)
+    data = memoryview(raw)
+    if (
+        dtype is None
+        or (shape and min(shape) < 0)
+        or data.nbytes != math.prod(shape) * dtype.itemsize
+    ):
+        what = f"input {name!r}"
+        dtype = tensor_dtype(what, datatype)
+        negative_dims(what, shape)
+        check_size(what, data.nbytes, dtype, shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def negative_dims(what: str, shape: tuple[int, ...]) -> None:

@@ -79,7 +79,7 @@ class RepositoryModel:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: that sets each field by object.__setattr__, per request
 class InferRequest:
     """One inference as a front end decoded it. `inputs` by name, each array already of
     the datatype and shape the request declared (the front end checked that its bytes
@@ -94,7 +94,7 @@ class InferRequest:
     parameters: Mapping[str, object] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InferResponse:
     model: str
     version: str

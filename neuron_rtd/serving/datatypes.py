@@ -46,7 +46,9 @@ _NO_STRINGS = (
 
 def datatype_of(dtype: np.dtype) -> str:
     """The v2 name of numpy `dtype` (either byte order); INVALID_ARGUMENT when it has none."""
-    name = _BY_DTYPE.get(dtype.newbyteorder("="))
+    name = _BY_DTYPE.get(dtype)  # native order, as the runtime's arrays are
+    if name is None:
+        name = _BY_DTYPE.get(dtype.newbyteorder("="))
     if name is None:
         if dtype.kind in "OSUV":
             raise ServingError(Status.INVALID_ARGUMENT, _NO_STRINGS)
@@ -54,6 +56,10 @@ def datatype_of(dtype: np.dtype) -> str:
             Status.INVALID_ARGUMENT, f"numpy dtype {dtype} has no KServe v2 datatype"
         )
     return name
+
+
+DTYPES: dict[str, np.dtype] = {name: dtype for name, dtype, _ in _TABLE}
+"""Each v2 datatype name's numpy dtype (little-endian), for a lookup with no call."""
 
 
 def dtype_of(datatype: str) -> np.dtype:

@@ -138,7 +138,8 @@ class ServedVersion:
         # the others wait here, as in Triton's queue, their wait counted as queue time
         self._busy = [0] * len(self.model_ids)
         self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
-        self._free = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)  # a slot was given back
         self._waiting = 0  # requests waiting on `_free` for a slot
         self.batcher: Batcher | None = None
         if config.HasField("dynamic_batching"):
@@ -183,52 +184,60 @@ class ServedVersion:
     # --- a request ------------------------------------------------------------------------
     def infer(self, request: InferRequest, began_ns: int) -> InferResponse:
         """Check `request`, run it, and answer with the outputs it asked for; every
-        outcome counted in the statistics (`began_ns`: when it came, perf_counter)."""
+        outcome counted in the statistics (`began_ns`: when it came, perf_counter). Run
+        directly, the request and its one execution are counted together, under one lock."""
         try:
             batch = self._check(request)
             wanted = self._wanted(request.outputs)
             if self.batcher is not None:
                 done = self.batcher.submit(request.inputs, batch)
-                outputs, code, queue_ns = done.outputs, done.code, done.queue_ns
-            else:
-                result, queue_ns = self._run_direct(request.inputs, began_ns)
-                outputs, code = result.outputs, result.code
+                outputs, code = done.outputs, done.code
+                answer = {name: outputs[name] for name in wanted}
+                self.stats.request_done(time.perf_counter_ns() - began_ns, batch, done.queue_ns)
+                return InferResponse(self.name, self.version_text, request.id, answer, code)
+            copy, queue_ns = self._take_copy(began_ns)
+            try:
+                t0 = time.perf_counter_ns()
+                result = self.runtime.infer(self.model_ids[copy], request.inputs)
+                t1 = time.perf_counter_ns()
+            finally:
+                self._give_back(copy)
         except ServingError:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
             raise
-        except NrtError as exc:  # not through execute: cannot be, but never a traceback
+        except NrtError as exc:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
             raise serving_error(exc, self.what) from None
+        outputs = result.outputs
         answer = {name: outputs[name] for name in wanted}
-        self.stats.request_done(time.perf_counter_ns() - began_ns, batch, queue_ns)
-        return InferResponse(self.name, self.version_text, request.id, answer, code)
+        end = time.perf_counter_ns()
+        self.stats.request_ran(end - began_ns, batch, queue_ns, t1 - t0, end - t1)
+        return InferResponse(self.name, self.version_text, request.id, answer, result.code)
 
-    def _run_direct(
-        self, inputs: Mapping[str, np.ndarray], began_ns: int
-    ) -> tuple[InferResult, int]:
-        """On the least busy copy, once one has a free slot."""
+    def _take_copy(self, began_ns: int) -> tuple[int, int]:
+        """The least busy copy, once one has a free slot (taken), and how long the
+        request waited for it."""
         busy = self._busy
-        with self._free:
+        with self._lock:
             while (least := min(busy)) >= self._slots:
                 self._waiting += 1
                 self._free.wait()
                 self._waiting -= 1
             copy = busy.index(least)
             busy[copy] += 1
-        queue_ns = time.perf_counter_ns() - began_ns
-        try:
-            return self.execute(copy, inputs), queue_ns
-        finally:
-            with self._free:
-                busy[copy] -= 1
-                if self._waiting:  # (a notify with nobody waiting still costs a call)
-                    self._free.notify()
+        return copy, time.perf_counter_ns() - began_ns
+
+    def _give_back(self, copy: int) -> None:
+        with self._lock:
+            self._busy[copy] -= 1
+            if self._waiting:  # (a notify with nobody waiting still costs a call)
+                self._free.notify()
 
     def _check(self, request: InferRequest) -> int:
         """The request's batch size (1 for a model that does not batch), once its inputs
         are those of the model, of its datatypes and shapes."""
         given = request.inputs
-        if len(given) != len(self._inputs) or any(n not in self._input_names for n in given):
+        if given.keys() != self._input_names:
             self._refuse_names(given)
         batch = 1
         first = ""

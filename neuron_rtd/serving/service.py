@@ -199,8 +199,8 @@ class Serving:
         return self._version(request.model, request.version).infer(request, began_ns)
 
     def _version(self, name: str, version: str) -> ServedVersion:
-        """The READY version `version` of model `name` ("" its newest)."""
-        check_bound(name)
+        """The READY version `version` of model `name` ("" its newest). A name the core
+        holds is within bounds: only one it does not is measured (`check_bound`)."""
         with self._lock:
             model = self._models.get(name)
             if model is not None:
@@ -212,6 +212,7 @@ class Serving:
                     served = model.versions.get(int(version))
                     if served is not None:
                         return served
+        check_bound(name)
         raise self._not_served(name, version, model)
 
     def _not_served(self, name: str, version: str, model: ServedModel | None) -> ServingError:

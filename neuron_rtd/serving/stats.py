@@ -9,7 +9,8 @@
   outputs), and the same three per execution batch size in `batch_stats`.
 
 So `compute_*` counts executions, not requests (as many when nothing is batched).
-Updates take one short lock; nothing is built until a reader asks.
+Updates take one short lock (a request run on its own, and its execution, one together);
+nothing is built until a reader asks.
 """
 
 from __future__ import annotations
@@ -71,6 +72,32 @@ class VersionStats:
             self._queue.add(queue_ns)
             self._inferences += batch_size
             self._last_ms = now_ms
+
+    def request_ran(
+        self, ns: int, batch_size: int, queue_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """A request answered by an execution of its own (no batcher): `request_done`
+        and `execution` at once, under the lock once (its fields added in place: this is
+        every direct request's cost)."""
+        now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            success, queue, compute = self._success, self._queue, self._compute
+            success.count += 1
+            success.ns += ns
+            queue.count += 1
+            queue.ns += queue_ns
+            self._inferences += batch_size
+            self._last_ms = now_ms
+            self._executions += 1
+            per_size = self._batches.get(batch_size)
+            if per_size is None:
+                per_size = self._batches[batch_size] = _Compute()
+            for each in (compute, per_size):
+                each.input.count += 1
+                each.infer.count += 1
+                each.infer.ns += infer_ns
+                each.output.count += 1
+                each.output.ns += output_ns
 
     def request_failed(self, ns: int) -> None:
         now_ms = time.time_ns() // 1_000_000
