@@ -94,6 +94,7 @@ class DaemonConfig:
     http_threads: int = 16  # the HTTP front's workers (requests running at once)
     peer_lanes: int = 256  # fast lanes on the peer socket, a thread each
     peer_lanes_per_user: int = 64  # of them, one user's
+    session_end_threads: int = 2  # ended sessions released at once (models unloaded, NCGs)
     front_timeout_secs: int = 60  # a front silent this long to the daemon's own asks: exit
     neff_file_dirs: tuple[str, ...] = ("/",)  # where `neff_file` loads may read
     max_message_mb: int = 256  # the largest request the daemon reads (inline tensors)
@@ -203,7 +204,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: nc_engine: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
-    for pool in ("stream_threads", "http_threads", "peer_lanes", "peer_lanes_per_user"):
+    pools = ("stream_threads", "http_threads", "peer_lanes", "peer_lanes_per_user")
+    for pool in (*pools, "session_end_threads"):
         if getattr(config, pool) < 1:
             raise ConfigError(f"{where}: {pool} must be at least 1")
     if not 4 <= config.front_timeout_secs <= 3600:

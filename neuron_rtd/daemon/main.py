@@ -242,6 +242,7 @@ class Daemon:
             peer_socket=str(self.peer_socket.path) if self.peer_socket else "",
             serving=self.serving,
             stream_threads=config.stream_threads,
+            session_end_threads=config.session_end_threads,
         )
         if self.listener:
             self.listener.bind(server)

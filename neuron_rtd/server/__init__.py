@@ -33,7 +33,7 @@ from neuron_rtd.server.kserve import STREAM_WINDOW, KServeServicer
 from neuron_rtd.server.nmgr import InferAnswers, LoadAnswers, NmgrServicer, StreamServicer
 from neuron_rtd.server.peer_socket import PeerSocket, Tickets
 from neuron_rtd.server.pool import server_pool
-from neuron_rtd.server.sessions import SessionServicer
+from neuron_rtd.server.sessions import RELEASE_WORKERS, SessionServicer
 from neuron_rtd.server.streams import (
     MAX_OPEN_STREAMS,
     MAX_STREAMS_PER_SESSION,
@@ -121,10 +121,12 @@ def add_servicers(
     peer_socket: str = "",
     serving: ServingApi | None = None,
     stream_threads: int = STREAM_THREADS,
+    session_end_threads: int = RELEASE_WORKERS,
 ) -> ServicerSet:
     """Add every service to `server` (the KServe v2 one when given its `serving` core);
     those the daemon acts on itself. Streams' requests run on pools of `stream_threads`
-    threads each (loads; inferences), on the runtime's compute gate's turns."""
+    threads each (loads; inferences), on the runtime's compute gate's turns; ended
+    sessions are released `session_end_threads` at once."""
     table = StreamTable()
     gate = runtime.compute_gate
     infer_pool = server_pool(gate, stream_threads, "stream")  # infer_stream's and v2's
@@ -148,7 +150,7 @@ def add_servicers(
             pool=infer_pool,
         )
     }
-    sessions = SessionServicer(runtime, tickets)
+    sessions = SessionServicer(runtime, tickets, release_threads=session_end_threads)
     pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, _Replacing(server, replaced))
     pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), _Replacing(server, streamed))
     pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)

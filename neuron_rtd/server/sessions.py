@@ -78,13 +78,15 @@ class _SessionStream:
 
 
 class SessionServicer(pb_grpc.nmgr_session_managerServicer):
-    def __init__(self, runtime: Runtime, tickets: Tickets) -> None:
+    def __init__(
+        self, runtime: Runtime, tickets: Tickets, *, release_threads: int = RELEASE_WORKERS
+    ) -> None:
         self.runtime = runtime
         self.tickets = tickets
         self._open: dict[int, _SessionStream] = {}
         self._stopping = False
         self._lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(RELEASE_WORKERS, thread_name_prefix="session-end")
+        self.pool = ThreadPoolExecutor(release_threads, thread_name_prefix="session-end")
 
     def session_monitor(  # type: ignore[override]
         self,
