@@ -33,6 +33,7 @@ from neuron_rtd.serving.datatypes import (
 )
 from neuron_rtd.serving.served import serving_error
 from neuron_rtd.serving.shm import SystemSharedMemory
+from neuron_rtd.serving.stats import VersionStats
 
 
 @pytest.fixture
@@ -64,6 +65,34 @@ def test_infer_equals_the_reference(serving: Serving) -> None:
     assert list(response.outputs) == ["probs"]
     np.testing.assert_allclose(response.outputs["probs"], MLP.reference(x)["probs"], rtol=1e-5)
     assert response.outputs["probs"].shape == (1, 4)
+
+
+def test_an_array_over_a_requests_whole_bytes_goes_to_the_runtime_as_those_bytes(
+    serving: Serving,
+) -> None:
+    """The direct path hands the runtime a raw input's own bytes (its inline-bytes copy,
+    as nmgr's); any other array as it is, and the answer is the same either way."""
+    version = serving._version("m", "")
+    x = MLP.random_inputs()["x"].astype(np.float32)
+    raw = x.tobytes()
+    over = np.ndarray(x.shape, x.dtype, raw)
+    assert version._as_sent({"x": over})["x"] is raw
+    for other in (x, over.astype(">f4"), np.ndarray((8, 1), x.dtype, raw).T):
+        assert version._as_sent({"x": other})["x"] is other
+    answers = [serving.infer(InferRequest("m", {"x": a})).outputs["probs"] for a in (over, x)]
+    np.testing.assert_array_equal(answers[0], answers[1])
+    np.testing.assert_allclose(answers[0], MLP.reference({"x": x})["probs"], rtol=1e-5)
+
+
+def test_a_request_run_on_its_own_counts_as_a_request_and_its_execution() -> None:
+    alone, apart = VersionStats("m", "1"), VersionStats("m", "1")
+    alone.request_ran(50, 2, 5, 30, 4)
+    apart.execution(2, 0, 30, 4)
+    apart.request_done(50, 2, 5)
+    one, other = alone.message(), apart.message()
+    one.last_inference = other.last_inference = 0
+    assert one == other
+    assert (one.inference_count, one.execution_count, one.batch_stats[0].batch_size) == (2, 1, 2)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

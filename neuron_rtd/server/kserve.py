@@ -240,7 +240,8 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         who calls (`caller()`: a stat of the daemon's socket, its peer) is asked only
         when some tensor has parameters; otherwise the regions are a stranger's, none."""
         inputs, named = lifted_inputs(request)
-        outputs = [OutputIn(o.name, parameters_of(o.parameters)) for o in request.outputs]
+        asked = request.outputs
+        outputs = [OutputIn(o.name, parameters_of(o.parameters)) for o in asked] if asked else []
         if named or any(o.parameters for o in outputs):
             shm = self.serving.shm(caller())
         else:
@@ -376,7 +377,7 @@ def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn],
             parameters = parameters_of(tensor.parameters)
         else:
             parameters = _NONE
-        shape = tuple(tensor.shape)
+        shape = tuple(tensor.shape[:])  # (a slice is a list: made a tuple faster)
         if tensor.HasField("contents"):
             typed = from_contents(tensor.contents)
             lifted.append(TensorIn(tensor.name, tensor.datatype, shape, parameters, typed=typed))

@@ -208,17 +208,13 @@ def raw_array(
     and shape declared (no copy), checked as `decode_input` checks it (its datatype, no
     negative dimension, its size), the message made only when one is said."""
     dtype = DTYPES.get(datatype)
-    data = memoryview(raw)
-    if (
-        dtype is None
-        or (shape and min(shape) < 0)
-        or data.nbytes != math.prod(shape) * dtype.itemsize
-    ):
+    nbytes = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+    if dtype is None or (shape and min(shape) < 0) or nbytes != math.prod(shape) * dtype.itemsize:
         what = f"input {name!r}"
         dtype = tensor_dtype(what, datatype)
         negative_dims(what, shape)
-        check_size(what, data.nbytes, dtype, shape)
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+        check_size(what, nbytes, dtype, shape)
+    return np.ndarray(shape, dtype, raw)  # over the bytes, as np.frombuffer would be
 
 
 def negative_dims(what: str, shape: tuple[int, ...]) -> None:

@@ -126,6 +126,7 @@ class ServedVersion:
         self._inputs = tuple(self._input(entry) for entry in config.input)
         self._input_names = {i.name for i in self._inputs}
         self._dtypes = {i.name: i.dtype for i in self._inputs}
+        self._slot_dtypes = {t.name: t.dtype for t in neff.inputs}  # the NEFF's own
         self._output_names = tuple(entry.name for entry in config.output)
         self._output_specs = {t.name: t for t in neff.outputs}
         self._symbol_axes = tuple(
@@ -198,7 +199,7 @@ class ServedVersion:
             copy, queue_ns = self._take_copy(began_ns)
             try:
                 t0 = time.perf_counter_ns()
-                result = self.runtime.infer(self.model_ids[copy], request.inputs)
+                result = self.runtime.infer(self.model_ids[copy], self._as_sent(request.inputs))
                 t1 = time.perf_counter_ns()
             finally:
                 self._give_back(copy)
@@ -213,6 +214,26 @@ class ServedVersion:
         end = time.perf_counter_ns()
         self.stats.request_ran(end - began_ns, batch, queue_ns, t1 - t0, end - t1)
         return InferResponse(self.name, self.version_text, request.id, answer, result.code)
+
+    def _as_sent(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | bytes]:
+        """The inputs as the runtime takes them: an array that lies over all of a
+        request's bytes (a raw input as the decoder saw it), of the slot's own dtype, as
+        those bytes, which the runtime copies into the slot as it copies nmgr's; any other
+        array as it is (the runtime makes it as the slot takes it)."""
+        sent: dict[str, np.ndarray | bytes] = {}
+        slot_dtypes = self._slot_dtypes
+        for name, array in inputs.items():
+            owner = array.base
+            if (
+                type(owner) is bytes
+                and array.dtype == slot_dtypes[name]
+                and len(owner) == array.nbytes
+                and array.flags.c_contiguous
+            ):
+                sent[name] = owner
+            else:
+                sent[name] = array
+        return sent
 
     def _take_copy(self, began_ns: int) -> tuple[int, int]:
         """The least busy copy, once one has a free slot (taken), and how long the

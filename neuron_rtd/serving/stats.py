@@ -17,35 +17,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 from neuron_rtd.proto import kserve_pb
 
-
-@dataclass
-class _Duration:
-    count: int = 0
-    ns: int = 0
-
-    def add(self, ns: int, count: int = 1) -> None:
-        self.count += count
-        self.ns += ns
-
-    def to(self, message: kserve_pb.StatisticDuration) -> None:
-        message.count = self.count
-        message.ns = self.ns
+# The counters of `ModelStatistics`, each a (count, ns) pair at these places of a flat
+# list (one list per version, and one per execution batch size for the three compute
+# ones): a request's update is a few additions in place, no call.
+SUCCESS, FAIL, QUEUE = 0, 2, 4
+INPUT, INFER, OUTPUT = 0, 2, 4  # in a compute list
 
 
-@dataclass
-class _Compute:
-    input: _Duration = field(default_factory=_Duration)
-    infer: _Duration = field(default_factory=_Duration)
-    output: _Duration = field(default_factory=_Duration)
-
-    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        self.input.add(input_ns)
-        self.infer.add(infer_ns)
-        self.output.add(output_ns)
+def _duration(into: kserve_pb.StatisticDuration, counters: list[int], at: int) -> None:
+    into.count = counters[at]
+    into.ns = counters[at + 1]
 
 
 class VersionStats:
@@ -58,18 +42,19 @@ class VersionStats:
         self._last_ms = 0
         self._inferences = 0
         self._executions = 0
-        self._success = _Duration()
-        self._fail = _Duration()
-        self._queue = _Duration()
-        self._compute = _Compute()
-        self._batches: dict[int, _Compute] = {}
+        self._requests = [0] * 6  # SUCCESS, FAIL, QUEUE
+        self._compute = [0] * 6  # INPUT, INFER, OUTPUT
+        self._batches: dict[int, list[int]] = {}  # batch size -> INPUT, INFER, OUTPUT
 
     def request_done(self, ns: int, batch_size: int, queue_ns: int) -> None:
         """A request answered, `ns` after it came, `queue_ns` of which it waited."""
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
-            self._success.add(ns)
-            self._queue.add(queue_ns)
+            requests = self._requests
+            requests[SUCCESS] += 1
+            requests[SUCCESS + 1] += ns
+            requests[QUEUE] += 1
+            requests[QUEUE + 1] += queue_ns
             self._inferences += batch_size
             self._last_ms = now_ms
 
@@ -77,43 +62,48 @@ class VersionStats:
         self, ns: int, batch_size: int, queue_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """A request answered by an execution of its own (no batcher): `request_done`
-        and `execution` at once, under the lock once (its fields added in place: this is
-        every direct request's cost)."""
+        and `execution` at once, under the lock once."""
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
-            success, queue, compute = self._success, self._queue, self._compute
-            success.count += 1
-            success.ns += ns
-            queue.count += 1
-            queue.ns += queue_ns
+            requests = self._requests
+            requests[SUCCESS] += 1
+            requests[SUCCESS + 1] += ns
+            requests[QUEUE] += 1
+            requests[QUEUE + 1] += queue_ns
             self._inferences += batch_size
             self._last_ms = now_ms
             self._executions += 1
             per_size = self._batches.get(batch_size)
             if per_size is None:
-                per_size = self._batches[batch_size] = _Compute()
-            for each in (compute, per_size):
-                each.input.count += 1
-                each.infer.count += 1
-                each.infer.ns += infer_ns
-                each.output.count += 1
-                each.output.ns += output_ns
+                per_size = self._batches[batch_size] = [0] * 6
+            for compute in (self._compute, per_size):
+                compute[INPUT] += 1
+                compute[INFER] += 1
+                compute[INFER + 1] += infer_ns
+                compute[OUTPUT] += 1
+                compute[OUTPUT + 1] += output_ns
 
     def request_failed(self, ns: int) -> None:
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
-            self._fail.add(ns)
+            self._requests[FAIL] += 1
+            self._requests[FAIL + 1] += ns
             self._last_ms = now_ms
 
     def execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One runtime execution of `batch_size` rows (1 for a model without batching)."""
         with self._lock:
             self._executions += 1
-            self._compute.add(input_ns, infer_ns, output_ns)
             per_size = self._batches.get(batch_size)
             if per_size is None:
-                per_size = self._batches[batch_size] = _Compute()
-            per_size.add(input_ns, infer_ns, output_ns)
+                per_size = self._batches[batch_size] = [0] * 6
+            for compute in (self._compute, per_size):
+                compute[INPUT] += 1
+                compute[INPUT + 1] += input_ns
+                compute[INFER] += 1
+                compute[INFER + 1] += infer_ns
+                compute[OUTPUT] += 1
+                compute[OUTPUT + 1] += output_ns
 
     def message(self) -> kserve_pb.ModelStatistics:
         stats = kserve_pb.ModelStatistics(name=self.name, version=self.version)
@@ -122,16 +112,16 @@ class VersionStats:
             stats.inference_count = self._inferences
             stats.execution_count = self._executions
             infer = stats.inference_stats
-            self._success.to(infer.success)
-            self._fail.to(infer.fail)
-            self._queue.to(infer.queue)
-            self._compute.input.to(infer.compute_input)
-            self._compute.infer.to(infer.compute_infer)
-            self._compute.output.to(infer.compute_output)
+            _duration(infer.success, self._requests, SUCCESS)
+            _duration(infer.fail, self._requests, FAIL)
+            _duration(infer.queue, self._requests, QUEUE)
+            _duration(infer.compute_input, self._compute, INPUT)
+            _duration(infer.compute_infer, self._compute, INFER)
+            _duration(infer.compute_output, self._compute, OUTPUT)
             for size in sorted(self._batches):
                 compute = self._batches[size]
                 batch = stats.batch_stats.add(batch_size=size)
-                compute.input.to(batch.compute_input)
-                compute.infer.to(batch.compute_infer)
-                compute.output.to(batch.compute_output)
+                _duration(batch.compute_input, compute, INPUT)
+                _duration(batch.compute_infer, compute, INFER)
+                _duration(batch.compute_output, compute, OUTPUT)
         return stats
