@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import grpc
@@ -30,12 +31,14 @@ from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb, pb_grpc
 
 
-def client(address: str, model: int, x: bytes, start: float, seconds: float, out: Queue) -> None:
-    """Call `model` from `start` (monotonic) for `seconds`; put (model, latencies)."""
+def client(address: str, model: int, x: bytes, ready: Barrier, seconds: float, out: Queue) -> None:
+    """Call `model` for `seconds` once every client is connected and warm (`ready`); put
+    (model, latencies)."""
     stub = pb_grpc.nmgr_v1Stub(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
     request = pb.infer_request(h_nn=pb.h_nn(id=model), ifmap=[pb.infer_io(name="x", buf=x)])
     stub.infer(request)  # connected, warm
-    time.sleep(max(0.0, start - time.monotonic()))
+    ready.wait()  # the round begins for all at once, however long their processes took
+    start = time.monotonic()
     latencies = []
     while time.monotonic() < start + seconds:
         t0 = time.perf_counter()
@@ -76,11 +79,11 @@ def main() -> int:
         )
         for round_ in range(args.rounds):
             out: Queue = context.Queue()
-            start = time.monotonic() + 2.0  # the clients' processes up and connected
+            ready = context.Barrier(len(models))
             procs = [
                 context.Process(
                     target=client,
-                    args=(daemon.address, m, inputs[m], start, args.seconds, out),
+                    args=(daemon.address, m, inputs[m], ready, args.seconds, out),
                 )
                 for m in models
             ]
