@@ -5,6 +5,7 @@ stopping", on the fast lane and over gRPC alike, and the client raises DaemonSto
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -27,6 +28,7 @@ def test_a_client_looping_inferences_hears_that_the_daemon_stops(
     work: Path, signum: signal.Signals, shm: bool
 ) -> None:
     daemon = DaemonProcess(sim_root=work / "sim").start()
+    before = _shm_objects()
     try:
         client = Client(daemon.address, shm=shm)
         model = client.load(build_mlp().neff)
@@ -61,6 +63,8 @@ def test_a_client_looping_inferences_hears_that_the_daemon_stops(
     finally:
         daemon.close()
     assert answered > 0 and failures
+    # the client's shared memory is freed, the slot made as the daemon went away too
+    assert _shm_objects() <= before
     for failure in failures:  # the daemon said it stops, or was gone: never a lost model
         assert failure.nerr != Nerr.INVALID_HANDLE, failure
         assert isinstance(failure, NrtConnectionError), failure
@@ -75,3 +79,8 @@ def test_a_client_looping_inferences_hears_that_the_daemon_stops(
     after = log.split("Unloaded all models and destroyed all NCGs", 1)[1]
     assert "[NMGR:infer]" not in after, after  # no inference accepted after unload_all
     assert "is not loaded" not in log
+
+
+def _shm_objects() -> set[str]:
+    """This process's named shm objects (the client names them with its pid)."""
+    return {p.name for p in Path("/dev/shm").glob(f"aws_neuron_runtime_{os.getpid()}_*")}

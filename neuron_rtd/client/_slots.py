@@ -122,9 +122,13 @@ class Slots:
                 buffer.close()
             self.connection.shm_failed(f"cannot make shared memory: {exc}")
             return None
-        if not self.connection.share(made, self._session()):
-            return None
-        return Slot(ins, outs)
+        try:
+            shared = self.connection.share(made, self._session())
+        except BaseException:  # a daemon stopping or gone meanwhile: none of them is its
+            for buffer in made:
+                buffer.close()
+            raise
+        return Slot(ins, outs) if shared else None
 
 
 def _made(made: list[ShmBuffer], tensor: TensorSpec, passed: bool) -> ShmBuffer:
