@@ -3,7 +3,7 @@ it answers with, and each code has one class (`for_code`), so that `except Queue
 catches a full queue alike from `LocalRuntime` and from the client, whose errors
 (`neuron_rtd/client/errors.py`) are these classes too.
 
-The server maps an exception to the wire with `exc.code` alone; `tests/test_errors.py`
+The server maps an exception to the wire with `exc.code` alone; `tests/daemon/client/test_errors.py`
 proves every class here has a code that exists in the wire API's `nerr` enum.
 """
 

@@ -1,5 +1,5 @@
 """The project's own rules, which no outside linter knows, checked over the tree (`make lint`
-runs it; `tests/test_house_rules.py` runs it and proves each rule can fail):
+runs it; `tests/project/test_house_rules.py` runs it and proves each rule can fail):
 
 - `long`: no hand-written module (under `neuron_rtd/` and `driver_sim/`, generated code
   aside) is over 500 lines unless its first lines say why, in a comment

@@ -7,7 +7,7 @@ left: no NCG, model, shm map, file descriptor, thread or DRAM byte.
     python tests/client_deaths.py [--sequential 200] [--parallel 20] [--seed 1]
 
 prints the figures (and exits 1 if anything was left or the observer was refused);
-tests/test_client_deaths.py runs a small count of each in `make test`.
+tests/daemon/client/test_client_deaths.py runs a small count of each in `make test`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Ray side of tests/test_ray.py, run as a Ray driver in a process of its own:
+"""The Ray side of tests/daemon/client/test_ray.py, run as a Ray driver in a process of its own:
 `python tests/ray_checks.py RAY_ADDRESS`. It waits for the cluster's two nodes, runs on
 each node a task and a (detached) actor asking for `neuron_cores`, each loading a model
 with our Client, and prints JSON: the nodes' resources, and what each task and actor saw

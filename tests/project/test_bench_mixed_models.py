@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.daemon
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_one_short_round_serves_both_models() -> None:

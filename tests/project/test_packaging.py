@@ -21,7 +21,7 @@ import pytest
 
 from neuron_rtd.cli.spawn import DaemonProcess
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_license_is_an_spdx_expression_so_setuptools_warns_nothing() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["neuron-rtd.service", "neuron-rtd@.service"]
 MAX_EXPOSURE = 2.0  # systemd-analyze security's "OK"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+SCRIPTS = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
     "scripts"
 ]
 

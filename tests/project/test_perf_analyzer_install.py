@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "perf_analyzer.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "perf_analyzer.py"
 
 
 def install(prefix: Path) -> str:

@@ -28,7 +28,7 @@ from neuron_rtd import onnxrt
 from neuron_rtd.compiler.compile import compile_model
 from neuron_rtd.runtime import LocalRuntime
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 class _Reader(quantization.CalibrationDataReader):

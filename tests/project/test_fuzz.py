@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
+FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 RUNS = {"neff_reader": 4000, "wire_requests": 1500, "example_records": 20000}
 
 

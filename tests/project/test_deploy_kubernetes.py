@@ -19,7 +19,7 @@ from kubernetes import client
 from neuron_rtd.cli import neuron_device_plugin
 from neuron_rtd.daemon.config import config_from_dict
 
-DEPLOY = Path(__file__).parents[1] / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).parents[2] / "deploy" / "kubernetes"
 MANIFESTS = (
     "neuron-rtd-daemonset.yaml",
     "device-plugin-daemonset.yaml",

@@ -43,7 +43,7 @@ from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import pb, pb_grpc
 from neuron_rtd.typed_json import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 UNIT = "neuron-rtd.service"
 STAND_IN_UID = 65534  # nobody: the package's neuron-rtd is not made on a test machine
 STAND_IN_GID = 65534  # nogroup, standing in for neuron

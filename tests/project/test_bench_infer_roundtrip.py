@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.daemon
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 NUMBER = r"[0-9]+\.[0-9]{3}"
 
 

@@ -37,7 +37,7 @@ from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.models import resnet
 from neuron_rtd.neff.samples import build_mlp
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 # What outputs JSON (neuron-cc: its `compile`, shown in its help) and what names a daemon
 JSON_OUTPUT = {"neuron-ls", "neuron-cc", "neuron-batch"}

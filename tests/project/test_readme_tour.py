@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 TOUR_HEADING = "## A five-minute tour"
 SERVING_HEADING = "## Serving with Triton's clients"

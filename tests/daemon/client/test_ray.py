@@ -34,7 +34,7 @@ from neuron_rtd.visible import parse_indices
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.daemon]
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 SDK_NEURON_LS = Path("/opt/aws/neuron/bin/neuron-ls")
 RAY = str(Path(sys.executable).parent / "ray")
 NCS_PER_NODE = 4  # an inf1.xlarge: one device

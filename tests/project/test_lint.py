@@ -1,6 +1,6 @@
 """Hand-written code stays ruff-clean, ruff-formatted and mypy-clean (generated code is
 excluded), and the layers hold (the import-linter contracts in pyproject.toml). The
-project's own rules are `tests/test_house_rules.py`'s."""
+project's own rules are `tests/project/test_house_rules.py`'s."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.daemon
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_the_quick_transport_run_checks_and_times_every_variant() -> None:
