@@ -49,6 +49,7 @@ from neuron_rtd.server.kserve_codec import (
 )
 from neuron_rtd.server.kserve_errors import GRPC_CODES, refusal
 from neuron_rtd.serving.api import InferResponse, ServingApi, SharedMemoryApi
+from neuron_rtd.serving.datatypes import datatype_of
 
 log = logging.getLogger("nrtd.KSERVE")
 
@@ -410,7 +411,8 @@ def response_message(
     """The answer on the wire: one raw output content per output in output order, the
     bytes the runtime copied each out of its slot into, as they are (`wire_bytes`); an
     output written to shared memory has empty contents and its parameters echoed, as
-    Triton does."""
+    Triton does. A request that names no output has each rendered as it is, without
+    `render`'s look for a place in shared memory."""
     response = kserve_pb.ModelInferResponse(
         model_name=result.model or request.model_name,
         model_version=result.version,
@@ -418,6 +420,12 @@ def response_message(
     )
     raw: list[bytes] = []
     add = response.outputs.add
+    if not decoded.outputs:  # none asked by name, so none in shared memory: all go back
+        for name, array in result.outputs.items():
+            add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
+            raw.append(wire_bytes(array))
+        response.raw_output_contents.extend(raw)
+        return response
     asked = None
     for output in render(decoded, result, shm):
         array = output.array

@@ -128,6 +128,9 @@ class ServedVersion:
         self._dtypes = {i.name: i.dtype for i in self._inputs}
         self._slot_dtypes = {t.name: t.dtype for t in neff.inputs}  # the NEFF's own
         self._output_names = tuple(entry.name for entry in config.output)
+        # the runtime answers every output in the NEFF's order: when that is the config's,
+        # a request for all of them takes the runtime's answer as it is
+        self._outputs_in_order = self._output_names == tuple(t.name for t in neff.outputs)
         self._output_specs = {t.name: t for t in neff.outputs}
         self._symbol_axes = tuple(
             (spec.name, axis, symbol)
@@ -210,10 +213,11 @@ class ServedVersion:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
             raise serving_error(exc, self.what) from None
         outputs = result.outputs
-        answer = {name: outputs[name] for name in wanted}
+        if wanted is not self._output_names or not self._outputs_in_order:
+            outputs = {name: outputs[name] for name in wanted}
         end = time.perf_counter_ns()
         self.stats.request_ran(end - began_ns, batch, queue_ns, t1 - t0, end - t1)
-        return InferResponse(self.name, self.version_text, request.id, answer, result.code)
+        return InferResponse(self.name, self.version_text, request.id, outputs, result.code)
 
     def _as_sent(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | bytes]:
         """The inputs as the runtime takes them: an array that lies over all of a
@@ -240,6 +244,9 @@ class ServedVersion:
         request waited for it."""
         busy = self._busy
         with self._lock:
+            if len(busy) == 1 and busy[0] < self._slots:  # one copy, a slot free
+                busy[0] += 1
+                return 0, time.perf_counter_ns() - began_ns
             while (least := min(busy)) >= self._slots:
                 self._waiting += 1
                 self._free.wait()

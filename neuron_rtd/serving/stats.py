@@ -9,14 +9,16 @@
   outputs), and the same three per execution batch size in `batch_stats`.
 
 So `compute_*` counts executions, not requests (as many when nothing is batched).
-Updates take one short lock (a request run on its own, and its execution, one together);
-nothing is built until a reader asks.
+Updates take one short lock; a request run on its own (and its execution) takes none: it
+is noted, and counted with the others noted when a reader asks (or every FOLD_AFTER).
+Nothing is built until a reader asks.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 from neuron_rtd.proto import kserve_pb
 
@@ -25,6 +27,7 @@ from neuron_rtd.proto import kserve_pb
 # ones): a request's update is a few additions in place, no call.
 SUCCESS, FAIL, QUEUE = 0, 2, 4
 INPUT, INFER, OUTPUT = 0, 2, 4  # in a compute list
+FOLD_AFTER = 256  # requests run on their own noted before they are counted, at most
 
 
 def _duration(into: kserve_pb.StatisticDuration, counters: list[int], at: int) -> None:
@@ -45,6 +48,9 @@ class VersionStats:
         self._requests = [0] * 6  # SUCCESS, FAIL, QUEUE
         self._compute = [0] * 6  # INPUT, INFER, OUTPUT
         self._batches: dict[int, list[int]] = {}  # batch size -> INPUT, INFER, OUTPUT
+        # requests run on their own, not yet counted: (ns, batch size, queue ns, infer ns,
+        # output ns, their end in ns since the epoch)
+        self._ran: deque[tuple[int, int, int, int, int, int]] = deque()
 
     def request_done(self, ns: int, batch_size: int, queue_ns: int) -> None:
         """A request answered, `ns` after it came, `queue_ns` of which it waited."""
@@ -62,26 +68,41 @@ class VersionStats:
         self, ns: int, batch_size: int, queue_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """A request answered by an execution of its own (no batcher): `request_done`
-        and `execution` at once, under the lock once."""
-        now_ms = time.time_ns() // 1_000_000
-        with self._lock:
-            requests = self._requests
+        and `execution` at once. It is noted without the lock (a deque's append is one
+        step) and counted when the statistics are read, or once FOLD_AFTER are noted."""
+        ran = self._ran
+        ran.append((ns, batch_size, queue_ns, infer_ns, output_ns, time.time_ns()))
+        if len(ran) >= FOLD_AFTER:
+            with self._lock:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Count the requests `request_ran` noted (under the lock)."""
+        ran = self._ran
+        requests, compute, batches = self._requests, self._compute, self._batches
+        last_ns = 0
+        while ran:
+            try:
+                ns, batch_size, queue_ns, infer_ns, output_ns, last_ns = ran.popleft()
+            except IndexError:  # (another thread noted none: every fold holds the lock)
+                break
             requests[SUCCESS] += 1
             requests[SUCCESS + 1] += ns
             requests[QUEUE] += 1
             requests[QUEUE + 1] += queue_ns
             self._inferences += batch_size
-            self._last_ms = now_ms
             self._executions += 1
-            per_size = self._batches.get(batch_size)
-            if per_size is None:
-                per_size = self._batches[batch_size] = [0] * 6
-            for compute in (self._compute, per_size):
-                compute[INPUT] += 1
-                compute[INFER] += 1
-                compute[INFER + 1] += infer_ns
-                compute[OUTPUT] += 1
-                compute[OUTPUT + 1] += output_ns
+            for each in (
+                compute,
+                batches.get(batch_size) or batches.setdefault(batch_size, [0] * 6),
+            ):
+                each[INPUT] += 1
+                each[INFER] += 1
+                each[INFER + 1] += infer_ns
+                each[OUTPUT] += 1
+                each[OUTPUT + 1] += output_ns
+        if last_ns:
+            self._last_ms = max(self._last_ms, last_ns // 1_000_000)
 
     def request_failed(self, ns: int) -> None:
         now_ms = time.time_ns() // 1_000_000
@@ -108,6 +129,7 @@ class VersionStats:
     def message(self) -> kserve_pb.ModelStatistics:
         stats = kserve_pb.ModelStatistics(name=self.name, version=self.version)
         with self._lock:
+            self._fold()
             stats.last_inference = self._last_ms
             stats.inference_count = self._inferences
             stats.execution_count = self._executions

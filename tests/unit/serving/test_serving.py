@@ -33,7 +33,7 @@ from neuron_rtd.serving.datatypes import (
 )
 from neuron_rtd.serving.served import serving_error
 from neuron_rtd.serving.shm import SystemSharedMemory
-from neuron_rtd.serving.stats import VersionStats
+from neuron_rtd.serving.stats import FOLD_AFTER, VersionStats
 
 
 @pytest.fixture
@@ -93,6 +93,27 @@ def test_a_request_run_on_its_own_counts_as_a_request_and_its_execution() -> Non
     one.last_inference = other.last_inference = 0
     assert one == other
     assert (one.inference_count, one.execution_count, one.batch_stats[0].batch_size) == (2, 1, 2)
+
+
+def test_requests_run_on_their_own_in_many_threads_are_each_counted() -> None:
+    """They are noted without the lock and counted when read (or every FOLD_AFTER)."""
+    stats = VersionStats("m", "1")
+
+    def run() -> None:
+        for _ in range(FOLD_AFTER + 7):
+            stats.request_ran(10, 1, 1, 5, 1)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    message = stats.message()
+    count = 4 * (FOLD_AFTER + 7)
+    assert (message.inference_count, message.execution_count) == (count, count)
+    assert message.inference_stats.success.ns == 10 * count
+    assert message.batch_stats[0].compute_infer.ns == 5 * count
+    assert message.last_inference > 0
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
