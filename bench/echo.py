@@ -13,7 +13,7 @@ import grpc
 from neuron_rtd.daemon.config import DaemonConfig
 from neuron_rtd.proto import CHANNEL_OPTIONS, pb
 from neuron_rtd.runtime import ComputeGate
-from neuron_rtd.server.pool import server_pool
+from neuron_rtd.server import server_pool
 
 ECHO_SERVICE = "bench.Echo"
 ECHO_METHOD = f"/{ECHO_SERVICE}/echo"

@@ -28,7 +28,7 @@ with atheris.instrument_imports(include=["neuron_rtd", "driver_sim"]):
     from neuron_rtd.errors import Nerr
     from neuron_rtd.proto import pb
     from neuron_rtd.runtime import LocalRuntime
-    from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
+    from neuron_rtd.server import NmgrServicer, StreamServicer
 
 from records import calls, split  # fuzz/records.py (a script's folder is on its path)
 

@@ -38,7 +38,7 @@ MAX_LINES = 500
 LONG_MARKER = re.compile(r"^#\s*long:(.*)$")
 MARKER_LINES = 5  # where the marker may stand: the module's first lines
 # Packages whose face (their __init__) is all that code outside them may import.
-FACES = ("neuron_rtd.runtime", "neuron_rtd.serving")
+FACES = ("neuron_rtd.runtime", "neuron_rtd.serving", "neuron_rtd.server")
 # A path a comment or docstring may cite: under a directory, or a top-level .md file.
 CITED = re.compile(
     r"(?<![\w./-])((?:\.\./)*(?:[\w-]+/)+[\w.-]+\.(?:md|py|pyi|proto|toml|json|pbtxt|sh|txt))"

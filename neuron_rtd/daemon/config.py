@@ -304,7 +304,7 @@ def http_options(config: DaemonConfig) -> Any:
     """The HTTP front end's `HttpOptions` from `config` (its token read); ConfigError when
     the token file or the socket's group is not right."""
     # imported here: the HTTP front end (and waitress) load only when one is asked for
-    from neuron_rtd.server.kserve_http import HttpOptions
+    from neuron_rtd.server import HttpOptions
 
     gid = socket_gid(config)
     token = read_http_token(config.http_token_file, gid) if config.http_token_file else None
@@ -322,7 +322,7 @@ def http_host(address: str, where: str = "config") -> str:
     """The host of the HTTP front end's `HOST:PORT` (brackets stripped); ConfigError
     when `address` is not one (port 0: any free port)."""
     # imported here: the HTTP front end (and waitress) load only when one is asked for
-    from neuron_rtd.server.http_server import split_http_address
+    from neuron_rtd.server import split_http_address
 
     split = split_http_address(address)
     if split is None:

@@ -13,7 +13,7 @@ import socket
 import sys
 
 from neuron_rtd.log_format import ROOT_LOGGER, TaggedFormatter
-from neuron_rtd.server.request_log import RequestLogHandler
+from neuron_rtd.server import RequestLogHandler
 
 SYSLOG_SOCKET = "/dev/log"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"

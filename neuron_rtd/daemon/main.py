@@ -60,13 +60,13 @@ from neuron_rtd.server import (
     ServicerSet,
     Tickets,
     add_servicers,
+    server_pool,
 )
-from neuron_rtd.server.pool import server_pool
 from neuron_rtd.serving import Serving, ServingError
 from neuron_rtd.typed_json import ConfigError
 
 if TYPE_CHECKING:
-    from neuron_rtd.server.http_server import HttpServer
+    from neuron_rtd.server import HttpServer
 
 log = logging.getLogger("nrtd.NRTD")
 
@@ -301,7 +301,7 @@ class Daemon:
 
     def _http(self, serving: Serving, address: str, gate: ComputeGate) -> HttpServer:
         """The v2 HTTP/REST front end, listening on `address`."""
-        from neuron_rtd.server.http_server import HttpServer
+        from neuron_rtd.server import HttpServer
 
         try:
             http = HttpServer(

@@ -19,28 +19,57 @@ pools' threads, as unary calls share theirs."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:
+    from neuron_rtd.server.caller import CallerOf
+    from neuron_rtd.server.gate import MembersOnly
+    from neuron_rtd.server.health import Health
+    from neuron_rtd.server.http_server import HttpServer, split_http_address
+    from neuron_rtd.server.kserve_http import HttpOptions
+    from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
+    from neuron_rtd.server.peer_socket import PeerSocket, Tickets
+    from neuron_rtd.server.pool import server_pool
+    from neuron_rtd.server.request_log import RequestLogHandler
+    from neuron_rtd.server.services import ServicerSet, add_servicers
+    from neuron_rtd.server.streams import (
+        MAX_OPEN_STREAMS,
+        MAX_STREAMS_PER_SESSION,
+        STALLED_AFTER_S,
+        StreamTable,
+    )
 
-from neuron_rtd.proto import ext_pb_grpc, kserve_pb, kserve_pb_grpc, pb, pb_grpc
-from neuron_rtd.runtime import Runtime
-from neuron_rtd.server.caller import CallerOf
-from neuron_rtd.server.ext import ExtServicer
-from neuron_rtd.server.gate import MembersOnly
-from neuron_rtd.server.health import Health
-from neuron_rtd.server.kserve import STREAM_WINDOW, KServeServicer
-from neuron_rtd.server.nmgr import InferAnswers, LoadAnswers, NmgrServicer, StreamServicer
-from neuron_rtd.server.peer_socket import PeerSocket, Tickets
-from neuron_rtd.server.pool import server_pool
-from neuron_rtd.server.sessions import RELEASE_WORKERS, SessionServicer
-from neuron_rtd.server.streams import (
-    MAX_OPEN_STREAMS,
-    MAX_STREAMS_PER_SESSION,
-    STALLED_AFTER_S,
-    StreamTable,
-)
-from neuron_rtd.serving import ServingApi
+# The face: each name and its module, imported when the name is first asked for, so that
+# what the daemon does not use is not loaded (waitress, the HTTP front's server, only for
+# a daemon that serves HTTP).
+_WHERE = {
+    "CallerOf": "caller",
+    "MembersOnly": "gate",
+    "Health": "health",
+    "HttpServer": "http_server",
+    "split_http_address": "http_server",
+    "HttpOptions": "kserve_http",
+    "NmgrServicer": "nmgr",
+    "StreamServicer": "nmgr",
+    "PeerSocket": "peer_socket",
+    "Tickets": "peer_socket",
+    "server_pool": "pool",
+    "RequestLogHandler": "request_log",
+    "ServicerSet": "services",
+    "add_servicers": "services",
+    "MAX_OPEN_STREAMS": "streams",
+    "MAX_STREAMS_PER_SESSION": "streams",
+    "STALLED_AFTER_S": "streams",
+    "StreamTable": "streams",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_OPEN_STREAMS",
@@ -48,140 +77,17 @@ __all__ = [
     "STALLED_AFTER_S",
     "CallerOf",
     "Health",
-    "KServeServicer",
+    "HttpOptions",
+    "HttpServer",
     "MembersOnly",
+    "NmgrServicer",
     "PeerSocket",
+    "RequestLogHandler",
     "ServicerSet",
-    "SessionServicer",
+    "StreamServicer",
     "StreamTable",
     "Tickets",
     "add_servicers",
+    "server_pool",
+    "split_http_address",
 ]
-
-STREAM_THREADS = 64  # stream requests worked on at once (loads; inferences), each kind
-
-
-class ServicerSet(NamedTuple):
-    """The services the daemon acts on itself: it closes the session streams and ends
-    the request streams at its stop, and keeps the health up to date."""
-
-    sessions: SessionServicer
-    health: Health
-    kserve: KServeServicer | None
-    streams: StreamTable
-
-
-class _Replacing:
-    """`server` as a generated `add_*Servicer_to_server` sees it, with the handlers
-    named in `replaced` put in place of the generated ones: the streams served by
-    `streams` (non-blocking handlers; `load`, stream-unary on the wire, served as a
-    stream that answers once)."""
-
-    def __init__(self, server: grpc.Server, replaced: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.server = server
-        self.replaced = replaced
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        """The generated generic handler is made again in `add_registered_method_handlers`
-        from the handlers as replaced."""
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        handlers = {**handlers, **self.replaced}
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, handlers),)
-        )
-        self.server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
-
-
-class _KServeStream:
-    """A `ModelStreamInfer` served by `streams`: each request answered as the v2
-    service's `stream_answer` answers it, for the stream's caller."""
-
-    def __init__(self, kserve: KServeServicer, context: grpc.ServicerContext) -> None:
-        self.kserve = kserve
-        self.caller = kserve.caller_of(context)
-
-    def answer(self, request: Any) -> Any:
-        return self.kserve.stream_answer(request, self.caller)
-
-    def end(self) -> None:
-        return None
-
-
-def add_servicers(
-    server: grpc.Server,
-    runtime: Runtime,
-    *,
-    address: str,
-    sim_root: str,
-    instance_type: str,
-    tickets: Tickets,
-    peer_socket: str = "",
-    serving: ServingApi | None = None,
-    stream_threads: int = STREAM_THREADS,
-    session_end_threads: int = RELEASE_WORKERS,
-) -> ServicerSet:
-    """Add every service to `server` (the KServe v2 one when given its `serving` core);
-    those the daemon acts on itself. Streams' requests run on pools of `stream_threads`
-    threads each (loads; inferences), on the runtime's compute gate's turns; ended
-    sessions are released `session_end_threads` at once."""
-    table = StreamTable()
-    gate = runtime.compute_gate
-    infer_pool = server_pool(gate, stream_threads, "stream")  # infer_stream's and v2's
-    nmgr = NmgrServicer(runtime)
-    replaced = {
-        "load": table.handler(
-            "load",
-            lambda context: LoadAnswers(nmgr, context),
-            request=pb.load_request,
-            response=pb.load_response,
-            pool=server_pool(gate, stream_threads, "load"),
-            unary=True,
-        )
-    }
-    streamed = {
-        "infer_stream": table.handler(
-            "infer_stream",
-            lambda context: InferAnswers(nmgr, context),
-            request=pb.infer_request,
-            response=pb.infer_response,
-            pool=infer_pool,
-        )
-    }
-    sessions = SessionServicer(runtime, tickets, release_threads=session_end_threads)
-    pb_grpc.add_nmgr_v1Servicer_to_server(nmgr, _Replacing(server, replaced))
-    pb_grpc.add_nmgr_streamServicer_to_server(StreamServicer(nmgr), _Replacing(server, streamed))
-    pb_grpc.add_nmgr_session_managerServicer_to_server(sessions, server)
-    ext_pb_grpc.add_nmgr_extServicer_to_server(
-        ExtServicer(
-            runtime,
-            address=address,
-            sim_root=sim_root,
-            instance_type=instance_type,
-            peer_socket=peer_socket,
-        ),
-        server,
-    )
-    kserve = None
-    if serving is not None:
-        kserve = KServeServicer(
-            serving,
-            caller_of=CallerOf(address),
-        )
-        v2 = kserve
-        kserve_streamed = {
-            "ModelStreamInfer": table.handler(
-                "ModelStreamInfer",
-                lambda context: _KServeStream(v2, context),
-                request=kserve_pb.ModelInferRequest,
-                response=kserve_pb.ModelStreamInferResponse,
-                pool=infer_pool,
-                window=STREAM_WINDOW,
-            )
-        }
-        kserve_pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            kserve, _Replacing(server, kserve_streamed)
-        )
-    return ServicerSet(sessions, Health(server, runtime), kserve, table)

@@ -16,12 +16,11 @@ import pytest
 
 # The faces: packages that code outside them imports by their __init__ only (the import
 # contracts of pyproject.toml), and the other packages that declare what they export.
-# Not yet `neuron_rtd.server`: its __init__ is also where the servicers are added
-# (`add_servicers`), and binds the names that work uses.
 FACES = (
     "neuron_rtd.runtime",
     "neuron_rtd.client",
     "neuron_rtd.serving",
+    "neuron_rtd.server",
     "neuron_rtd.compiler",
     "neuron_rtd.neff",
     "driver_sim",
