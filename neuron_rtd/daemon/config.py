@@ -77,6 +77,7 @@ class DaemonConfig:
     default_timeout: int = 2  # seconds one inference may take
     default_ninfer: int = 4  # in-flight inferences per model
     shmem_enabled: bool = True
+    shm_read_threads: int = 0  # one large shm read split over this many (0: 2-4, the cores)
     model_cache_count: int = 4  # models one NCG may hold (1 running, rest STANDBY); 0: any
     # the file's, else $NEURON_RTD_NC_ENGINE, else fast (None only until `environment`)
     nc_engine: str | None = field(default=None, metadata={ENV: NC_ENGINE_ENV})
@@ -208,6 +209,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
     for pool in (*pools, "session_end_threads"):
         if getattr(config, pool) < 1:
             raise ConfigError(f"{where}: {pool} must be at least 1")
+    if not 0 <= config.shm_read_threads <= 64:
+        raise ConfigError(f"{where}: shm_read_threads must be between 0 (the cores') and 64")
     if not 4 <= config.front_timeout_secs <= 3600:
         raise ConfigError(f"{where}: front_timeout_secs must be between 4 and 3600")
     if config.log_level not in LOG_LEVELS:

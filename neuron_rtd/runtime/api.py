@@ -246,6 +246,8 @@ class RuntimeOptions:
     host_threads: int = 0
     cookie_ttl_s: float = 60.0  # an ended inference nobody waits for is dropped after this
     shmem_enabled: bool = True  # clients may map shared memory for tensors
+    # threads one large shared-memory read is split over (0: the usable cores, 2 to 4)
+    shm_read_threads: int = 0
     # The folders `neff_file` loads may read from (symbolic links resolved first).
     neff_file_dirs: tuple[str, ...] = ("/",)
     # What one session may hold at once (clients with no session share one quota); 0: any.

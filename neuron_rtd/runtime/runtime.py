@@ -87,7 +87,9 @@ class Runtime(ModelCalls):
         self._inflight = Inflight(
             ttl_s=self.options.cookie_ttl_s, session_limit=self.options.session_max_inflight
         )
-        self._shm = ShmTable(enabled=self.options.shmem_enabled)
+        self._shm = ShmTable(
+            enabled=self.options.shmem_enabled, read_threads=self.options.shm_read_threads
+        )
         self._data = DataPath(self._shm, self._inflight)
         self._stats = Stats()
         self._admission = NeffAdmission(self.options.neff_file_dirs)

@@ -81,6 +81,7 @@ class ShmTable:
         enabled: bool = True,
         view_bytes: int = VIEW_BYTES,
         views_total_bytes: int = VIEWS_TOTAL_BYTES,
+        read_threads: int = 0,
     ) -> None:
         self.root = root
         self.enabled = enabled
@@ -89,6 +90,7 @@ class ShmTable:
         self._maps: dict[tuple[int, str], ShmMapping] = {}
         self._viewed = 0  # bytes of passed objects mapped into this process (views)
         self._lock = threading.Lock()
+        self._readers = _Readers(read_threads or default_read_threads())
 
     def __len__(self) -> int:
         with self._lock:
@@ -324,7 +326,7 @@ class ShmTable:
                 with memoryview(view) as held:
                     target.cast("B")[:] = held[offset : offset + nbytes]
                 return
-            got = _read_parts(fd, target.cast("B"), offset)
+            got = self._readers.read(fd, target.cast("B"), offset)
         if got < nbytes:
             raise BadInput(
                 f"{what}: shared memory '{mapping.path}' holds {offset + got} bytes, the "
@@ -398,31 +400,44 @@ def sealed_view(fd: int, writable: bool, size: int) -> mmap.mmap | None:
         return None
 
 
-PARALLEL_READ_BYTES = 4 << 20  # reads this large are split over READ_THREADS threads
-READ_THREADS = max(2, min(4, usable_cpus()))
-_readers: ThreadPoolExecutor | None = None
-_readers_lock = threading.Lock()
+PARALLEL_READ_BYTES = 4 << 20  # reads this large are split over the table's readers
 
 
-def _read_parts(fd: int, target: memoryview, base: int = 0) -> int:
-    """preadv `target` from offset `base`; the bytes read (fewer: the object is shorter)."""
-    nbytes = target.nbytes
-    if nbytes < PARALLEL_READ_BYTES:
-        return os.preadv(fd, [target], base) if nbytes else 0
-    global _readers
-    with _readers_lock:
-        if _readers is None:
-            _readers = ThreadPoolExecutor(READ_THREADS - 1, thread_name_prefix="shm-read")
-    step = -(-nbytes // READ_THREADS)
-    offsets = range(0, nbytes, step)
-    parts = [_readers.submit(_pread_full, fd, target, o, step, base) for o in offsets[1:]]
-    counts = [_pread_full(fd, target, 0, step, base)] + [p.result() for p in parts]
-    total = 0
-    for offset, count in zip(offsets, counts, strict=True):
-        if count < min(step, nbytes - offset):  # a short part: the object ends there
-            return offset + count
-        total += count
-    return total
+def default_read_threads() -> int:
+    """Threads one large read is split over when the config names none: the usable
+    cores, 2 to 4 (past 4 the kernel's copies gain nothing here)."""
+    return max(2, min(4, usable_cpus()))
+
+
+class _Readers:
+    """The table's large reads, each split over `threads` threads at once (the caller's
+    and threads of a pool made at the first such read)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def read(self, fd: int, target: memoryview, base: int = 0) -> int:
+        """preadv `target` from offset `base`; the bytes read (fewer: the object is
+        shorter)."""
+        nbytes = target.nbytes
+        if nbytes < PARALLEL_READ_BYTES or self.threads == 1:
+            return _pread_full(fd, target, 0, nbytes, base) if nbytes else 0
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="shm-read")
+            pool = self._pool
+        step = -(-nbytes // self.threads)
+        offsets = range(0, nbytes, step)
+        parts = [pool.submit(_pread_full, fd, target, o, step, base) for o in offsets[1:]]
+        counts = [_pread_full(fd, target, 0, step, base)] + [p.result() for p in parts]
+        total = 0
+        for offset, count in zip(offsets, counts, strict=True):
+            if count < min(step, nbytes - offset):  # a short part: the object ends there
+                return offset + count
+            total += count
+        return total
 
 
 def _pread_full(fd: int, target: memoryview, offset: int, size: int, base: int) -> int:

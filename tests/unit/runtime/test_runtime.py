@@ -404,8 +404,8 @@ def test_thread_pools_are_sized_by_the_cpus_the_daemon_may_run_on() -> None:
         "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
         "from neuron_rtd.runtime.driver import nc_threads; "
         "from neuron_rtd.runtime.host import HostPool; "
-        "from neuron_rtd.runtime.shm import READ_THREADS; "
-        "print(nc_threads(), HostPool().threads, READ_THREADS)"
+        "from neuron_rtd.runtime.shm import default_read_threads; "
+        "print(nc_threads(), HostPool().threads, default_read_threads())"
     )
     env = {k: v for k, v in os.environ.items() if k != "NEURON_RTD_HOST_THREADS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
