@@ -120,7 +120,7 @@ def latency(address: str, http: str, calls: int, rounds: int) -> None:
         report(times, NMGR)
         p50 = {k: statistics.median(v) for k, v in times.items()}
         print(
-            f"  goals: v2/nmgr {p50[V2] / p50[NMGR]:.2f}x (<= 1.1); "
+            f"  goals: v2/nmgr {p50[V2] / p50[NMGR]:.3f}x (<= 1.05); "
             f"http/grpc {p50[TRITON_HTTP] / p50[TRITON_GRPC]:.2f}x (<= 1.3)"
         )
 
