@@ -21,6 +21,7 @@ A front names its caller as well as its transport lets it (`Caller`):
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -32,6 +33,10 @@ from dataclasses import dataclass
 
 ROOT = 0
 STRANGER = -1  # a uid that owns nothing and is in no group: "anyone" on a socket open to all
+# What opening a caller's file or object may fail with that would tell whether it exists
+# (and it is a link, or in a folder it may not search): worded alike, for nobody to tell
+# apart (the model files' reader, the shm table).
+HIDDEN_ERRNOS = frozenset((errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP))
 
 _ACL_XATTR = "system.posix_acl_access"
 _ACL_HEADER = struct.Struct("<I")

@@ -19,7 +19,6 @@ the daemon may not read get the same answer.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import stat
@@ -30,12 +29,11 @@ from collections.abc import Callable, Sequence
 from neuron_rtd.errors import InvalidError, ModelFileRefused, NeffInvalid, ResourceError, shown
 from neuron_rtd.neff import HEADER_SIZE, Neff, read_neff
 from neuron_rtd.neff.header import parse_header
+from neuron_rtd.runtime.access import HIDDEN_ERRNOS
 from neuron_rtd.runtime.api import NeffFile
 from neuron_rtd.runtime.driver import available_memory
 
 NeffSource = Neff | bytes | bytearray | memoryview | NeffFile  # parsed, its bytes, or a file
-# What a model file's open may fail with that tells whether it exists: told apart for nobody.
-_HIDDEN = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP)
 UNREADABLE = "no such file, or the daemon may not read it"
 
 
@@ -221,7 +219,7 @@ def _read_exactly(fd: int, target: memoryview, name: str) -> None:
 
 
 def _why(exc: OSError) -> str:
-    if exc.errno in _HIDDEN:
+    if exc.errno in HIDDEN_ERRNOS:
         return UNREADABLE
     return (exc.strerror or str(exc)).lower()
 

@@ -23,7 +23,6 @@ is deferred until that inference lets it go.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import mmap
 import os
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_rtd.errors import BadInput, InvalidError, ResourceError
-from neuron_rtd.runtime.access import Caller, may_open
+from neuron_rtd.runtime.access import HIDDEN_ERRNOS, Caller, may_open
 from neuron_rtd.runtime.driver import usable_cpus
 from neuron_rtd.runtime.sessions import NO_SESSION, SessionId, session_name
 
@@ -117,7 +116,7 @@ class ShmTable:
         try:
             fd = os.open(self.root / name, flags | os.O_NONBLOCK)
         except OSError as exc:
-            hidden = exc.errno in _HIDDEN
+            hidden = exc.errno in HIDDEN_ERRNOS
             raise _refused(what, path, None if hidden else exc.strerror, who) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -357,9 +356,6 @@ class ShmTable:
             written = os.pwritev(fd, [data], offset) if size else 0
         if written != size:
             raise BadInput(f"{what}: wrote {written} of {size} bytes to '{path}'")
-
-
-_HIDDEN = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EPERM)  # told apart for nobody
 
 
 def _refused(what: str, path: str, reason: str | None, who: Caller | None) -> InvalidError:
