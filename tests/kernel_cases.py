@@ -2,6 +2,7 @@
 
 `node_cases(op)` gives the generated cases whose graph is that single op (the onnx wheel
 defines them; generating all 1884 takes a few seconds, done once per test process).
+`run_kernel(op, *inputs, **attrs)` runs one kernel as the runtime calls it.
 `run_case(case)` either returns None (the kernel ran it and every output matched with the
 case's own rtol/atol, dtype and shape), returns the reason the kernel refuses it at
 compile time (op version, attribute or dtype it does not implement: the compiler sends
@@ -20,6 +21,15 @@ import onnx.defs
 
 from driver_sim import KERNELS
 from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
+
+
+def run_kernel(op: str, *inputs: np.ndarray | None, **attrs: Any) -> Any:
+    """The kernel of `op` on `inputs` (None: an absent input) with `attrs`, as the runtime
+    calls it (after its attribute parsing and support check)."""
+    kern = KERNELS[op]
+    values = kern.parse_attrs(attrs)
+    kern.check_support([a.dtype for a in inputs if a is not None], values)
+    return kern.bind(values)(*inputs)
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from kernel_cases import node_cases, run_case
+from kernel_cases import run_kernel as run
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
@@ -120,15 +121,6 @@ def test_onnx_node_cases(op: str) -> None:
 
 
 # ---- against onnxruntime on random shapes ------------------------------------------------
-
-
-def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> Any:
-    """The kernel of `op` on `inputs` with `attrs`, as the runtime calls it (after its
-    attribute parsing and support check)."""
-    kern = KERNELS[op]
-    values = kern.parse_attrs(attrs)
-    kern.check_support([a.dtype for a in inputs if a is not None], values)
-    return kern.bind(values)(*inputs)
 
 
 def _model(

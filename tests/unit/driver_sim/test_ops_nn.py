@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kernel_cases import node_cases, run_case
+from kernel_cases import run_kernel as run
 
 from driver_sim import KERNELS
 from driver_sim.execute import execute_program
@@ -64,15 +65,6 @@ def test_pinned_refusals_are_cases() -> None:
 
 
 # ---- helpers ------------------------------------------------------------------------------
-
-
-def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> Any:
-    """The kernel of `op` on `inputs` with `attrs`, as the runtime calls it (after its
-    attribute parsing and support check)."""
-    kern = KERNELS[op]
-    values = kern.parse_attrs(attrs)
-    kern.check_support([a.dtype for a in inputs if a is not None], values)
-    return kern.bind(values)(*inputs)
 
 
 def refusal(op: str, dtypes: list[str], **attrs: Any) -> str:

@@ -13,6 +13,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 from kernel_cases import node_cases, run_case
+from kernel_cases import run_kernel as run
 from onnx import helper
 
 from driver_sim import KERNELS
@@ -54,13 +55,6 @@ def test_blocked_symmetric_quantization() -> None:
 
 
 # ---- against onnxruntime ----------------------------------------------------------------
-
-
-def run(op: str, *inputs: np.ndarray | None, **attrs: Any) -> Any:
-    kern = KERNELS[op]
-    values = kern.parse_attrs(attrs)
-    kern.check_support([a.dtype for a in inputs if a is not None], values)
-    return kern.bind(values)(*inputs)
 
 
 def ort_run(op: str, inputs: Sequence[np.ndarray | None], outputs: int = 1, **attrs: Any) -> Any:
