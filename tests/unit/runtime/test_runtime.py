@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 import driver_sim
 from neuron_rtd.errors import (
@@ -174,9 +175,7 @@ def test_queue_full_past_ninfer(runtime: Runtime) -> None:
     model = runtime.load(read_neff(sample.neff), ninfer=1)
     x = {"x": sample.random_inputs()["x"].tobytes()}
     cookie = runtime.post(model.id, x)  # in flight until it is waited for, done or not
-    deadline = time.monotonic() + 30
-    while not runtime.completed([cookie]) and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until(lambda: runtime.completed([cookie]), 30, "the posted inference's end")
     with pytest.raises(QueueFull, match="ninfer 1"):
         runtime.infer(model.id, x)
     assert runtime.counters().infer_queue_drop_count == 1
@@ -335,11 +334,7 @@ def test_an_unloaded_models_cookies_keep_only_their_answer(runtime: Runtime) -> 
         runtime.unload(model.id)
         # its worker threads may hold it a moment longer, as they end; never for the
         # cookies' time to live (60 s)
-        for _ in range(500):
-            if held() is None:
-                break
-            time.sleep(0.01)
-        assert held() is None
+        wait_until(lambda: held() is None, 20, "the unloaded model freed")
     finally:
         gc.enable()
     assert runtime.completed(cookies) == cookies
