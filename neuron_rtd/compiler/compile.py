@@ -56,7 +56,7 @@ MAX_BUCKETS = 64
 
 # Told of the compile's progress: (what is being done, steps done, steps in all). The steps
 # are: load and check the model, each bucket (one when there are none), write the NEFF.
-Progress = Callable[[str, int, int], None]
+Progress = Callable[[str, int, int], None]  # told (what, done, total) as work goes on
 
 
 def _no_progress(what: str, done: int, total: int) -> None:

@@ -41,12 +41,11 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from neuron_rtd.arguments import unreadable
+from neuron_rtd.compiler.compile import Progress
 from neuron_rtd.compiler.errors import CompileError
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import as_input
 from neuron_rtd.records.npz import NpzUnreadable, npz_arrays
-
-Progress = Callable[[str, int, int], None]  # (what, done, total), as the compiler's
 
 # our names of onnxruntime's calibration methods (its CalibrationMethod members)
 METHODS: Mapping[str, str] = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
