@@ -8,8 +8,9 @@ as a dict of numpy arrays.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from neuron_rtd import lazy
 
 if TYPE_CHECKING:
     from neuron_rtd.client._config import NCG_SIZES_ENV, parse_ncg_sizes
@@ -43,13 +44,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    try:  # a submodule, as `neuron_rtd.client.errors` was once the package had imported it
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = lazy.lazy_names(__name__, _WHERE)
 
 
 __all__ = [

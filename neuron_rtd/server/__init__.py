@@ -19,8 +19,9 @@ pools' threads, as unary calls share theirs."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from neuron_rtd import lazy
 
 if TYPE_CHECKING:
     from neuron_rtd.server.caller import CallerOf
@@ -65,10 +66,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy.lazy_names(__name__, _WHERE)
 
 
 __all__ = [
