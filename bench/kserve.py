@@ -119,10 +119,26 @@ def latency(address: str, http: str, calls: int, rounds: int) -> None:
         print(f"\n{name} {shape}: one client, sync calls")
         report(times, NMGR)
         p50 = {k: statistics.median(v) for k, v in times.items()}
+        paired = round_ratios(times[V2], times[NMGR], rounds)
+        print(
+            f"  v2/nmgr round by round (p50 of each round's calls): median "
+            f"{statistics.median(paired):.3f}x, {min(paired):.3f}-{max(paired):.3f}x"
+        )
         print(
             f"  goals: v2/nmgr {p50[V2] / p50[NMGR]:.3f}x (<= 1.05); "
             f"http/grpc {p50[TRITON_HTTP] / p50[TRITON_GRPC]:.2f}x (<= 1.3)"
         )
+
+
+def round_ratios(side: list[float], base: list[float], rounds: int) -> list[float]:
+    """Per round, the p50 of `side`'s calls over the p50 of `base`'s: the two were called
+    one round after the other, so a burst of the machine's noise that spans a round hits
+    both alike, where it can tilt the p50s of all calls."""
+    size = max(1, len(base) // rounds)
+    return [
+        statistics.median(side[at : at + size]) / statistics.median(base[at : at + size])
+        for at in range(0, len(base) - size + 1, size)
+    ]
 
 
 NMGR = "nmgr infer (raw stub)"
