@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from neuron_rtd.runtime import Caller
 from neuron_rtd.server.kserve_codec import invalid
 from neuron_rtd.server.kserve_json import dumps, loads_object
-from neuron_rtd.serving.api import ServingError
+from neuron_rtd.serving import ServingError
 
 SMALL_BODY_BYTES = 1 << 20  # a body other than an inference's or a load's
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -51,7 +51,7 @@ from neuron_rtd.server.kserve_json import (
     dumps,
 )
 from neuron_rtd.server.peers import tcp_caller
-from neuron_rtd.serving.api import ServingApi
+from neuron_rtd.serving import ServingApi
 
 log = logging.getLogger("nrtd.KSERVE")
 

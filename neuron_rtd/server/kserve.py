@@ -48,8 +48,7 @@ from neuron_rtd.server.kserve_codec import (
     render,
 )
 from neuron_rtd.server.kserve_errors import GRPC_CODES, refusal
-from neuron_rtd.serving.api import InferResponse, ServingApi, SharedMemoryApi
-from neuron_rtd.serving.datatypes import datatype_of
+from neuron_rtd.serving import InferResponse, ServingApi, SharedMemoryApi, datatype_of
 
 log = logging.getLogger("nrtd.KSERVE")
 

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuron_rtd.serving.api import (
+from neuron_rtd.serving import (
+    DTYPES,
     InferRequest,
     InferResponse,
     ServingError,
     SharedMemoryApi,
     Status,
+    datatype_of,
+    dtype_of,
 )
-from neuron_rtd.serving.datatypes import DTYPES, datatype_of, dtype_of
 
 SHM_REGION = "shared_memory_region"
 SHM_OFFSET = "shared_memory_offset"

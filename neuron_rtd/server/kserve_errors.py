@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from neuron_rtd.serving.api import ServingError, Status
+from neuron_rtd.serving import ServingError, Status
 
 log = logging.getLogger("nrtd.KSERVE")
 

@@ -79,7 +79,7 @@ from neuron_rtd.server.kserve_json import (
     shm_status_json,
     statistics_json,
 )
-from neuron_rtd.serving.api import ServingApi, ServingError, SharedMemoryApi, Status
+from neuron_rtd.serving import ServingApi, ServingError, SharedMemoryApi, Status
 
 log = logging.getLogger("nrtd.KSERVE")
 

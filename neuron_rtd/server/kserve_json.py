@@ -46,7 +46,7 @@ from neuron_rtd.server.kserve_codec import (
     render,
     shown,
 )
-from neuron_rtd.serving.api import (
+from neuron_rtd.serving import (
     InferRequest,
     InferResponse,
     ModelMetadata,

@@ -5,7 +5,8 @@ the runtime (`instance_group { count: N }` copies on NCGs of their own), dynamic
 batching across clients, per-version statistics, and system shared-memory regions.
 
 The front ends (`neuron_rtd/server/kserve.py` for gRPC, `neuron_rtd/server/kserve_http.py`
-for HTTP) speak to it through `ServingApi` (`neuron_rtd/serving/api.py`) only.
+for HTTP) speak to it through this face only: `ServingApi` (`neuron_rtd/serving/api.py`),
+its values and errors, and the protocol's datatype table (`neuron_rtd/serving/datatypes.py`).
 """
 
 from neuron_rtd.serving.api import (
@@ -21,9 +22,11 @@ from neuron_rtd.serving.api import (
     Status,
     TensorMeta,
 )
+from neuron_rtd.serving.datatypes import DTYPES, datatype_of, dtype_of
 from neuron_rtd.serving.service import EXTENSIONS, Serving
 
 __all__ = [
+    "DTYPES",
     "EXTENSIONS",
     "InferRequest",
     "InferResponse",
@@ -37,4 +40,6 @@ __all__ = [
     "ShmRegion",
     "Status",
     "TensorMeta",
+    "datatype_of",
+    "dtype_of",
 ]
