@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from test_service_user import (
     model_repository,
     unit_service,
 )
+from waiting import wait_until
 
 from neuron_rtd.client import Client
 from neuron_rtd.errors import Nerr
@@ -48,6 +48,7 @@ from neuron_rtd.server import MAX_OPEN_STREAMS, MAX_STREAMS_PER_SESSION, STALLED
 from neuron_rtd.server.streams import StreamTable
 
 MLP = build_mlp((32, 16, 4), name="mlp")
+STACKS = "(most recent call first)"  # in faulthandler's dump of a thread's stack
 HOLD = 7  # a request of this model id is held until released
 FAIL = 8  # ... raises in its answer
 
@@ -410,9 +411,8 @@ class Daemon:
         v2 = kserve_pb_grpc.GRPCInferenceServiceStub(channel)
         x = MLP.random_inputs(1)["x"]
         want = MLP.reference({"x": x})["probs"]
-        began = time.monotonic()
         assert v2.ServerReady(kserve_pb.ServerReadyRequest(), timeout=5).ready
-        with Client(self.address) as client:
+        with Client(self.address, timeout_s=5) as client:
             model = client.load(MLP.neff)  # a load stream
             np.testing.assert_allclose(model(x=x)["probs"], want, rtol=1e-5)
             request = pb.infer_request(
@@ -434,7 +434,6 @@ class Daemon:
         assert not streamed.error_message, streamed.error_message
         probs = np.frombuffer(streamed.infer_response.raw_output_contents[0], np.float32)
         np.testing.assert_allclose(probs.reshape(want.shape), want, rtol=1e-5)
-        assert time.monotonic() - began < 5, "root's calls took more than 5 s"
         channel.close()
 
 
@@ -505,21 +504,24 @@ def test_a_stalled_load_is_ended_and_the_daemon_stops_within_15s(daemon: Daemon)
     STALLED_AFTER_S; then, with a member's idle streams of each kind open, SIGTERM ends the
     daemon within 15 s."""
     with holding(daemon, {"open": [["load", 1]]}) as holder:
-        deadline = time.monotonic() + STALLED_AFTER_S + 30
-        while (stood := holder.report()["load"][0]) == "alive":
-            if time.monotonic() > deadline:
-                daemon.service.proc.send_signal(signal.SIGUSR1)  # its threads' stacks
-                time.sleep(1)
-                raise AssertionError(f"not ended; the log ends:\n{daemon.log()[-20000:]}")
-            time.sleep(1)
+        try:
+            wait_until(
+                lambda: holder.report()["load"][0] != "alive",
+                STALLED_AFTER_S + 30,
+                "the stalled load ended",
+            )
+        except AssertionError:
+            daemon.service.proc.send_signal(signal.SIGUSR1)  # its threads' stacks
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: STACKS in daemon.log(), 10, "faulthandler's dump")
+            raise AssertionError(f"not ended; the log ends:\n{daemon.log()[-20000:]}") from None
+        stood = holder.report()["load"][0]
     code, details = stood
     assert code == "RESOURCE_EXHAUSTED"
     assert f"the stream sent nothing for {STALLED_AFTER_S:g} s and was ended" in details
     with holding(daemon, {"open": [[kind, 100] for kind in KINDS]}):
         daemon.within_5s()
-        began = time.monotonic()
         daemon.service.proc.send_signal(signal.SIGTERM)
         code = daemon.service.proc.wait(15)
-        assert time.monotonic() - began < 15
     assert code == 0, daemon.log()[-4000:]
     assert "Traceback" not in daemon.log()
