@@ -45,10 +45,17 @@ from neuron_rtd.server.kserve_codec import (
     decode,
     invalid,
     load_request,
+    raw_array,
     render,
 )
-from neuron_rtd.server.kserve_errors import GRPC_CODES, refusal
-from neuron_rtd.serving import InferResponse, ServingApi, SharedMemoryApi, datatype_of
+from neuron_rtd.server.kserve_errors import CUDA_SHM_UNSUPPORTED, GRPC_CODES, refusal
+from neuron_rtd.serving import (
+    InferRequest,
+    InferResponse,
+    ServingApi,
+    SharedMemoryApi,
+    datatype_of,
+)
 
 log = logging.getLogger("nrtd.KSERVE")
 
@@ -71,10 +78,7 @@ TYPED_FIELDS: dict[str, str] = {
 }
 
 
-CUDA_SHM_UNSUPPORTED = (
-    "CUDA shared memory is not supported: this server has no GPUs (its devices are "
-    "Neuron devices); use system shared memory (SystemSharedMemoryRegister) instead"
-)
+NO_CUDA_SHM = CUDA_SHM_UNSUPPORTED.format("SystemSharedMemoryRegister")
 
 SOURCES = Sources(raw="raw_input_contents", typed="contents")
 _NONE: Mapping[str, object] = MappingProxyType({})  # a tensor's parameters when it has none
@@ -238,7 +242,16 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         """One inference: its tensors lifted off the message and decoded, run by the core,
         its answer put back. Only a tensor's parameters name a shared-memory region, so
         who calls (`caller()`: a stat of the daemon's socket, its peer) is asked only
-        when some tensor has parameters; otherwise the regions are a stranger's, none."""
+        when some tensor has parameters; otherwise the regions are a stranger's, none.
+        The common request (every input raw, no parameters, no output named) is decoded
+        in one pass over its message (`raw_inputs`), to the same arrays and answers."""
+        if not request.outputs and not request.parameters:
+            arrays = raw_inputs(request)
+            if arrays is not None:
+                one = InferRequest(
+                    request.model_name, arrays, request.model_version, None, request.id, {}
+                )
+                return all_outputs(request, self.serving.infer(one))
         inputs, named = lifted_inputs(request)
         asked = request.outputs
         outputs = [OutputIn(o.name, parameters_of(o.parameters)) for o in asked] if asked else []
@@ -330,13 +343,13 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
 
     # --- what this server does not do ---------------------------------------------------
     def CudaSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHM_UNSUPPORTED)
+        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
 
     def CudaSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHM_UNSUPPORTED)
+        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
 
     def CudaSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHM_UNSUPPORTED)
+        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
 
     def TraceSetting(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
         abort(
@@ -358,6 +371,26 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
     context.abort(code, message)
     raise AssertionError("context.abort returned")  # it raises; this tells mypy
+
+
+def raw_inputs(request: kserve_pb.ModelInferRequest) -> dict[str, np.ndarray] | None:
+    """The inputs of a request whose every input is sent raw, with no parameters and a
+    name of its own, decoded in one pass (`raw_array`: checked as `decode` checks them,
+    its errors the same, in the same order); None for any other request, which takes
+    the general way (`lifted_inputs`, `decode`)."""
+    raw = request.raw_input_contents
+    tensors = request.inputs
+    count = len(tensors)
+    if len(raw) != count:
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    for at in range(count):  # (indexing a repeated field is faster than iterating it)
+        tensor = tensors[at]
+        name = tensor.name
+        if tensor.parameters or name in arrays or tensor.HasField("contents"):
+            return None
+        arrays[name] = raw_array(name, tensor.datatype, tuple(tensor.shape[:]), raw[at])
+    return arrays
 
 
 def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn], bool]:
@@ -412,6 +445,8 @@ def response_message(
     output written to shared memory has empty contents and its parameters echoed, as
     Triton does. A request that names no output has each rendered as it is, without
     `render`'s look for a place in shared memory."""
+    if not decoded.outputs:  # none asked by name, so none in shared memory: all go back
+        return all_outputs(request, result)
     response = kserve_pb.ModelInferResponse(
         model_name=result.model or request.model_name,
         model_version=result.version,
@@ -419,12 +454,6 @@ def response_message(
     )
     raw: list[bytes] = []
     add = response.outputs.add
-    if not decoded.outputs:  # none asked by name, so none in shared memory: all go back
-        for name, array in result.outputs.items():
-            add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
-            raw.append(wire_bytes(array))
-        response.raw_output_contents.extend(raw)
-        return response
     asked = None
     for output in render(decoded, result, shm):
         array = output.array
@@ -439,4 +468,22 @@ def response_message(
         else:
             raw.append(wire_bytes(array))
     response.raw_output_contents.extend(raw)
+    return response
+
+
+def all_outputs(
+    request: kserve_pb.ModelInferRequest, result: InferResponse
+) -> kserve_pb.ModelInferResponse:
+    """The answer to a request that names no output (so none goes to shared memory):
+    every output back on the wire, in the model's order."""
+    response = kserve_pb.ModelInferResponse(
+        model_name=result.model or request.model_name,
+        model_version=result.version,
+        id=result.id or request.id,
+    )
+    add = response.outputs.add
+    put = response.raw_output_contents.append
+    for name, array in result.outputs.items():
+        add(name=name, datatype=datatype_of(array.dtype), shape=array.shape)
+        put(wire_bytes(array))
     return response

@@ -24,6 +24,12 @@ STATUS_CODES: dict[Status, tuple[grpc.StatusCode, int]] = {
     Status.UNSUPPORTED: (grpc.StatusCode.UNIMPLEMENTED, 501),  # CUDA shared memory, ...
     Status.INTERNAL: (grpc.StatusCode.INTERNAL, 500),
 }
+# What both fronts answer a CUDA shared-memory call, each naming its own way to register
+# system shared memory instead (`{}`).
+CUDA_SHM_UNSUPPORTED = (
+    "CUDA shared memory is not supported: this server has no GPUs (its devices are Neuron "
+    "devices); use system shared memory ({}) instead"
+)
 GRPC_CODES = {status: codes[0] for status, codes in STATUS_CODES.items()}
 HTTP_STATUS = {status: codes[1] for status, codes in STATUS_CODES.items()}
 

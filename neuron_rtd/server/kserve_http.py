@@ -64,7 +64,7 @@ from neuron_rtd.server.http_messages import (
 )
 from neuron_rtd.server.http_messages import JSON_TYPE as JSON_TYPE  # the server's replies
 from neuron_rtd.server.kserve_codec import invalid
-from neuron_rtd.server.kserve_errors import HTTP_STATUS, refusal
+from neuron_rtd.server.kserve_errors import CUDA_SHM_UNSUPPORTED, HTTP_STATUS, refusal
 from neuron_rtd.server.kserve_json import (
     decode_infer,
     dumps,
@@ -93,10 +93,7 @@ MAX_BODY_BYTES = 64 << 20  # the largest request body taken (and decompressed); 
 BODY_SLACK_BYTES = 1 << 20  # an inference's body beyond its tensors: names, parameters
 JSON_CHARS_PER_NUMBER = 48  # an input's element in JSON, indentation and separator included
 
-CUDA_SHM_UNSUPPORTED = (
-    "CUDA shared memory is not supported: this server has no GPUs (its devices are Neuron "
-    "devices); use system shared memory (/v2/systemsharedmemory) instead"
-)
+NO_CUDA_SHM = CUDA_SHM_UNSUPPORTED.format("/v2/systemsharedmemory")
 TRACE_UNSUPPORTED = (
     "trace settings are not supported: this server keeps no traces (per-op profiles: load "
     "the model with enable_node_profiling and use neuron-cli profile)"
@@ -292,7 +289,7 @@ class KServeApp:
             case ["v2", "systemsharedmemory", "unregister"]:
                 return "POST", self.members_only(lambda r: self.shm_unregister(r, ""))
             case ["v2", "cudasharedmemory", *_]:
-                return "GET POST", unsupported(CUDA_SHM_UNSUPPORTED)
+                return "GET POST", unsupported(NO_CUDA_SHM)
             case ["v2", "trace", "setting"]:
                 return "GET POST", unsupported(TRACE_UNSUPPORTED)
             case ["v2", "logging"]:

@@ -38,7 +38,9 @@ ModelConfig = model_config_pb.ModelConfig
 
 @dataclass
 class ServedModel:
-    """A model as served: its ready versions, and why others (or all) are not."""
+    """A model as served: its ready versions, and why others (or all) are not. Its
+    `versions` are not changed once it is in the loader's table (a reload or an unload
+    puts a new one there): `Serving._version` reads them without the lock."""
 
     name: str
     scanned: ModelDir | None = None  # the directory loaded from (None: files of a load)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from queue import SimpleQueue
 
 import numpy as np
 
@@ -145,6 +146,13 @@ class ServedVersion:
         self._lock = threading.Lock()
         self._free = threading.Condition(self._lock)  # a slot was given back
         self._waiting = 0  # requests waiting on `_free` for a slot
+        # one copy: its free slots are tokens in a queue (taking one is one call of C; a
+        # request that finds none waits in the queue, in turn)
+        self._tokens: SimpleQueue[None] | None = None
+        if len(self.model_ids) == 1:
+            self._tokens = SimpleQueue()
+            for _ in range(self._slots):
+                self._tokens.put(None)
         self.batcher: Batcher | None = None
         if config.HasField("dynamic_batching"):
             batching = config.dynamic_batching
@@ -199,13 +207,25 @@ class ServedVersion:
                 answer = {name: outputs[name] for name in wanted}
                 self.stats.request_done(time.perf_counter_ns() - began_ns, batch, done.queue_ns)
                 return InferResponse(self.name, self.version_text, request.id, answer, code)
-            copy, queue_ns = self._take_copy(began_ns)
-            try:
-                t0 = time.perf_counter_ns()
-                result = self.runtime.infer(self.model_ids[copy], self._as_sent(request.inputs))
-                t1 = time.perf_counter_ns()
-            finally:
-                self._give_back(copy)
+            sent = self._as_sent(request.inputs)
+            tokens = self._tokens
+            if tokens is not None:  # one copy: a free slot's token taken, or awaited
+                tokens.get()
+                try:
+                    t0 = time.perf_counter_ns()
+                    result = self.runtime.infer(self.model_ids[0], sent)
+                    t1 = time.perf_counter_ns()
+                finally:
+                    tokens.put(None)
+            else:
+                copy = self._take_copy()
+                try:
+                    t0 = time.perf_counter_ns()
+                    result = self.runtime.infer(self.model_ids[copy], sent)
+                    t1 = time.perf_counter_ns()
+                finally:
+                    self._give_back(copy)
+            queue_ns = t0 - began_ns
         except ServingError:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
             raise
@@ -239,21 +259,17 @@ class ServedVersion:
                 sent[name] = array
         return sent
 
-    def _take_copy(self, began_ns: int) -> tuple[int, int]:
-        """The least busy copy, once one has a free slot (taken), and how long the
-        request waited for it."""
+    def _take_copy(self) -> int:
+        """The least busy copy, once one has a free slot (taken)."""
         busy = self._busy
         with self._lock:
-            if len(busy) == 1 and busy[0] < self._slots:  # one copy, a slot free
-                busy[0] += 1
-                return 0, time.perf_counter_ns() - began_ns
             while (least := min(busy)) >= self._slots:
                 self._waiting += 1
                 self._free.wait()
                 self._waiting -= 1
             copy = busy.index(least)
             busy[copy] += 1
-        return copy, time.perf_counter_ns() - began_ns
+        return copy
 
     def _give_back(self, copy: int) -> None:
         with self._lock:

@@ -200,18 +200,20 @@ class Serving:
 
     def _version(self, name: str, version: str) -> ServedVersion:
         """The READY version `version` of model `name` ("" its newest). A name the core
-        holds is within bounds: only one it does not is measured (`check_bound`)."""
-        with self._lock:
-            model = self._models.get(name)
-            if model is not None:
-                if not version:
-                    served = model.newest()
-                    if served is not None:
-                        return served
-                elif _number(version) is not None:
-                    served = model.versions.get(int(version))
-                    if served is not None:
-                        return served
+        holds is within bounds: only one it does not is measured (`check_bound`). Read
+        without the loader's lock: a model's entry is one dict read (atomic), and its
+        versions never change once it is in the table (a change puts a new `ServedModel`
+        there), so what is read is one whole state of the model, as under the lock."""
+        model = self._models.get(name)
+        if model is not None:
+            if not version:
+                served = model.newest()
+                if served is not None:
+                    return served
+            elif _number(version) is not None:
+                served = model.versions.get(int(version))
+                if served is not None:
+                    return served
         check_bound(name)
         raise self._not_served(name, version, model)
 
