@@ -30,6 +30,16 @@ INPUT, INFER, OUTPUT = 0, 2, 4  # in a compute list
 FOLD_AFTER = 256  # requests run on their own noted before they are counted, at most
 
 
+def _ran(compute: list[int], count: int, infer_ns: int, output_ns: int) -> None:
+    """`count` executions of requests run on their own added to a compute list (their
+    input made by the runtime itself: no input time)."""
+    compute[INPUT] += count
+    compute[INFER] += count
+    compute[INFER + 1] += infer_ns
+    compute[OUTPUT] += count
+    compute[OUTPUT + 1] += output_ns
+
+
 def _duration(into: kserve_pb.StatisticDuration, counters: list[int], at: int) -> None:
     into.count = counters[at]
     into.ns = counters[at + 1]
@@ -77,32 +87,33 @@ class VersionStats:
                 self._fold()
 
     def _fold(self) -> None:
-        """Count the requests `request_ran` noted (under the lock)."""
+        """Count the requests `request_ran` noted (under the lock): those noted when it
+        starts (others noted meanwhile wait for the next fold), summed column by column."""
         ran = self._ran
-        requests, compute, batches = self._requests, self._compute, self._batches
-        last_ns = 0
-        while ran:
-            try:
-                ns, batch_size, queue_ns, infer_ns, output_ns, last_ns = ran.popleft()
-            except IndexError:  # (another thread noted none: every fold holds the lock)
-                break
-            requests[SUCCESS] += 1
-            requests[SUCCESS + 1] += ns
-            requests[QUEUE] += 1
-            requests[QUEUE + 1] += queue_ns
-            self._inferences += batch_size
-            self._executions += 1
-            for each in (
-                compute,
-                batches.get(batch_size) or batches.setdefault(batch_size, [0] * 6),
-            ):
-                each[INPUT] += 1
-                each[INFER] += 1
-                each[INFER + 1] += infer_ns
-                each[OUTPUT] += 1
-                each[OUTPUT + 1] += output_ns
-        if last_ns:
-            self._last_ms = max(self._last_ms, last_ns // 1_000_000)
+        count = len(ran)
+        if not count:
+            return
+        take = ran.popleft
+        noted = [take() for _ in range(count)]
+        ns, sizes, queue_ns, infer_ns, output_ns, ends = zip(*noted, strict=True)
+        requests = self._requests
+        requests[SUCCESS] += count
+        requests[SUCCESS + 1] += sum(ns)
+        requests[QUEUE] += count
+        requests[QUEUE + 1] += sum(queue_ns)
+        self._inferences += sum(sizes)
+        self._executions += count
+        _ran(self._compute, count, sum(infer_ns), sum(output_ns))
+        batches = self._batches
+        if min(sizes) == max(sizes):  # one batch size (always, for a model that does not batch)
+            size = sizes[0]
+            per_size = batches.get(size) or batches.setdefault(size, [0] * 6)
+            _ran(per_size, count, sum(infer_ns), sum(output_ns))
+        else:
+            for _, size, _, infer, output, _ in noted:
+                per_size = batches.get(size) or batches.setdefault(size, [0] * 6)
+                _ran(per_size, 1, infer, output)
+        self._last_ms = max(self._last_ms, max(ends) // 1_000_000)
 
     def request_failed(self, ns: int) -> None:
         now_ms = time.time_ns() // 1_000_000

@@ -95,6 +95,21 @@ def test_a_request_run_on_its_own_counts_as_a_request_and_its_execution() -> Non
     assert (one.inference_count, one.execution_count, one.batch_stats[0].batch_size) == (2, 1, 2)
 
 
+def test_requests_of_several_batch_sizes_folded_together_count_as_each_alone() -> None:
+    """A fold sums the requests noted column by column: each batch size's compute
+    counters get its own requests only, as when each is counted apart."""
+    folded, apart = VersionStats("m", "1"), VersionStats("m", "1")
+    for size, ns in ((1, 50), (4, 70), (1, 60), (2, 90), (4, 30)):
+        folded.request_ran(ns, size, 5, ns // 2, 3)
+        apart.execution(size, 0, ns // 2, 3)
+        apart.request_done(ns, size, 5)
+    one, other = folded.message(), apart.message()
+    one.last_inference = other.last_inference = 0
+    assert one == other
+    assert [b.batch_size for b in one.batch_stats] == [1, 2, 4]
+    assert one.batch_stats[2].compute_infer.ns == 35 + 15
+
+
 def test_requests_run_on_their_own_in_many_threads_are_each_counted() -> None:
     """They are noted without the lock and counted when read (or every FOLD_AFTER)."""
     stats = VersionStats("m", "1")
