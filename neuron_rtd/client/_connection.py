@@ -50,6 +50,16 @@ PROT_READ_WRITE = 0x1 | 0x2  # mmap_prot of shm_map: PROT_READ | PROT_WRITE
 RESTARTABLE = frozenset({"create_eg"})
 
 
+def answer_of(call: Any) -> Any:
+    """A gRPC future's answer, waited for on an event of the client's own: a Ctrl-C lands
+    there, never inside gRPC's lock of the call (a signal can leave that lock held, and the
+    channel's close then waits for the call for good: seen once in a full test run)."""
+    done = threading.Event()
+    call.add_done_callback(lambda _: done.set())
+    done.wait()
+    return call.result()
+
+
 class ClientClosed(RuntimeError):
     def __init__(self) -> None:
         super().__init__("this client is closed")
@@ -204,7 +214,7 @@ class Connection:
         already, the model it made is unloaded here (`unload_made`)."""
         call = self.stub.load.future(requests, timeout=self.timeout_s, metadata=self.metadata)
         try:
-            return call.result()
+            return answer_of(call)
         except grpc.RpcError:
             raise
         except BaseException as stop:

@@ -89,6 +89,10 @@ class Session:
                     f"session_monitor: no session id from the daemon in {timeout_s:g} s"
                 ) from None
             raise
+        except BaseException:  # Ctrl-C while it opens: no stream left waiting on `closing`
+            closing.set()  # (its request thread would hold the channel's close for good)
+            call.cancel()
+            raise
         finally:
             timer.cancel()
         self._call = call

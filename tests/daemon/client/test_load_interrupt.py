@@ -179,11 +179,11 @@ def ctrl_c_raises() -> Iterator[None]:
 
 
 def waits_on_the_load_call() -> bool:
-    """Whether the main thread is in the load call's wait (`result`, called by the
+    """Whether the main thread is in the load call's wait (`answer_of`, called by the
     client's `_load_once`), where its Ctrl-C is handled."""
     frame = sys._current_frames().get(threading.main_thread().ident or 0)
     while frame is not None and frame.f_back is not None:
-        if frame.f_code.co_name == "result" and frame.f_back.f_code.co_name == "_load_once":
+        if frame.f_code.co_name == "answer_of" and frame.f_back.f_code.co_name == "_load_once":
             return True
         frame = frame.f_back
     return False
@@ -214,6 +214,9 @@ class AnsweredThenInterrupted:
 
     def cancel(self) -> bool:
         return bool(self.call.cancel())
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self.call.add_done_callback(lambda _: callback(self))
 
     def exception(self, timeout: float | None = None) -> Any:
         return self.call.exception(timeout)
