@@ -197,10 +197,12 @@ class ServedVersion:
     def infer(self, request: InferRequest, began_ns: int) -> InferResponse:
         """Check `request`, run it, and answer with the outputs it asked for; every
         outcome counted in the statistics (`began_ns`: when it came, perf_counter). Run
-        directly, the request and its one execution are counted together, under one lock."""
+        directly, the request and its one execution are counted together, noted without
+        a lock (`VersionStats.request_ran`)."""
         try:
             batch = self._check(request)
-            wanted = self._wanted(request.outputs)
+            asked = request.outputs
+            wanted = self._output_names if asked is None else self._wanted(asked)
             if self.batcher is not None:
                 done = self.batcher.submit(request.inputs, batch)
                 outputs, code = done.outputs, done.code
