@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 import pytest
+from waiting import wait_until
 
 from neuron_rtd.errors import Nerr
 from neuron_rtd.runtime import InferResult
@@ -128,15 +129,8 @@ class Submitter:
             assert_answer(self.answers[key], inputs)
 
 
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "gave up waiting"
-        time.sleep(0.005)
-
-
 def wait_pending(batcher: Batcher, count: int) -> None:
-    wait_until(lambda: batcher.pending == count)
+    wait_until(lambda: batcher.pending == count, WAIT, f"{count} requests pending")
 
 
 def batcher_threads() -> list[threading.Thread]:
@@ -256,7 +250,9 @@ def test_the_largest_preferred_size_reached_runs_first(
     model.release.set()
     # of 5 queued rows, 4 (the largest preferred size reached: 2 is one too) run at once;
     # the fifth waits for more
-    wait_until(lambda: len(model.rows()) == 2 and batcher.pending == 1)
+    wait_until(
+        lambda: len(model.rows()) == 2 and batcher.pending == 1, WAIT, "2 rows running, 1 pending"
+    )
     submitter.start(5, request(5.0, rows=3))  # 1 + 3 rows: a preferred size again
     submitter.join()
     submitter.check_answers()

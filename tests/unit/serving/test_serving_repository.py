@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from waiting import wait_until
 
 from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.neff import build_mlp
@@ -462,10 +462,7 @@ def test_poll_thread_runs(local: LocalRuntime, tmp_path: Path) -> None:
     root = write_repo(tmp_path, {"m": {1: MLP.neff}})
     serving = serve(local, root, control_mode="poll", poll_s=0.05)
     write_repo(root, {"m": {2: MLP.neff}})
-    deadline = time.monotonic() + 10
-    while not serving.model_ready("m", "2") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert serving.model_ready("m", "2")
+    wait_until(lambda: serving.model_ready("m", "2"), 10, "the poll has loaded version 2")
     serving.close()
     assert local.runtime.models() == []
 
