@@ -210,23 +210,13 @@ class ServedVersion:
                 self.stats.request_done(time.perf_counter_ns() - began_ns, batch, done.queue_ns)
                 return InferResponse(self.name, self.version_text, request.id, answer, code)
             sent = self._as_sent(request.inputs)
-            tokens = self._tokens
-            if tokens is not None:  # one copy: a free slot's token taken, or awaited
-                tokens.get()
-                try:
-                    t0 = time.perf_counter_ns()
-                    result = self.runtime.infer(self.model_ids[0], sent)
-                    t1 = time.perf_counter_ns()
-                finally:
-                    tokens.put(None)
-            else:
-                copy = self._take_copy()
-                try:
-                    t0 = time.perf_counter_ns()
-                    result = self.runtime.infer(self.model_ids[copy], sent)
-                    t1 = time.perf_counter_ns()
-                finally:
-                    self._give_back(copy)
+            copy = self._take_copy()
+            try:
+                t0 = time.perf_counter_ns()
+                result = self.runtime.infer(self.model_ids[copy], sent)
+                t1 = time.perf_counter_ns()
+            finally:
+                self._give_back(copy)
             queue_ns = t0 - began_ns
         except ServingError:
             self.stats.request_failed(time.perf_counter_ns() - began_ns)
@@ -262,7 +252,12 @@ class ServedVersion:
         return sent
 
     def _take_copy(self) -> int:
-        """The least busy copy, once one has a free slot (taken)."""
+        """The least busy copy, once one has a free slot (taken); of one copy, a free
+        slot's token taken, or awaited."""
+        tokens = self._tokens
+        if tokens is not None:
+            tokens.get()
+            return 0
         busy = self._busy
         with self._lock:
             while (least := min(busy)) >= self._slots:
@@ -274,6 +269,10 @@ class ServedVersion:
         return copy
 
     def _give_back(self, copy: int) -> None:
+        tokens = self._tokens
+        if tokens is not None:
+            tokens.put(None)
+            return
         with self._lock:
             self._busy[copy] -= 1
             if self._waiting:  # (a notify with nobody waiting still costs a call)
