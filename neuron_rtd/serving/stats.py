@@ -30,10 +30,11 @@ INPUT, INFER, OUTPUT = 0, 2, 4  # in a compute list
 FOLD_AFTER = 256  # requests run on their own noted before they are counted, at most
 
 
-def _ran(compute: list[int], count: int, infer_ns: int, output_ns: int) -> None:
-    """`count` executions of requests run on their own added to a compute list (their
-    input made by the runtime itself: no input time)."""
+def _executed(compute: list[int], count: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+    """`count` executions added to a compute list, with their times summed (a request
+    run on its own has its input made by the runtime itself: no input time)."""
     compute[INPUT] += count
+    compute[INPUT + 1] += input_ns
     compute[INFER] += count
     compute[INFER + 1] += infer_ns
     compute[OUTPUT] += count
@@ -103,16 +104,16 @@ class VersionStats:
         requests[QUEUE + 1] += sum(queue_ns)
         self._inferences += sum(sizes)
         self._executions += count
-        _ran(self._compute, count, sum(infer_ns), sum(output_ns))
+        _executed(self._compute, count, 0, sum(infer_ns), sum(output_ns))
         batches = self._batches
         if min(sizes) == max(sizes):  # one batch size (always, for a model that does not batch)
             size = sizes[0]
             per_size = batches.get(size) or batches.setdefault(size, [0] * 6)
-            _ran(per_size, count, sum(infer_ns), sum(output_ns))
+            _executed(per_size, count, 0, sum(infer_ns), sum(output_ns))
         else:
             for _, size, _, infer, output, _ in noted:
                 per_size = batches.get(size) or batches.setdefault(size, [0] * 6)
-                _ran(per_size, 1, infer, output)
+                _executed(per_size, 1, 0, infer, output)
         self._last_ms = max(self._last_ms, max(ends) // 1_000_000)
 
     def request_failed(self, ns: int) -> None:
@@ -129,13 +130,8 @@ class VersionStats:
             per_size = self._batches.get(batch_size)
             if per_size is None:
                 per_size = self._batches[batch_size] = [0] * 6
-            for compute in (self._compute, per_size):
-                compute[INPUT] += 1
-                compute[INPUT + 1] += input_ns
-                compute[INFER] += 1
-                compute[INFER + 1] += infer_ns
-                compute[OUTPUT] += 1
-                compute[OUTPUT + 1] += output_ns
+            _executed(self._compute, 1, input_ns, infer_ns, output_ns)
+            _executed(per_size, 1, input_ns, infer_ns, output_ns)
 
     def message(self) -> kserve_pb.ModelStatistics:
         stats = kserve_pb.ModelStatistics(name=self.name, version=self.version)
