@@ -109,6 +109,8 @@ class DaemonConfig:
     model_control_mode: str = "none"  # none, explicit or poll
     load_models: tuple[str, ...] = ()  # loaded at start in explicit mode ("*": all)
     repository_poll_secs: int = 15  # poll mode: how often the repository is read again
+    # where ONNX models' compiled NEFFs are kept (None: `compile_cache_dir`'s default)
+    compile_cache_dir: str | None = None
     http_address: str | None = None  # the KServe v2 HTTP/REST front end's HOST:PORT; off
     http_token_file: str | None = None  # a bearer token that makes its bearer a member
     http_max_body_mb: int = 64  # the largest HTTP request body taken, inflated or not
@@ -272,6 +274,10 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
         )
     if config.repository_poll_secs < 1:
         raise ConfigError(f"{where}: repository_poll_secs must be at least 1 second")
+    if config.compile_cache_dir is not None:
+        if not config.compile_cache_dir:
+            raise ConfigError(f"{where}: compile_cache_dir must be a folder's path")
+        config = replace(config, compile_cache_dir=os.path.abspath(config.compile_cache_dir))
     if config.http_address is not None:
         host = http_host(config.http_address, where)
         if not loopback(host) and not config.allow_remote_clients:
@@ -291,6 +297,22 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
     if config.http_max_connections_per_user < 1:
         raise ConfigError(f"{where}: http_max_connections_per_user must be at least 1")
     return config
+
+
+def compile_cache_dir(config: DaemonConfig) -> Path:
+    """The compile cache's folder: the config's `compile_cache_dir`, else the unit's state
+    folder (`$STATE_DIRECTORY`, systemd's StateDirectory=), else
+    /var/lib/neuron-rtd/compile-cache for root, else the user's cache folder
+    (`$XDG_CACHE_HOME`, ~/.cache) under neuron-rtd/compile-cache."""
+    if config.compile_cache_dir:
+        return Path(config.compile_cache_dir)
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return Path(state)
+    if os.geteuid() == 0:
+        return Path("/var/lib/neuron-rtd/compile-cache")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "neuron-rtd" / "compile-cache"
 
 
 def socket_gid(config: DaemonConfig) -> int:

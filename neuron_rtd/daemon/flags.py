@@ -109,6 +109,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{DaemonConfig.repository_poll_secs})",
     )
     serving.add_argument(
+        "--compile-cache",
+        dest="compile_cache_dir",
+        metavar="DIR",
+        help="keep the NEFFs compiled from the repository's ONNX models here (default: the "
+        "config's compile_cache_dir, else $STATE_DIRECTORY, else "
+        "/var/lib/neuron-rtd/compile-cache for root, ~/.cache/neuron-rtd/compile-cache "
+        "for others)",
+    )
+    serving.add_argument(
         "--http-address",
         dest="http_address",
         metavar="HOST:PORT",

@@ -26,6 +26,7 @@ from neuron_rtd.command_line import entry
 from neuron_rtd.daemon import sd
 from neuron_rtd.daemon.config import (
     DaemonConfig,
+    compile_cache_dir,
     http_options,
     load_config,
     remote_clients_warning,
@@ -287,6 +288,7 @@ class Daemon:
             control_mode=config.model_control_mode,
             load_models=config.load_models,
             poll_s=float(config.repository_poll_secs),
+            compile_cache=compile_cache_dir(config),
         )
         self.serving = serving  # closed by run() should what follows fail
         if repository is not None:

@@ -14,11 +14,17 @@ completes an ONNX model's:
 A field the user gave is kept when the NEFF agrees and refused, naming the field and both
 values, when it does not; what the daemon cannot do (sequence batching, ensembles, GPU
 instances) is refused saying so.
+
+An ONNX model (`platform` "onnxruntime_onnx", `backend` "onnxruntime", or neither and a
+`model.onnx` where no `model.neff` is: Triton's auto-complete) is compiled on load
+(`neuron_rtd/serving/onnx_models.py`), its config checked against the ONNX file, its
+`reshape`s compiled in (`check_reshape` here), and then completed from its NEFF as any.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import stat
 from collections.abc import Sequence
@@ -39,6 +45,10 @@ CONFIG_FILE = "config.pbtxt"
 PLATFORM = "neuron_neff"
 BACKEND = "neuron"
 DEFAULT_MODEL_FILENAME = "model.neff"
+ONNX_PLATFORM = "onnxruntime_onnx"  # Triton's ONNX models, served compiled
+ONNX_BACKEND = "onnxruntime"
+ONNX_MODEL_FILENAME = "model.onnx"
+ONNX_MAX_BYTES = (2 << 30) - 1  # a protobuf's own limit
 NAME_MAX_BYTES = 255  # a model's name, a model file's: one file name (NAME_MAX)
 CONFIG_MAX_BYTES = 1 << 20  # a config.pbtxt (Triton's are a few KB)
 
@@ -56,7 +66,7 @@ def read_config(model_dir: Path, name: str) -> ModelConfig:
     regular file of at most CONFIG_MAX_BYTES."""
     path = model_dir / CONFIG_FILE
     try:
-        text = _read_text(path).decode("utf-8")
+        text = read_data_file(path, CONFIG_MAX_BYTES, "a config.pbtxt").decode("utf-8")
     except FileNotFoundError:
         return ModelConfig()
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,26 +84,39 @@ def read_config(model_dir: Path, name: str) -> ModelConfig:
     return config
 
 
-def _read_text(path: Path) -> bytes:
-    """A small file's bytes; ValueError saying why a file that is there is not read."""
+def read_data_file(path: Path, limit: int, kind: str) -> bytes:
+    """The bytes of file `path` (`kind`: "a config.pbtxt"), read as data: opened
+    non-blocking, never through a symbolic link, only when it is a regular file of at most
+    `limit` bytes. OSError, or ValueError saying why a file that is there is not read."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
     if not stat.S_ISREG(path.lstat().st_mode):  # a device is not even opened
-        raise ValueError("it is not a regular file (a config.pbtxt must be one)")
+        raise ValueError(f"it is not a regular file ({kind} must be one)")
     fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError("it is not a regular file (a config.pbtxt must be one)")
-        if info.st_size > CONFIG_MAX_BYTES:
-            raise ValueError(
-                f"it is {info.st_size} bytes, more than a config.pbtxt may be ({CONFIG_MAX_BYTES})"
-            )
-        data = os.pread(fd, CONFIG_MAX_BYTES + 1, 0)
+            raise ValueError(f"it is not a regular file ({kind} must be one)")
+        if info.st_size > limit:
+            raise ValueError(f"it is {info.st_size} bytes, more than {kind} may be ({limit})")
+        data = _read_all(fd, info.st_size, limit)
     finally:
         os.close(fd)
-    if len(data) > CONFIG_MAX_BYTES:  # grew since its size was looked at
-        raise ValueError(f"it is more than a config.pbtxt may be ({CONFIG_MAX_BYTES} bytes)")
+    if len(data) > limit:  # grew since its size was looked at
+        raise ValueError(f"it is more than {kind} may be ({limit} bytes)")
     return data
+
+
+def _read_all(fd: int, size: int, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes of `fd` (a single pread returns at most 2 GiB)."""
+    parts: list[bytes] = []
+    done = 0
+    while done <= limit:
+        part = os.pread(fd, min(max(size - done, 0) + 1, limit + 1 - done, 1 << 30), done)
+        if not part:
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
 
 
 def parse_json_config(text: str, name: str) -> ModelConfig:
@@ -151,15 +174,22 @@ def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
             f"{source}: name '{shown(config.name)}', but the model's directory is '{name}'"
         )
     check_model_filename(config.default_model_filename, source)
-    if config.platform and config.platform != PLATFORM:
+    served = f"'{PLATFORM}' (NEFF) models and '{ONNX_PLATFORM}' (ONNX, compiled on load)"
+    if config.platform and config.platform not in (PLATFORM, ONNX_PLATFORM):
         raise _invalid(
             f"{source}: platform '{config.platform}' is not served here; "
-            f"this daemon serves '{PLATFORM}' (NEFF) models only"
+            f"this daemon serves {served}"
         )
-    if config.backend and config.backend != BACKEND:
+    if config.backend and config.backend not in (BACKEND, ONNX_BACKEND):
         raise _invalid(
-            f"{source}: backend '{config.backend}' is not served here; "
-            f"this daemon's backend is '{BACKEND}'"
+            f"{source}: backend '{config.backend}' is not served here; this daemon's backends "
+            f"are '{BACKEND}' (NEFF) and '{ONNX_BACKEND}' (ONNX models, compiled on load)"
+        )
+    pair = {PLATFORM: BACKEND, ONNX_PLATFORM: ONNX_BACKEND}
+    if config.platform and config.backend and pair[config.platform] != config.backend:
+        raise _invalid(
+            f"{source}: platform '{config.platform}' and backend '{config.backend}' name "
+            f"different kinds of model ({served}: backend '{pair[config.platform]}')"
         )
     scheduling = config.WhichOneof("scheduling_choice")
     if scheduling in ("sequence_batching", "ensemble_scheduling"):
@@ -197,8 +227,41 @@ def check_model_filename(filename: str, source: str) -> None:
         )
 
 
-def model_filename(config: ModelConfig) -> str:
-    return config.default_model_filename or DEFAULT_MODEL_FILENAME
+def model_filename(config: ModelConfig, onnx: bool = False) -> str:
+    default = ONNX_MODEL_FILENAME if onnx else DEFAULT_MODEL_FILENAME
+    return config.default_model_filename or default
+
+
+def is_onnx(config: ModelConfig, version_dir: Path) -> bool:
+    """Whether a version is an ONNX model to compile: its config's platform or backend
+    says so, or, naming neither, its model file is `*.onnx` (default_model_filename), or
+    its folder holds a model.onnx and no model.neff (Triton's auto-complete)."""
+    if config.platform or config.backend:
+        return config.platform == ONNX_PLATFORM or config.backend == ONNX_BACKEND
+    if config.default_model_filename:
+        return config.default_model_filename.endswith(".onnx")
+    neff = version_dir / DEFAULT_MODEL_FILENAME
+    return not os.path.lexists(neff) and os.path.lexists(version_dir / ONNX_MODEL_FILENAME)
+
+
+def check_reshape(
+    entry: model_config_pb.ModelInput | model_config_pb.ModelOutput, kind: str, source: str
+) -> None:
+    """An ONNX model's `reshape` (the model's own shape of a tensor served in `dims`) must
+    keep its elements: the same count when both are fixed, at most one -1 (an axis that
+    follows from the others)."""
+    if not entry.HasField("reshape"):
+        return
+    shape = list(entry.reshape.shape)
+    dims = list(entry.dims)
+    what = f"{kind} '{entry.name}' reshape {_dims(shape)}"
+    if any(d < -1 or d == 0 for d in shape) or shape.count(-1) > 1:
+        raise _invalid(f"{source}: {what}: its sizes must be positive, but for at most one -1")
+    if -1 not in shape and -1 not in dims and math.prod(shape) != math.prod(dims):
+        raise _invalid(
+            f"{source}: {what} holds {math.prod(shape)} elements, but its dims {_dims(dims)} "
+            f"hold {math.prod(dims)}"
+        )
 
 
 def instance_count(config: ModelConfig) -> int:
@@ -332,6 +395,7 @@ def _check_tensor_fields(
             raise _invalid(
                 f"{source}: {kind} '{entry.name}' sets {field}, which neuron-rtd does not "
                 "support (a NEFF takes each input whole, in the shape it was compiled for)"
+                + ("; an ONNX model's reshape is compiled in" if field == "reshape" else "")
             )
 
 

@@ -3,7 +3,11 @@ at start, on a load or unload request and while polling: the models it holds
 (`ServedModel`: its ready versions and why others are not), each (re)loaded under its
 name's lock from its repository folder or a request's files, version by version (a
 version whose files and config did not change stays; one that fails to reload leaves
-the one before it serving), and what names a load may take.
+the one before it serving), and what names a load may take. An ONNX version is compiled
+first (`neuron_rtd/serving/onnx_models.py`, its NEFF kept in the compile cache), what the
+compile is doing shown meanwhile as the version's LOADING state in the repository index
+(`Loader.progress`) and in the log; it runs in the loading thread, holding only its
+model's name lock, so requests to other models (and the index) go on.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from neuron_rtd.errors import shown
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import Runtime
 from neuron_rtd.serving.api import ServingError, Status
+from neuron_rtd.serving.compile_cache import CompileCache
 from neuron_rtd.serving.config import (
     CONFIG_FILE,
     NAME_MAX_BYTES,
     check_own_fields,
+    is_onnx,
     parse_json_config,
     read_config,
     select_versions,
 )
+from neuron_rtd.serving.onnx_models import compile_version, served_config
 from neuron_rtd.serving.repository import ModelDir, model_names, scan_model, write_files
 from neuron_rtd.serving.served import ServedVersion, load_version
 
@@ -63,12 +70,16 @@ class Loader:
         runtime: Runtime,
         repository: Path | None,
         unknown_model: Callable[[str], str],
+        compile_cache: Path | None = None,
     ) -> None:
         self.runtime = runtime
         self.repository = repository
         self.unknown_model = unknown_model  # why a name is served by none, in words
         self.models: dict[str, ServedModel] = {}
-        self.lock = threading.Lock()  # guards models
+        # what the loads in progress are doing, by name and version (an ONNX compile)
+        self.progress: dict[str, dict[int, str]] = {}
+        self.cache = CompileCache(compile_cache)
+        self.lock = threading.Lock()  # guards models and progress
         self.name_locks = NameLocks()
         self.closed = threading.Event()
 
@@ -241,7 +252,35 @@ class Loader:
                 f"model '{scanned.name}' version {version}: named by version_policy, but "
                 f"{scanned.path}/{version}/ does not exist",
             )
+        if is_onnx(user, directory):
+            return self._load_onnx(scanned.name, version, directory, user, source)
         return load_version(self.runtime, scanned.name, version, directory, user, source)
+
+    def _load_onnx(
+        self, name: str, version: int, directory: Path, user: ModelConfig, source: str
+    ) -> ServedVersion:
+        """An ONNX version: compiled (or found in the compile cache), then loaded as its
+        NEFF, answering with the config of the ONNX model."""
+
+        def note(doing: str) -> None:
+            with self.lock:
+                self.progress.setdefault(name, {})[version] = doing
+            log.info("Model '%s' version %d: %s", name, version, doing, extra={"fn": "load"})
+
+        try:
+            compiled = compile_version(self.cache, name, version, directory, user, source, note)
+            note("loading its NEFF")
+            served = load_version(
+                self.runtime, name, version, compiled.folder, compiled.neff_config, source
+            )
+        finally:
+            with self.lock:
+                doing = self.progress.get(name, {})
+                doing.pop(version, None)
+                if not doing:
+                    self.progress.pop(name, None)
+        served.config = served_config(served.config, user)
+        return served
 
     def _repo_dir(self, name: str) -> Path | None:
         return self.repository / name if self.repository is not None else None

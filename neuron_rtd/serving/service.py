@@ -59,7 +59,7 @@ EXTENSIONS: tuple[str, ...] = (
     "statistics",
     "binary_tensor_data",
 )
-READY, UNAVAILABLE = "READY", "UNAVAILABLE"
+READY, UNAVAILABLE, LOADING = "READY", "UNAVAILABLE", "LOADING"
 
 ModelConfig = model_config_pb.ModelConfig
 
@@ -75,6 +75,7 @@ class Serving:
         control_mode: str = "none",
         load_models: Sequence[str] = (),
         poll_s: float = 15.0,
+        compile_cache: Path | None = None,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -88,7 +89,8 @@ class Serving:
         self.load_models = tuple(load_models)
         self.poll_s = poll_s
         self.regions = SystemSharedMemory(runtime, limit=runtime.options.session_max_shm_maps)
-        self._loader = Loader(runtime, repository, self._unknown_model)
+        # compile_cache: where ONNX models' NEFFs are kept (None: a temporary folder)
+        self._loader = Loader(runtime, repository, self._unknown_model, compile_cache)
         self._models = self._loader.models  # under self._lock
         self._lock = self._loader.lock
         self._name_locks = self._loader.name_locks
@@ -130,6 +132,7 @@ class Serving:
         for name in names:
             self._loader.unload(name, "the daemon is stopping")
         self.regions.close()
+        self._loader.cache.close()
 
     def shm(self, caller: Caller) -> SharedMemoryApi:
         """The system shared-memory regions `caller` registered, as it may use them."""
@@ -162,7 +165,8 @@ class Serving:
                 ready = sorted(model.versions) if model is not None else []
             versions = tuple(str(v) for v in ready) or (served.version_text,)
         inputs, outputs = served.tensors()
-        return ModelMetadata(name, versions, PLATFORM, inputs, outputs)
+        platform = served.config.platform or PLATFORM  # an ONNX model's: onnxruntime_onnx
+        return ModelMetadata(name, versions, platform, inputs, outputs)
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
         config = ModelConfig()
@@ -271,10 +275,15 @@ class Serving:
         with self._lock:
             for name in sorted({*names, *self._models}):
                 model = self._models.get(name)
-                if model is None:
+                loading = self._loader.progress.get(name, {})  # an ONNX version compiling
+                if model is None and not loading:
                     rows.append(RepositoryModel(name, "", ""))
                     continue
+                if model is None:
+                    model = ServedModel(name=name)
                 states = {v: RepositoryModel(name, str(v), READY) for v in model.versions}
+                for v, doing in loading.items():
+                    states.setdefault(v, RepositoryModel(name, str(v), LOADING, doing))
                 for v, why in model.failed.items():
                     states.setdefault(v, RepositoryModel(name, str(v), UNAVAILABLE, why))
                 if states:

@@ -171,7 +171,7 @@ def test_max_batch_size_zero_on_a_bucket_neff_means_the_batch_axis_varies(
             "instance_group { kind: KIND_GPU count: 1 }",
             "instance_group asks for GPUs (KIND_GPU), and this host has none",
         ),
-        ('platform: "onnxruntime_onnx"', "platform 'onnxruntime_onnx' is not served here"),
+        ('platform: "tensorrt_plan"', "platform 'tensorrt_plan' is not served here"),
         ('name: "other"', "name 'other', but the model's directory is 'm'"),
         ('input { name: "x" reshape { shape: [8] } }', "input 'x' sets reshape"),
     ],
