@@ -48,6 +48,7 @@ Dim = int | str | None  # an ONNX axis: its size, its symbol, or unknown
 Note = Callable[[str], None]  # told what the compile is doing, as it goes
 
 BATCH = "batch"  # the served batch axis's symbol in a rewritten model
+AUTO_MAX_BATCH_SIZE = 4  # Triton's --backend-config default-max-batch-size
 MIN_RESHAPE_OPSET = 5  # Reshape takes its shape as an input from opset 5
 
 
@@ -107,7 +108,7 @@ def compile_version(
     if not model.graph.node and not model.graph.output:
         raise _invalid(f"{what}: {path} is not an ONNX model: it holds no graph")
     where = f"{path.name} (version {version})"
-    plan = _Plan(model, user, source, where)
+    plan = _Plan(model, autocomplete(user, model), source, where)
     key = cache_key(data, plan.options())
     began = time.monotonic()
 
@@ -141,6 +142,23 @@ def compile_version(
     else:
         note(f"compiled before: its NEFF found in the compile cache, {entry}")
     return Compiled(entry.parent, entry.name, plan.neff_config(entry.name), built)
+
+
+def autocomplete(user: ModelConfig, model: onnx.ModelProto) -> ModelConfig:
+    """Triton's auto-complete of a config that names no tensors and no max_batch_size (no
+    config.pbtxt at all, say): a model whose every input and output has a free first axis
+    batches, max_batch_size AUTO_MAX_BATCH_SIZE; the rest comes from the model anyway."""
+    if user.max_batch_size or user.input or user.output:
+        return user
+    weights = {init.name for init in model.graph.initializer}
+    values = [vi for vi in (*model.graph.input, *model.graph.output) if vi.name not in weights]
+    firsts = [_dims(vi) for vi in values]
+    if not values or not all(dims and not isinstance(dims[0], int) for dims in firsts):
+        return user
+    config = ModelConfig()
+    config.CopyFrom(user)
+    config.max_batch_size = AUTO_MAX_BATCH_SIZE
+    return config
 
 
 def served_config(completed: ModelConfig, user: ModelConfig) -> ModelConfig:
