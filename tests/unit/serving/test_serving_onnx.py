@@ -1,0 +1,276 @@
+"""ONNX models in the serving core, in process: a config that contradicts the ONNX file
+refused naming the field and both values, the compile cache (one build per key however
+many ask at once, an entry cut short built again, a folder others may write in refused,
+what the key covers), a compile in progress shown as LOADING while other models answer,
+and which file a version's folder is served from when there is no config."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_serving_repository import MLP, W, linear_model, local, refusal, serve
+from waiting import wait_until
+
+import neuron_rtd
+from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.serving import InferRequest, ServingError, Status, compile_cache, onnx_models
+from neuron_rtd.serving.compile_cache import CompileCache, cache_key, compiler_version
+
+__all__ = ["local"]  # the fixture, imported
+
+
+def onnx_repo(root: Path, model: onnx.ModelProto, config: str | None, name: str = "m") -> Path:
+    (root / name / "1").mkdir(parents=True, exist_ok=True)
+    onnx.save(model, root / name / "1" / "model.onnx")
+    if config is not None:
+        (root / name / "config.pbtxt").write_text(config)
+    return root
+
+
+def string_model() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("s", TensorProto.STRING, [2])
+    y = helper.make_tensor_value_info("t", TensorProto.STRING, [2])
+    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["t"])], "s", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+ONNX = 'platform: "onnxruntime_onnx"\n'
+
+
+@pytest.mark.parametrize(
+    ("batch", "config", "reason"),
+    [
+        (
+            2,
+            ONNX + 'input { name: "x" data_type: TYPE_INT32 dims: [2, 4] }',
+            "input 'x' data_type TYPE_INT32, but model.onnx (version 1) has TYPE_FP32",
+        ),
+        (
+            2,
+            ONNX + 'input { name: "images" data_type: TYPE_FP32 dims: [2, 4] }',
+            "input 'images' is not one of model.onnx (version 1)'s inputs ('x')",
+        ),
+        (
+            2,
+            ONNX + 'input { name: "w" data_type: TYPE_FP32 dims: [4, 3] }',
+            "input 'w' is a weight (an initializer) of model.onnx (version 1)",
+        ),
+        (
+            2,
+            ONNX + 'input { name: "x" data_type: TYPE_FP32 dims: [3, 4] }',
+            "input 'x' dims [3, 4], but model.onnx (version 1) has [2, 4]",
+        ),
+        (
+            2,
+            ONNX + 'output { name: "y" data_type: TYPE_FP32 dims: [2, 5] }',
+            "output 'y' dims [2, 5], but model.onnx (version 1) has [2, 3]",
+        ),
+        (
+            2,
+            ONNX + "max_batch_size: 4",
+            "max_batch_size 4, but input 'x' of model.onnx (version 1) has a fixed first axis of 2",
+        ),
+        (
+            2,
+            ONNX + "dynamic_batching { }",
+            "dynamic_batching needs max_batch_size > 0",
+        ),
+        (
+            "N",
+            ONNX + 'input { name: "x" data_type: TYPE_FP32 dims: [-1, 4] }',
+            "input 'x' dims [-1, 4] leaves axes [0] free",
+        ),
+        (
+            "N",
+            ONNX + 'output { name: "y" }',  # names a tensor: not auto-completed to batch
+            "input 'x' has axes of no fixed size ([-1, 4])",
+        ),
+        (
+            2,
+            ONNX + 'input { name: "x" data_type: TYPE_FP32 dims: [2, 3] reshape { shape: [8] } }',
+            "input 'x' reshape [8] holds 8 elements, but its dims [2, 3] hold 6",
+        ),
+        (
+            2,
+            ONNX
+            + 'input { name: "x" data_type: TYPE_FP32 dims: [8] reshape { shape: [2, 4, 1] } }',
+            "input 'x' reshape [2, 4, 1], but model.onnx (version 1) has [2, 4]",
+        ),
+        (
+            2,
+            'platform: "onnxruntime_onnx" backend: "neuron"',
+            "platform 'onnxruntime_onnx' and backend 'neuron' name different kinds of model",
+        ),
+    ],
+)
+def test_a_config_that_contradicts_the_onnx_file_is_refused_naming_the_field(
+    local: LocalRuntime, tmp_path: Path, batch: str | int, config: str, reason: str
+) -> None:
+    root = onnx_repo(tmp_path / "repo", linear_model(batch), config)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    why = refusal(serving, "m")
+    assert reason in why, why
+    assert local.runtime.models() == []
+    assert not list((tmp_path / "cache").glob("*.neff"))  # refused before any compile
+
+
+def test_string_tensors_are_refused_saying_so(local: LocalRuntime, tmp_path: Path) -> None:
+    root = onnx_repo(tmp_path / "repo", string_model(), None)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    why = refusal(serving, "m")
+    assert "input 's' is STRING: BYTES (TYPE_STRING) tensors are not supported" in why, why
+
+
+def test_a_folder_with_a_neff_and_an_onnx_file_serves_the_neff(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    root = onnx_repo(tmp_path / "repo", linear_model(2), None)
+    (root / "m" / "1" / "model.neff").write_bytes(MLP.neff)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    assert serving.model_config("m").platform == "neuron_neff"
+    assert serving.model_metadata("m").platform == "neuron_neff"
+    assert not (tmp_path / "cache").exists()  # nothing compiled
+
+
+# --- the compile cache -------------------------------------------------------------------
+def test_one_build_per_key_however_many_ask_at_once(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "cache")
+    builds: list[int] = []
+    gate = threading.Barrier(4)
+
+    def build() -> bytes:
+        builds.append(1)
+        return MLP.neff
+
+    def ask() -> tuple[Path, bool]:
+        gate.wait()
+        return CompileCache(tmp_path / "cache").get_or_build("k" * 64, build)  # another daemon's
+
+    results: list[tuple[Path, bool]] = []
+    threads = [threading.Thread(target=lambda: results.append(ask())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1
+    assert sorted(built for _, built in results) == [False, False, False, True]
+    assert {path for path, _ in results} == {cache.entry("k" * 64)}
+    assert cache.entry("k" * 64).read_bytes() == MLP.neff
+    assert os.stat(tmp_path / "cache").st_mode & 0o777 == 0o700
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(".tmp-")]
+
+
+def test_an_entry_cut_short_is_built_again(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "cache")
+    path, built = cache.get_or_build("a" * 64, lambda: MLP.neff)
+    assert built
+    path.write_bytes(MLP.neff[:-10])  # a full disk, say
+    again, built = cache.get_or_build("a" * 64, lambda: MLP.neff)
+    assert (again, built) == (path, True)
+    assert path.read_bytes() == MLP.neff
+    assert cache.find("a" * 64) == path
+
+
+def test_a_cache_folder_others_may_write_in_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(ServingError) as caught:
+        CompileCache(folder).get_or_build("b" * 64, lambda: MLP.neff)
+    assert caught.value.status is Status.UNAVAILABLE
+    assert f"the compile cache folder {folder} cannot be used: others may write in it" in (
+        caught.value.message
+    )
+    assert not list(folder.iterdir())
+
+
+def test_the_key_covers_the_bytes_the_options_and_the_compiler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = cache_key(b"model", {"max_batch_size": 8})
+    assert key == cache_key(b"model", {"max_batch_size": 8})
+    assert key != cache_key(b"model2", {"max_batch_size": 8})
+    assert key != cache_key(b"model", {"max_batch_size": 4})
+    assert compiler_version().startswith(f"{neuron_rtd.__version__}+")
+    monkeypatch.setattr(compile_cache, "compiler_version", lambda: "0.1.0+another")
+    assert key != cache_key(b"model", {"max_batch_size": 8})
+
+
+# --- compiling while the daemon serves ---------------------------------------------------
+@pytest.fixture
+def held_compile(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The compile of every ONNX model waits, after telling its first step, until the
+    event is set."""
+    release = threading.Event()
+    real = onnx_models.compile_model
+
+    def compile_model(model: Any, **options: Any) -> Any:
+        options["progress"]("loading and checking the model", 0, 3)
+        assert release.wait(60)
+        return real(model, **options)
+
+    monkeypatch.setattr(onnx_models, "compile_model", compile_model)
+    yield release
+    release.set()
+
+
+def test_a_compile_shows_as_loading_and_other_models_answer_meanwhile(
+    local: LocalRuntime, tmp_path: Path, held_compile: threading.Event
+) -> None:
+    root = onnx_repo(tmp_path / "repo", linear_model(2), ONNX)
+    (root / "mlp" / "1").mkdir(parents=True)
+    (root / "mlp" / "1" / "model.neff").write_bytes(MLP.neff)
+    serving = serve(local, root, control_mode="explicit", compile_cache=tmp_path / "cache")
+    serving.load_model("mlp")
+    loading = threading.Thread(target=serving.load_model, args=("m",))
+    loading.start()
+    try:
+
+        def row() -> Any:
+            return next(r for r in serving.repository_index() if r.name == "m")
+
+        wait_until(lambda: row().state == "LOADING", 30, "model m LOADING")
+        assert row().version == "1"
+        assert row().reason == "compiling model.onnx: loading and checking the model (0/3)"
+        answer = serving.infer(InferRequest("mlp", MLP.random_inputs()))  # not held up
+        assert answer.outputs.keys() == {t.name for t in serving.model_metadata("mlp").outputs}
+        with pytest.raises(ServingError):
+            serving.infer(InferRequest("m", {"x": np.zeros((2, 4), np.float32)}))
+    finally:
+        held_compile.set()
+        loading.join(60)
+    assert [(r.name, r.version, r.state) for r in serving.repository_index()] == [
+        ("m", "1", "READY"),
+        ("mlp", "1", "READY"),
+    ]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    got = serving.infer(InferRequest("m", {"x": x})).outputs["y"]
+    np.testing.assert_allclose(got, x @ W, rtol=1e-5, atol=1e-6)
+    serving.close()
+
+
+def test_a_changed_onnx_file_is_compiled_again_when_polled(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    root = onnx_repo(tmp_path / "repo", linear_model(2), None)
+    serving = serve(local, root, control_mode="poll", poll_s=3600, compile_cache=tmp_path / "c")
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(serving.infer(InferRequest("m", {"x": x})).outputs["y"], x @ W)
+    doubled = linear_model(2)
+    doubled.graph.initializer[0].CopyFrom(numpy_helper.from_array(2 * W, "w"))
+    path = root / "m" / "1" / "model.onnx"
+    onnx.save(doubled, path)
+    os.utime(path, ns=(1, 1))  # a stamp of its own, however fast the rewrite came
+    serving.poll_once()
+    got = serving.infer(InferRequest("m", {"x": x})).outputs["y"]
+    np.testing.assert_allclose(got, x @ (2 * W), rtol=1e-6)
+    assert len(list((tmp_path / "c").glob("*.neff"))) == 2  # one entry per content
+    serving.close()
