@@ -107,6 +107,13 @@ def compile_version(
         raise _invalid(f"{what}: {path} is not an ONNX model: {shown(str(exc))}") from None
     if not model.graph.node and not model.graph.output:
         raise _invalid(f"{what}: {path} is not an ONNX model: it holds no graph")
+    external = [t.name for t in model.graph.initializer if t.data_location == t.EXTERNAL]
+    if external:
+        raise _invalid(
+            f"{what}: {path} keeps weights in external data files ({_names(external[:3])}"
+            f"{', ...' if len(external) > 3 else ''}), which neuron-rtd does not read: save "
+            "the model as one file (onnx.save with save_as_external_data=False)"
+        )
     where = f"{path.name} (version {version})"
     plan = _Plan(model, autocomplete(user, model), source, where)
     key = cache_key(data, plan.options())

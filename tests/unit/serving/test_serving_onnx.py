@@ -274,3 +274,14 @@ def test_a_changed_onnx_file_is_compiled_again_when_polled(
     np.testing.assert_allclose(got, x @ (2 * W), rtol=1e-6)
     assert len(list((tmp_path / "c").glob("*.neff"))) == 2  # one entry per content
     serving.close()
+
+
+def test_an_onnx_file_with_external_data_is_refused_saying_so(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    root = onnx_repo(tmp_path / "repo", linear_model(2), None)
+    path = root / "m" / "1" / "model.onnx"
+    onnx.save(linear_model(2), path, save_as_external_data=True, size_threshold=0)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    why = refusal(serving, "m")
+    assert "keeps weights in external data files ('w'), which neuron-rtd does not read" in why
