@@ -294,7 +294,7 @@ class Daemon:
         if repository is not None:
             sd.notify("STATUS=Loading the model repository")
         try:
-            serving.start()  # a model that fails to load is logged, not fatal
+            serving.start(_starting)  # a model that fails to load is logged, not fatal
         except ServingError as exc:
             raise StartupError(f"model repository: {exc.message}") from None
         if config.http_address:
@@ -339,6 +339,19 @@ class Daemon:
             self.peer_socket = None
         if self.listener:
             self.listener.close()
+
+
+# Each step of a long load at start (an ONNX model's compile) pushes systemd's start
+# timeout (TimeoutStartSec) this far on: a repository of models to compile is no hang.
+START_STEP_GRACE_US = 300_000_000
+
+
+def _starting(doing: str) -> None:
+    """A load at start tells what it is doing: systemd's status, and more time to start."""
+    sd.notify(
+        f"STATUS=Loading the model repository: {doing}",
+        f"EXTEND_TIMEOUT_USEC={START_STEP_GRACE_US}",
+    )
 
 
 @entry("neuron-rtd")

@@ -79,6 +79,7 @@ class Loader:
         # what the loads in progress are doing, by name and version (an ONNX compile)
         self.progress: dict[str, dict[int, str]] = {}
         self.cache = CompileCache(compile_cache)
+        self.told: Callable[[str], None] | None = None  # told of progress too (at start)
         self.lock = threading.Lock()  # guards models and progress
         self.name_locks = NameLocks()
         self.closed = threading.Event()
@@ -266,6 +267,9 @@ class Loader:
             with self.lock:
                 self.progress.setdefault(name, {})[version] = doing
             log.info("Model '%s' version %d: %s", name, version, doing, extra={"fn": "load"})
+            told = self.told
+            if told is not None:
+                told(f"model '{name}' version {version}: {doing}")
 
         try:
             compiled = compile_version(self.cache, name, version, directory, user, source, note)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from neuron_rtd import __version__
@@ -99,11 +99,16 @@ class Serving:
         self._poller: threading.Thread | None = None
 
     # --- life ------------------------------------------------------------------------
-    def start(self) -> None:
-        """Load the models the control mode loads at start, then (poll) start polling."""
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Load the models the control mode loads at start, then (poll) start polling.
+        `progress` is told what a long load (an ONNX compile) is doing as it goes."""
         if self.repository is not None:
-            for name in self._initial_models():
-                self._loader.load_logged(name)
+            self._loader.told = progress
+            try:
+                for name in self._initial_models():
+                    self._loader.load_logged(name)
+            finally:
+                self._loader.told = None
         self._started = True
         if self.control_mode == "poll" and self.repository is not None:
             self._poller = threading.Thread(

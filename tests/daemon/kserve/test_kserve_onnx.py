@@ -234,6 +234,19 @@ def test_the_repository_is_served_as_it_is(client: grpcclient.InferenceServerCli
     assert index[("unsupported", "1")][0] == "UNAVAILABLE"
 
 
+def test_compiling_at_start_tells_systemd_and_extends_its_start_timeout(
+    served: DaemonProcess,
+) -> None:
+    assert served.notify is not None
+    messages = served.notify.messages
+    ready = next(i for i, m in enumerate(messages) if "READY=1" in m.split("\n"))
+    steps = [m.split("\n") for m in messages[:ready] if "compiling model.onnx" in m]
+    assert steps, messages
+    for fields in steps:
+        assert fields[0].startswith("STATUS=Loading the model repository: model '"), fields
+        assert "EXTEND_TIMEOUT_USEC=300000000" in fields
+
+
 def test_a_fixed_shape_model_answers_as_onnxruntime(
     client: grpcclient.InferenceServerClient, repository: tuple[Path, dict]
 ) -> None:
