@@ -285,3 +285,48 @@ def test_an_onnx_file_with_external_data_is_refused_saying_so(
     serving = serve(local, root, compile_cache=tmp_path / "cache")
     why = refusal(serving, "m")
     assert "keeps weights in external data files ('w'), which neuron-rtd does not read" in why
+
+
+def test_a_load_request_may_bring_an_onnx_file_and_its_config(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "repo").mkdir()
+    serving = serve(
+        local, tmp_path / "repo", control_mode="explicit", compile_cache=tmp_path / "cache"
+    )
+    config = (
+        '{"backend": "onnxruntime", "max_batch_size": 8, "input": [{"name": "x", '
+        '"data_type": "TYPE_FP32", "dims": [4]}], "dynamic_batching": {}}'
+    )
+    model = linear_model("N").SerializeToString()
+    serving.load_model("up", config=config, files={"1/model.onnx": model})
+    assert serving.model_config("up").max_batch_size == 8
+    x = np.ones((5, 4), np.float32)
+    got = serving.infer(InferRequest("up", {"x": x})).outputs["y"]
+    np.testing.assert_allclose(got, x @ W, rtol=1e-6)
+    serving.close()
+
+
+def test_reshape_with_a_batch_axis_keeps_the_batch_first(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    """Triton's rule: with max_batch_size > 0, dims and reshape both leave the batch out."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 2])
+    node = helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])
+    graph = helper.make_graph([node], "t", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    config = (
+        ONNX + "max_batch_size: 4\n"
+        'input { name: "x" data_type: TYPE_FP32 dims: [4] reshape { shape: [2, 2] } }\n'
+        'output { name: "y" data_type: TYPE_FP32 dims: [4] reshape { shape: [2, 2] } }\n'
+    )
+    root = onnx_repo(tmp_path / "repo", model, config)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    meta = serving.model_metadata("m")
+    assert [t.shape for t in (*meta.inputs, *meta.outputs)] == [(-1, 4), (-1, 4)]
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = serving.infer(InferRequest("m", {"x": rows})).outputs["y"]
+    want = rows.reshape(3, 2, 2).transpose(0, 2, 1).reshape(3, 4)
+    np.testing.assert_array_equal(got, want)
+    serving.close()
