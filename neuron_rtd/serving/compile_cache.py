@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -69,13 +70,15 @@ class CompileCache:
     def __init__(self, root: Path | None) -> None:
         self.root = root
         self._temporary: tempfile.TemporaryDirectory[str] | None = None
+        self._lock = threading.Lock()  # guards _temporary (loads of two models at once)
 
     def folder(self) -> Path:
         """The cache folder, made if absent; ServingError when it is not the daemon's own."""
         if self.root is None:
-            if self._temporary is None:
-                self._temporary = tempfile.TemporaryDirectory(prefix="nrt-compile-cache-")
-            return Path(self._temporary.name)
+            with self._lock:
+                if self._temporary is None:
+                    self._temporary = tempfile.TemporaryDirectory(prefix="nrt-compile-cache-")
+                return Path(self._temporary.name)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             info = os.lstat(self.root)
@@ -125,9 +128,10 @@ class CompileCache:
         return path, True
 
     def close(self) -> None:
-        if self._temporary is not None:
-            self._temporary.cleanup()
-            self._temporary = None
+        with self._lock:
+            if self._temporary is not None:
+                self._temporary.cleanup()
+                self._temporary = None
 
 
 def _whole(path: Path) -> bool:

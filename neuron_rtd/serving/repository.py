@@ -1,6 +1,6 @@
 """A model repository in Triton's layout, as files: `DIR/NAME/` per model, an optional
 `DIR/NAME/config.pbtxt`, and its versions as numeric subdirectories holding the model file
-(`DIR/NAME/1/model.neff`, or `default_model_filename`).
+(`DIR/NAME/1/model.neff`, an ONNX model's `model.onnx`, or `default_model_filename`).
 
 What it tells: the models there, a model's versions, and a stamp per version (the model
 files' and config.pbtxt's mtime and size) that changes when any of them does, which the
