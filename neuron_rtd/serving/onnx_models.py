@@ -19,6 +19,7 @@ ONNX bytes and these options.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -91,8 +92,14 @@ def compile_version(
     file, or found compiled in `cache`. ServingError saying why not."""
     what = f"model '{name}' version {version}"
     path = directory / model_filename(user, onnx=True)
+    real = Path(os.path.realpath(path))  # a link to a file of the same folder is fine
+    if not real.is_relative_to(os.path.realpath(directory)):
+        raise _invalid(
+            f"{what}: its model file {path} leads outside its version folder {directory} (a "
+            "symbolic link): a model file is read only from within its version folder"
+        )
     try:
-        data = read_data_file(path, ONNX_MAX_BYTES, "an ONNX model file")
+        data = read_data_file(real, ONNX_MAX_BYTES, "an ONNX model file")
     except (OSError, ValueError) as exc:
         why = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ServingError(

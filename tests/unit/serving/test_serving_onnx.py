@@ -330,3 +330,23 @@ def test_reshape_with_a_batch_axis_keeps_the_batch_first(
     want = rows.reshape(3, 2, 2).transpose(0, 2, 1).reshape(3, 4)
     np.testing.assert_array_equal(got, want)
     serving.close()
+
+
+def test_a_model_file_is_read_only_from_within_its_version_folder(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    root = tmp_path / "repo"
+    for name, target in (("inside", "real.onnx"), ("outside", str(tmp_path / "secret.onnx"))):
+        (root / name / "1").mkdir(parents=True)
+        onnx.save(linear_model(2), root / name / "1" / "real.onnx")
+        (root / name / "1" / "model.onnx").symlink_to(target)
+    onnx.save(linear_model(2), tmp_path / "secret.onnx")
+    (root / "fifo" / "1").mkdir(parents=True)
+    os.mkfifo(root / "fifo" / "1" / "model.onnx")
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    assert serving.model_ready("inside")
+    why = refusal(serving, "outside")
+    assert "model.onnx leads outside its version folder" in why, why
+    why = refusal(serving, "fifo")
+    assert "it is not a regular file (an ONNX model file must be one)" in why, why
+    serving.close()
