@@ -171,6 +171,10 @@ def test_max_batch_size_zero_on_a_bucket_neff_means_the_batch_axis_varies(
             "instance_group { kind: KIND_GPU count: 1 }",
             "instance_group asks for GPUs (KIND_GPU), and this host has none",
         ),
+        (
+            "model_transaction_policy { decoupled: true }",
+            "decoupled is not served: a NEFF answers each request exactly once",
+        ),
         ('platform: "onnxruntime_onnx"', "platform 'onnxruntime_onnx' is not served here"),
         ('name: "other"', "name 'other', but the model's directory is 'm'"),
         ('input { name: "x" reshape { shape: [8] } }', "input 'x' sets reshape"),
