@@ -19,7 +19,9 @@ answer's `error_message` and the stream goes on (Triton's behaviour); answers co
 request order, up to `STREAM_WINDOW` requests of one stream running at once (so a
 stream's requests can be batched together: the stream table, `server/streams.py`, keeps
 that window).
-CUDA shared memory, tracing and log settings answer UNIMPLEMENTED, saying why.
+CUDA shared memory is served as Triton built without GPUs serves it: no region is held
+(status lists none, unregister has nothing to do), register is refused (INVALID_ARGUMENT).
+Tracing and log settings answer UNIMPLEMENTED, saying why.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ import grpc
 from neuron_rtd.proto import kserve_pb, kserve_pb_grpc
 from neuron_rtd.runtime import Caller, stranger
 from neuron_rtd.server.kserve_codec import OutputIn, decode, invalid, load_request
-from neuron_rtd.server.kserve_errors import CUDA_SHM_UNSUPPORTED, GRPC_CODES, refusal
+from neuron_rtd.server.kserve_errors import (
+    GRPC_CODES,
+    cuda_shm_register,
+    cuda_shm_status,
+    refusal,
+)
 from neuron_rtd.server.kserve_messages import (
     SOURCES,
     AnswerKey,
@@ -49,8 +56,6 @@ from neuron_rtd.serving import InferRequest, ServingApi, SharedMemoryApi
 log = logging.getLogger("nrtd.KSERVE")
 
 STREAM_WINDOW = 16  # requests of one stream running at once
-
-NO_CUDA_SHM = CUDA_SHM_UNSUPPORTED.format("SystemSharedMemoryRegister")
 
 _STRANGER = stranger()  # who a request that names no region is taken for: it needs none
 
@@ -281,16 +286,28 @@ class KServeServicer(kserve_pb_grpc.GRPCInferenceServiceServicer):
         self.serving.shm(self.caller_of(context)).unregister(request.name)
         return kserve_pb.SystemSharedMemoryUnregisterResponse()
 
+    # --- CUDA shared memory, as Triton without GPUs ---------------------------------------
+    @answered
+    def CudaSharedMemoryRegister(
+        self, request: kserve_pb.CudaSharedMemoryRegisterRequest, context: grpc.ServicerContext
+    ) -> kserve_pb.CudaSharedMemoryRegisterResponse:
+        raise cuda_shm_register(request.name, "SystemSharedMemoryRegister")
+
+    @answered
+    def CudaSharedMemoryStatus(
+        self, request: kserve_pb.CudaSharedMemoryStatusRequest, context: grpc.ServicerContext
+    ) -> kserve_pb.CudaSharedMemoryStatusResponse:
+        if request.name:  # asked by name: is it the caller's system shared memory?
+            cuda_shm_status(request.name, self.serving.shm(self.caller_of(context)))
+        return kserve_pb.CudaSharedMemoryStatusResponse()  # no region: none is held
+
+    @answered
+    def CudaSharedMemoryUnregister(
+        self, request: kserve_pb.CudaSharedMemoryUnregisterRequest, context: grpc.ServicerContext
+    ) -> kserve_pb.CudaSharedMemoryUnregisterResponse:
+        return kserve_pb.CudaSharedMemoryUnregisterResponse()  # none is held: done
+
     # --- what this server does not do ---------------------------------------------------
-    def CudaSharedMemoryRegister(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
-
-    def CudaSharedMemoryStatus(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
-
-    def CudaSharedMemoryUnregister(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
-        abort(context, grpc.StatusCode.UNIMPLEMENTED, NO_CUDA_SHM)
-
     def TraceSetting(self, request: Any, context: grpc.ServicerContext) -> NoReturn:
         abort(
             context,

@@ -11,7 +11,8 @@ import logging
 
 import grpc
 
-from neuron_rtd.serving import ServingError, Status
+from neuron_rtd.errors import shown
+from neuron_rtd.serving import ServingError, SharedMemoryApi, ShmRegion, Status
 
 log = logging.getLogger("nrtd.KSERVE")
 
@@ -21,14 +22,16 @@ STATUS_CODES: dict[Status, tuple[grpc.StatusCode, int]] = {
     Status.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, 404),
     Status.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, 503),  # a model not ready, ...
     Status.ALREADY_EXISTS: (grpc.StatusCode.ALREADY_EXISTS, 409),
-    Status.UNSUPPORTED: (grpc.StatusCode.UNIMPLEMENTED, 501),  # CUDA shared memory, ...
+    Status.UNSUPPORTED: (grpc.StatusCode.UNIMPLEMENTED, 501),  # trace settings, ...
     Status.INTERNAL: (grpc.StatusCode.INTERNAL, 500),
 }
-# What both fronts answer a CUDA shared-memory call, each naming its own way to register
-# system shared memory instead (`{}`).
-CUDA_SHM_UNSUPPORTED = (
-    "CUDA shared memory is not supported: this server has no GPUs (its devices are Neuron "
-    "devices); use system shared memory ({}) instead"
+# CUDA shared memory, as Triton built without GPUs serves it: it holds no region, so
+# status lists none and unregister has nothing to do; register is refused in Triton's
+# words (which clients match), then ours, each front naming its own way to register
+# system shared memory instead (`how`).
+CUDA_SHM_REFUSED = (
+    "failed to register CUDA shared memory region: '{name}', GPUs not supported: this "
+    "server's devices are Neuron devices; use system shared memory ({how}) instead"
 )
 GRPC_CODES = {status: codes[0] for status, codes in STATUS_CODES.items()}
 HTTP_STATUS = {status: codes[1] for status, codes in STATUS_CODES.items()}
@@ -49,3 +52,28 @@ def internal_message(what: str, exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
     return f"{what}: internal error ({detail}); the daemon's log has the details"
+
+
+def cuda_shm_register(name: str, how: str) -> ServingError:
+    """What registering CUDA shared memory region `name` answers: INVALID_ARGUMENT, as
+    Triton built without GPUs answers it."""
+    return ServingError(Status.INVALID_ARGUMENT, CUDA_SHM_REFUSED.format(name=shown(name), how=how))
+
+
+def cuda_shm_status(name: str, regions: SharedMemoryApi) -> list[ShmRegion]:
+    """The CUDA shared-memory regions a status asks for: none ("" asks for all); a named
+    one is NOT_FOUND, worded as Triton words it (a region of the caller's system shared
+    memory of that name, as Triton says, is not CUDA shared memory)."""
+    if not name:
+        return []
+    if any(r.name == name for r in regions.status()):
+        message = (
+            f"The region named '{shown(name)}' is registered as system shared memory, not "
+            "CUDA shared memory"
+        )
+    else:
+        message = (
+            f"Unable to find cuda shared memory region: '{shown(name)}' (this server holds "
+            "no CUDA shared memory: it has no GPUs)"
+        )
+    raise ServingError(Status.NOT_FOUND, message)

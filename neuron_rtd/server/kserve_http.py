@@ -64,7 +64,12 @@ from neuron_rtd.server.http_messages import (
 )
 from neuron_rtd.server.http_messages import JSON_TYPE as JSON_TYPE  # the server's replies
 from neuron_rtd.server.kserve_codec import invalid
-from neuron_rtd.server.kserve_errors import CUDA_SHM_UNSUPPORTED, HTTP_STATUS, refusal
+from neuron_rtd.server.kserve_errors import (
+    HTTP_STATUS,
+    cuda_shm_register,
+    cuda_shm_status,
+    refusal,
+)
 from neuron_rtd.server.kserve_json import (
     decode_infer,
     dumps,
@@ -93,7 +98,6 @@ MAX_BODY_BYTES = 64 << 20  # the largest request body taken (and decompressed); 
 BODY_SLACK_BYTES = 1 << 20  # an inference's body beyond its tensors: names, parameters
 JSON_CHARS_PER_NUMBER = 48  # an input's element in JSON, indentation and separator included
 
-NO_CUDA_SHM = CUDA_SHM_UNSUPPORTED.format("/v2/systemsharedmemory")
 TRACE_UNSUPPORTED = (
     "trace settings are not supported: this server keeps no traces (per-op profiles: load "
     "the model with enable_node_profiling and use neuron-cli profile)"
@@ -288,8 +292,18 @@ class KServeApp:
                 return "POST", self.members_only(lambda r: self.shm_unregister(r, name))
             case ["v2", "systemsharedmemory", "unregister"]:
                 return "POST", self.members_only(lambda r: self.shm_unregister(r, ""))
-            case ["v2", "cudasharedmemory", *_]:
-                return "GET POST", unsupported(NO_CUDA_SHM)
+            case ["v2", "cudasharedmemory", "status"]:  # none held (no GPUs), as Triton's
+                return "GET", self.members_only(lambda r: json_reply([]))
+            case ["v2", "cudasharedmemory", "region", name, "status"]:
+                return "GET", self.members_only(
+                    lambda r: json_reply(shm_status_json(cuda_shm_status(name, self.shm(r))))
+                )
+            case ["v2", "cudasharedmemory", "region", name, "register"]:
+                return "POST", self.members_only(lambda r: self.cuda_shm_register(name))
+            case ["v2", "cudasharedmemory", "region", _, "unregister"]:
+                return "POST", self.members_only(lambda r: Reply(200))
+            case ["v2", "cudasharedmemory", "unregister"]:
+                return "POST", self.members_only(lambda r: Reply(200))
             case ["v2", "trace", "setting"]:
                 return "GET POST", unsupported(TRACE_UNSUPPORTED)
             case ["v2", "logging"]:
@@ -407,6 +421,9 @@ class KServeApp:
     def shm_unregister(self, request: Request, name: str) -> Reply:
         self.shm(request).unregister(name)
         return Reply(200)
+
+    def cuda_shm_register(self, name: str) -> Reply:
+        raise cuda_shm_register(name, "/v2/systemsharedmemory")
 
 
 def unsupported(message: str) -> Handler:

@@ -32,7 +32,6 @@ from google.protobuf.message import Message
 
 from neuron_rtd.proto import kserve_pb
 from neuron_rtd.server.kserve_codec import (
-    SHM_PARAMETERS,
     SHM_REGION,
     Decoded,
     OutputIn,
@@ -402,7 +401,10 @@ def encode_infer(
     decoded: DecodedInfer, response: InferResponse, shm: SharedMemoryApi
 ) -> tuple[dict[str, object], list[bytes | memoryview]]:
     """The response header (a JSON object) and the raw output bytes that follow it; an
-    output asked for in shared memory is written there first (`render`)."""
+    output asked for in shared memory is written there first (`render`) and answered
+    with its name, datatype and shape only, as Triton's HTTP server writes it (Triton's
+    C++ client takes any output `parameters` for binary data and looks for its
+    `binary_data_size`)."""
     outputs: list[dict[str, object]] = []
     chunks: list[bytes | memoryview] = []
     for output in render(decoded.decoded, response, shm):
@@ -414,9 +416,7 @@ def encode_infer(
         }
         asked = output.asked
         if asked is not None and asked.place is not None:
-            tensor["parameters"] = {
-                k: asked.parameters[k] for k in SHM_PARAMETERS if k in asked.parameters
-            }
+            pass  # in the caller's region: no data, no parameters
         elif decoded.binary.get(output.name, decoded.binary_default):
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
             tensor["parameters"] = {BINARY_DATA_SIZE: raw.nbytes}

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from neuron_rtd.errors import shown
 from neuron_rtd.proto import kserve_pb
 from neuron_rtd.runtime import wire_bytes
 from neuron_rtd.server.kserve_codec import (
@@ -25,7 +26,7 @@ from neuron_rtd.server.kserve_codec import (
     raw_array,
     render,
 )
-from neuron_rtd.serving import InferResponse, SharedMemoryApi, datatype_of
+from neuron_rtd.serving import InferResponse, ServingError, SharedMemoryApi, datatype_of
 
 # Where each datatype's values are in `InferTensorContents` (FP16 and BF16 have no
 # typed field: raw contents only).
@@ -103,7 +104,8 @@ def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn],
     """The request's inputs as the decoder takes them, and whether any has parameters
     (only they name a shared-memory region). `raw_input_contents` go, one each and in
     order, to the inputs sent raw (neither typed `contents` nor in shared memory); their
-    count is checked here, as the message's own rule."""
+    count is checked here, as the message's own rules are: a request with
+    `raw_input_contents` gives no input typed `contents` (`mixed_contents`)."""
     raw = request.raw_input_contents
     count = len(raw)
     lifted = []
@@ -118,6 +120,8 @@ def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn],
             parameters = _NONE
         shape = tuple(tensor.shape[:])  # (a slice is a list: made a tuple faster)
         if tensor.HasField("contents"):
+            if count:
+                raise mixed_contents(tensor.name, request.model_name)
             typed = from_contents(tensor.contents)
             lifted.append(TensorIn(tensor.name, tensor.datatype, shape, parameters, typed=typed))
         elif SHM_REGION in parameters:
@@ -138,6 +142,16 @@ def lifted_inputs(request: kserve_pb.ModelInferRequest) -> tuple[list[TensorIn],
             "the inputs"
         )
     return lifted, named
+
+
+def mixed_contents(name: str, model: str) -> ServingError:
+    """The v2 rule that a request sending `raw_input_contents` gives no input typed
+    `contents`, broken by input `name`: refused in Triton's words, which clients match."""
+    return invalid(
+        f"contents field must not be specified when using raw_input_contents for "
+        f"'{shown(name)}' for model '{shown(model)}': send every input raw (one "
+        "raw_input_contents each, in the order of the inputs) or every input typed"
+    )
 
 
 def response_message(

@@ -199,6 +199,12 @@ def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
         )
     if config.batch_input or config.batch_output:
         raise _invalid(f"{source}: batch_input and batch_output are not supported")
+    if config.model_transaction_policy.decoupled:
+        raise _invalid(
+            f"{source}: model_transaction_policy decoupled is not served: a NEFF answers "
+            "each request exactly once, so no decoupled model (one answering a request "
+            "with any number of responses) is served here; drop decoupled: true"
+        )
     for group in config.instance_group:
         label = f"instance_group '{group.name}'" if group.name else "instance_group"
         if group.kind == _KIND.KIND_GPU or group.gpus:

@@ -61,6 +61,15 @@ class ServedModel:
         return self.versions[max(self.versions)] if self.versions else None
 
 
+def not_polled(name: str, exc: ServingError) -> ServingError:
+    """A load request whose model could not be read (not in the repository, its files or
+    config refused): INTERNAL in Triton's words, which clients match, then why."""
+    return ServingError(
+        Status.INTERNAL,
+        f"failed to load '{shown(name)}', failed to poll from model repository: {exc.message}",
+    )
+
+
 class Loader:
     """The models a serving core holds (`models`, under `lock`), and their loads: from the
     repository `repository` or a request's files, each under its name's lock."""
@@ -113,21 +122,26 @@ class Loader:
         """(Re)load model `name`: from the repository, or from `files`; `config` (JSON)
         overriding its config.pbtxt. Versions whose files and config did not change stay
         as they are unless the config or files are given. ServingError when the model
-        or any version failed (each failure also kept for the index)."""
+        or any version failed (each failure also kept for the index); for a load
+        `request`, in Triton's words: the model unread `not_polled`, a version failed
+        "load failed for model 'NAME': ..." (its status ours)."""
         with self.name_locks.hold(name):
             holder: tempfile.TemporaryDirectory[str] | None = None
             try:
                 # state is kept for the models of the repository, and for a load's files
                 # only while they serve
                 keep = self.in_repository(name)
-                if files:
-                    holder = write_files(files, name)
-                    directory = Path(holder.name)
-                else:
-                    assert self.repository is not None
-                    directory = self.repository / name
-                    if not keep:
-                        raise ServingError(Status.NOT_FOUND, self.unknown_model(name))
+                try:
+                    if files:
+                        holder = write_files(files, name)
+                        directory = Path(holder.name)
+                    else:
+                        assert self.repository is not None
+                        directory = self.repository / name
+                        if not keep:
+                            raise ServingError(Status.NOT_FOUND, self.unknown_model(name))
+                except ServingError as exc:
+                    raise not_polled(name, exc) if request else exc from None
                 forced = bool(files) or bool(config)
                 self._load_from(name, directory, config, forced, request, keep)
             finally:
@@ -158,7 +172,7 @@ class Loader:
                 )
         except ServingError as exc:
             self._fail_model(name, before, exc.message, None if forced else scanned, keep)
-            raise
+            raise not_polled(name, exc) if request else exc from None
         same_config = (
             before is not None
             and not forced
@@ -241,7 +255,8 @@ class Loader:
             message = "; ".join(e.message for e in errors)
             if not request:
                 log.error("Model '%s': %s", name, message, extra={"fn": "load"})
-            raise ServingError(first.status, message)
+                raise ServingError(first.status, message)
+            raise ServingError(first.status, f"load failed for model '{name}': {message}")
 
     def _load_version(
         self, scanned: ModelDir, version: int, user: ModelConfig, source: str

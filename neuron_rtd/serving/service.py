@@ -42,7 +42,14 @@ from neuron_rtd.serving.api import (
     Status,
 )
 from neuron_rtd.serving.config import PLATFORM
-from neuron_rtd.serving.loading import Loader, ServedModel, check_bound, check_name, is_model_dir
+from neuron_rtd.serving.loading import (
+    Loader,
+    ServedModel,
+    check_bound,
+    check_name,
+    is_model_dir,
+    not_polled,
+)
 from neuron_rtd.serving.repository import CONTROL_MODES, model_names
 from neuron_rtd.serving.served import ServedVersion
 from neuron_rtd.serving.shm import SystemSharedMemory
@@ -227,46 +234,55 @@ class Serving:
         raise self._not_served(name, version, model)
 
     def _not_served(self, name: str, version: str, model: ServedModel | None) -> ServingError:
+        if version and _number(version) is None:  # Triton's words, then ours
+            return ServingError(
+                Status.INVALID_ARGUMENT,
+                f"failed to get model version from specified version string "
+                f"'{shown(version)}': version should be an integral value > 0 (a model's "
+                "versions are the numbered folders of its repository folder)",
+            )
         if model is None:
             return ServingError(Status.NOT_FOUND, self._unknown_model(name))
         if version:
-            if _number(version) is None:
-                return ServingError(
-                    Status.NOT_FOUND,
-                    f"model '{name}' has no version '{shown(version)}': versions are numbers",
-                )
             why = model.failed.get(int(version))
             if why:
                 return ServingError(
-                    Status.UNAVAILABLE, f"version {version} of model '{name}' is not ready: {why}"
+                    Status.UNAVAILABLE,
+                    f"Request for unknown model: '{name}' version {version} is not at ready "
+                    f"state: {why}",
                 )
             ready = ", ".join(str(v) for v in sorted(model.versions)) or "none"
             return ServingError(
                 Status.NOT_FOUND,
-                f"model '{name}' has no version {version} served (ready versions: {ready})",
+                f"Request for unknown model: '{name}' version {version} is not found "
+                f"(ready versions: {ready})",
             )
         reasons = [model.reason] if model.reason else []
         reasons += [why for _, why in sorted(model.failed.items())]
         return ServingError(
             Status.UNAVAILABLE,
-            f"model '{name}' has no version ready: " + ("; ".join(reasons) or "not loaded"),
+            f"Request for unknown model: '{name}' has no available versions: "
+            + ("; ".join(reasons) or "not loaded"),
         )
 
     def _unknown_model(self, name: str) -> str:
+        """Why no model `name` is served: Triton's words (which clients match), then ours."""
         name = shown(name)
         if self.repository is None:
             return (
-                f"no model named '{name}' is served: this daemon serves no model repository; "
-                "serve models by starting it with --model-repository DIR "
+                f"Request for unknown model: '{name}' is not found: this daemon serves no "
+                "model repository; serve models by starting it with --model-repository DIR "
                 "(DIR/NAME/1/model.neff, optionally DIR/NAME/config.pbtxt)"
             )
         if self.control_mode == "explicit" and is_model_dir(self.repository, name):
             return (
-                f"no model named '{name}' is served: it is in the model repository "
-                f"{self.repository} but not loaded; load it (RepositoryModelLoad, "
+                f"Request for unknown model: '{name}' is not found: it is in the model "
+                f"repository {self.repository} but not loaded; load it (RepositoryModelLoad, "
                 f"POST /v2/repository/models/{name}/load)"
             )
-        return f"no model named '{name}' is served (model repository {self.repository})"
+        return (
+            f"Request for unknown model: '{name}' is not found (model repository {self.repository})"
+        )
 
     # --- the repository ----------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[RepositoryModel]:
@@ -305,10 +321,13 @@ class Serving:
         self._check_explicit("load")
         check_name(name)
         if self.repository is None and not files:
-            raise ServingError(
-                Status.NOT_FOUND,
-                f"cannot load model '{name}': this daemon serves no model repository (start "
-                "it with --model-repository DIR), and the request brings no files",
+            raise not_polled(
+                name,
+                ServingError(
+                    Status.NOT_FOUND,
+                    "this daemon serves no model repository (start it with "
+                    "--model-repository DIR), and the request brings no files",
+                ),
             )
         self._loader.load(name, config=config, files=files or {}, request=True)
 

@@ -379,8 +379,9 @@ def test_system_shared_memory_in_and_out(served: Served, client: Any) -> None:
         out = httpclient.InferRequestedOutput("probs", binary_data=False)
         out.set_shared_memory("io", 16, offset=128)
         result = client.infer(MLP, [tensor], outputs=[out])
-        params = result.get_output("probs")["parameters"]
-        assert params["shared_memory_region"] == "io" and params["shared_memory_byte_size"] == 16
+        # as Triton writes it: no data and no parameters (Triton's C++ client reads any
+        # output parameters as binary data's)
+        assert result.get_output("probs") == {"name": "probs", "datatype": "FP32", "shape": [1, 4]}
         probs = shm.get_contents_as_numpy(handle, np.float32, [1, 4], offset=128)
         np.testing.assert_allclose(probs, served.mlp.reference({"x": x})["probs"], 1e-5)
         again = refused(client.register_system_shared_memory, "io", key, 256)
@@ -416,11 +417,23 @@ def test_register_needs_its_fields(served: Served) -> None:
     assert answer.status == 400 and "byte_size" in answer.error
 
 
-def test_cuda_shared_memory_is_refused_clearly(served: Served, client: Any) -> None:
-    error = refused(client.get_cuda_shared_memory_status)
-    assert error.status() == "501" and "system shared memory" in error.message()
+def test_cuda_shared_memory_as_triton_without_gpus(served: Served, client: Any) -> None:
+    """Status lists no region and unregister succeeds, with and without a region's name;
+    register is refused (400), in Triton's words, then ours."""
+    assert client.get_cuda_shared_memory_status() == []
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("r")
+    gone = refused(client.get_cuda_shared_memory_status, "r")
+    assert gone.status() == "404"
+    assert gone.message().startswith("Unable to find cuda shared memory region: 'r'")
     answer = raw(served.server.port, "POST", "/v2/cudasharedmemory/region/r/register", b"{}")
-    assert answer.status == 501 and "no GPUs" in answer.error
+    assert answer.status == 400, answer.error
+    assert answer.error.startswith(
+        "failed to register CUDA shared memory region: 'r', GPUs not supported"
+    )
+    assert "/v2/systemsharedmemory" in answer.error
+    answer = raw(served.server.port, "POST", "/v2/cudasharedmemory/status", b"")
+    assert answer.status == 405
 
 
 # --- the repository and statistics --------------------------------------------------------

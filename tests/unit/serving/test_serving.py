@@ -237,14 +237,17 @@ def test_unknown_models_and_versions(serving: Serving) -> None:
     x = MLP.random_inputs()
     error = refused(serving, InferRequest("nope", x))
     assert error.status is Status.NOT_FOUND
-    assert error.message.startswith("no model named 'nope' is served")
+    assert error.message.startswith("Request for unknown model: 'nope' is not found")
     error = refused(serving, InferRequest("m", x, version="2"))
     assert (error.status, error.message) == (
         Status.NOT_FOUND,
-        "model 'm' has no version 2 served (ready versions: 1)",
+        "Request for unknown model: 'm' version 2 is not found (ready versions: 1)",
     )
     error = refused(serving, InferRequest("m", x, version="one"))
-    assert error.status is Status.NOT_FOUND
+    assert error.status is Status.INVALID_ARGUMENT
+    assert error.message.startswith(
+        "failed to get model version from specified version string 'one'"
+    )
     assert not serving.model_ready("nope")
     assert not serving.model_ready("m", "2")
     assert serving.model_ready("m") and serving.model_ready("m", "1")

@@ -171,6 +171,10 @@ def test_max_batch_size_zero_on_a_bucket_neff_means_the_batch_axis_varies(
             "instance_group { kind: KIND_GPU count: 1 }",
             "instance_group asks for GPUs (KIND_GPU), and this host has none",
         ),
+        (
+            "model_transaction_policy { decoupled: true }",
+            "decoupled is not served: a NEFF answers each request exactly once",
+        ),
         ('platform: "tensorrt_plan"', "platform 'tensorrt_plan' is not served here"),
         ('name: "other"', "name 'other', but the model's directory is 'm'"),
         ('input { name: "x" reshape { shape: [8] } }', "input 'x' sets reshape"),
@@ -256,7 +260,9 @@ def test_versions_and_their_policies(local: LocalRuntime, tmp_path: Path) -> Non
     with pytest.raises(ServingError) as caught:
         serving.model_metadata("latest", "2")
     assert caught.value.status is Status.NOT_FOUND
-    assert caught.value.message == "model 'latest' has no version 2 served (ready versions: 3)"
+    assert caught.value.message == (
+        "Request for unknown model: 'latest' version 2 is not found (ready versions: 3)"
+    )
     assert len(local.runtime.models()) == 8
     serving.close()
     assert local.runtime.models() == []
@@ -365,7 +371,11 @@ def test_explicit_mode_loads_what_it_is_told(local: LocalRuntime, tmp_path: Path
     assert caught.value.status is Status.UNAVAILABLE
     with pytest.raises(ServingError) as caught:
         serving.load_model("nothere")
-    assert caught.value.status is Status.NOT_FOUND
+    assert caught.value.status is Status.INTERNAL  # as Triton answers it
+    assert caught.value.message.startswith(
+        "failed to load 'nothere', failed to poll from model repository: Request for unknown "
+        "model: 'nothere' is not found"
+    )
     with pytest.raises(ServingError) as caught:
         serving.unload_model("nothere")
     assert caught.value.status is Status.NOT_FOUND
@@ -384,13 +394,14 @@ def test_explicit_load_with_a_config_override(local: LocalRuntime, tmp_path: Pat
         serving.load_model("b", config=bad)
     assert caught.value.status is Status.INVALID_ARGUMENT
     assert caught.value.message == (
-        "the config given to load model 'b': input 'x' data_type TYPE_INT8, but its NEFF "
-        "(version 1) takes TYPE_FP32"
+        "load failed for model 'b': the config given to load model 'b': input 'x' data_type "
+        "TYPE_INT8, but its NEFF (version 1) takes TYPE_FP32"
     )
     assert serving.model_config("b").max_batch_size == 2  # the one loaded before still serves
     with pytest.raises(ServingError) as caught:
         serving.load_model("b", config="{not json")
-    assert caught.value.status is Status.INVALID_ARGUMENT
+    assert caught.value.status is Status.INTERNAL  # the model unread, as Triton answers it
+    assert caught.value.message.startswith("failed to load 'b', failed to poll from model")
     assert "is not a JSON ModelConfig" in caught.value.message
     serving.close()
 
@@ -406,7 +417,8 @@ def test_explicit_load_with_files(local: LocalRuntime, tmp_path: Path) -> None:
     for key in ("../1/model.neff", "/etc/passwd", "1/../../x", "", "1//model.neff"):
         with pytest.raises(ServingError) as caught:
             serving.load_model("mine", files={key: MLP.neff})
-        assert caught.value.status is Status.INVALID_ARGUMENT, key
+        assert caught.value.status is Status.INTERNAL, key  # not read, as Triton answers it
+        assert "is not a relative path inside the model's directory" in caught.value.message
     assert serving.model_ready("mine")
     serving.unload_model("mine")
     assert local.runtime.models() == []
@@ -474,7 +486,7 @@ def test_no_repository(local: LocalRuntime) -> None:
     with pytest.raises(ServingError) as caught:
         serving.infer(InferRequest("m", {}))
     assert caught.value.status is Status.NOT_FOUND
-    assert caught.value.message.startswith("no model named 'm' is served")
+    assert caught.value.message.startswith("Request for unknown model: 'm' is not found")
     assert "--model-repository DIR" in caught.value.message
     serving.close()
 
