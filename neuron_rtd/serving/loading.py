@@ -28,12 +28,16 @@ from neuron_rtd.serving.config import (
     read_config,
     select_versions,
 )
+from neuron_rtd.serving.ensemble import EnsembleVersion, StepPool, load_ensemble
+from neuron_rtd.serving.ensemble_config import is_ensemble
+from neuron_rtd.serving.ensemble_loading import load_composing, recheck_ensembles
 from neuron_rtd.serving.repository import ModelDir, model_names, scan_model, write_files
 from neuron_rtd.serving.served import ServedVersion, load_version
 
 log = logging.getLogger("nrtd.KSERVE")
 
 ModelConfig = model_config_pb.ModelConfig
+Served = ServedVersion | EnsembleVersion  # a version served: of a NEFF, or an ensemble
 
 
 @dataclass
@@ -46,11 +50,11 @@ class ServedModel:
     scanned: ModelDir | None = None  # the directory loaded from (None: files of a load)
     user: ModelConfig = field(default_factory=ModelConfig)  # as the user gave it
     forced: bool = False  # a load request's config or files: poll leaves it be
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    versions: dict[int, Served] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> why not READY
     reason: str = ""  # why no version is served (the model as a whole failed, unloaded)
 
-    def newest(self) -> ServedVersion | None:
+    def newest(self) -> Served | None:
         return self.versions[max(self.versions)] if self.versions else None
 
 
@@ -71,6 +75,7 @@ class Loader:
         self.lock = threading.Lock()  # guards models
         self.name_locks = NameLocks()
         self.closed = threading.Event()
+        self.steps = StepPool()  # the threads of ensembles' steps
 
     def in_repository(self, name: str) -> bool:
         return self.repository is not None and is_model_dir(self.repository, name)
@@ -97,11 +102,27 @@ class Loader:
         config: str = "",
         files: Mapping[str, bytes] | None = None,
         request: bool = False,
+        chain: tuple[str, ...] = (),
     ) -> None:
         """(Re)load model `name`: from the repository, or from `files`; `config` (JSON)
         overriding its config.pbtxt. Versions whose files and config did not change stay
         as they are unless the config or files are given. ServingError when the model
-        or any version failed (each failure also kept for the index)."""
+        or any version failed (each failure also kept for the index). The ensembles
+        composed of it are checked again after (`chain`: the ensembles whose load loads
+        it, outermost first)."""
+        try:
+            self._load(name, config, files, request, chain)
+        finally:
+            recheck_ensembles(self, name, chain)
+
+    def _load(
+        self,
+        name: str,
+        config: str,
+        files: Mapping[str, bytes] | None,
+        request: bool,
+        chain: tuple[str, ...],
+    ) -> None:
         with self.name_locks.hold(name):
             holder: tempfile.TemporaryDirectory[str] | None = None
             try:
@@ -117,13 +138,20 @@ class Loader:
                     if not keep:
                         raise ServingError(Status.NOT_FOUND, self.unknown_model(name))
                 forced = bool(files) or bool(config)
-                self._load_from(name, directory, config, forced, request, keep)
+                self._load_from(name, directory, config, forced, request, keep, chain)
             finally:
                 if holder is not None:
                     holder.cleanup()
 
     def _load_from(
-        self, name: str, directory: Path, config: str, forced: bool, request: bool, keep: bool
+        self,
+        name: str,
+        directory: Path,
+        config: str,
+        forced: bool,
+        request: bool,
+        keep: bool,
+        chain: tuple[str, ...] = (),
     ) -> None:
         with self.lock:
             before = self.models.get(name)
@@ -139,11 +167,14 @@ class Loader:
             check_own_fields(user, name, source)
             wanted = select_versions(user, sorted(scanned.versions))
             if not wanted:
+                holds = "an ensemble's is empty" if is_ensemble(user) else "holds its model file"
                 raise ServingError(
                     Status.UNAVAILABLE,
                     f"model '{name}' has no version to serve: no numeric version directory "
-                    f"(like {directory}/1/) holds its model file",
+                    f"(like {directory}/1/, {holds})",
                 )
+            if is_ensemble(user):
+                load_composing(self, name, user, chain)
         except ServingError as exc:
             self._fail_model(name, before, exc.message, None if forced else scanned, keep)
             raise
@@ -155,16 +186,18 @@ class Loader:
             and before.scanned is not None
             and before.scanned.config_stamp == scanned.config_stamp
         )
-        kept: dict[int, ServedVersion] = {}
-        loaded: dict[int, ServedVersion] = {}
+        kept: dict[int, Served] = {}
+        loaded: dict[int, Served] = {}
         failed: dict[int, str] = {}
         errors: list[ServingError] = []
         for version in wanted:
             old = before.versions.get(version) if before is not None else None
             was = before.scanned if before is not None and same_config else None
             stamp = scanned.version_stamps.get(version)
-            if old is not None and was is not None and was.version_stamps.get(version) == stamp:
-                kept[version] = old  # unchanged
+            unchanged = was is not None and was.version_stamps.get(version) == stamp
+            # (an ensemble is checked again: its composing models may have changed)
+            if old is not None and unchanged and not isinstance(old, EnsembleVersion):
+                kept[version] = old
                 continue
             try:
                 loaded[version] = self._load_version(scanned, version, user, source)
@@ -181,7 +214,7 @@ class Loader:
                     f"{type(exc).__name__}: {shown(str(exc))}",
                 )
             errors.append(error)
-            if old is None:
+            if old is None or isinstance(old, EnsembleVersion):
                 failed[version] = error.message
                 continue
             kept[version] = old  # the version before keeps serving
@@ -215,6 +248,15 @@ class Loader:
         for old_version in gone:
             self._close_version(old_version)
         for number, new in sorted(loaded.items()):
+            if isinstance(new, EnsembleVersion):
+                log.info(
+                    "Serving ensemble '%s' version %d: steps %s",
+                    name,
+                    number,
+                    ", ".join(s.model for s in new.plan.steps),
+                    extra={"fn": "load"},
+                )
+                continue
             log.info(
                 "Serving model '%s' version %d: %d copy(ies) as runtime model(s) %s%s",
                 name,
@@ -233,7 +275,7 @@ class Loader:
 
     def _load_version(
         self, scanned: ModelDir, version: int, user: ModelConfig, source: str
-    ) -> ServedVersion:
+    ) -> Served:
         directory = scanned.versions.get(version)
         if directory is None:
             raise ServingError(
@@ -241,6 +283,9 @@ class Loader:
                 f"model '{scanned.name}' version {version}: named by version_policy, but "
                 f"{scanned.path}/{version}/ does not exist",
             )
+        if is_ensemble(user):
+            gate = self.runtime.compute_gate
+            return load_ensemble(scanned.name, version, user, source, self.models, self.steps, gate)
         return load_version(self.runtime, scanned.name, version, directory, user, source)
 
     def _repo_dir(self, name: str) -> Path | None:
@@ -276,7 +321,14 @@ class Loader:
                 self.models.pop(name, None)
 
     def unload(self, name: str, reason: str, keep: bool = True) -> None:
-        """Unload model `name`: kept in the index, UNAVAILABLE with `reason`, if `keep`."""
+        """Unload model `name`: kept in the index, UNAVAILABLE with `reason`, if `keep`
+        (the ensembles composed of it are checked again after)."""
+        try:
+            self._unload(name, reason, keep)
+        finally:
+            recheck_ensembles(self, name)
+
+    def _unload(self, name: str, reason: str, keep: bool) -> None:
         with self.name_locks.hold(name):
             with self.lock:
                 model = self.models.get(name)
@@ -296,7 +348,7 @@ class Loader:
                     extra={"fn": "unload"},
                 )
 
-    def _close_version(self, version: ServedVersion) -> None:
+    def _close_version(self, version: Served) -> None:
         problems = version.close()
         for problem in problems:
             log.warning(

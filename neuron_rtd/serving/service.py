@@ -41,10 +41,15 @@ from neuron_rtd.serving.api import (
     SharedMemoryApi,
     Status,
 )
-from neuron_rtd.serving.config import PLATFORM
-from neuron_rtd.serving.loading import Loader, ServedModel, check_bound, check_name, is_model_dir
+from neuron_rtd.serving.loading import (
+    Loader,
+    Served,
+    ServedModel,
+    check_bound,
+    check_name,
+    is_model_dir,
+)
 from neuron_rtd.serving.repository import CONTROL_MODES, model_names
-from neuron_rtd.serving.served import ServedVersion
 from neuron_rtd.serving.shm import SystemSharedMemory
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -129,6 +134,7 @@ class Serving:
             names = list(self._models)
         for name in names:
             self._loader.unload(name, "the daemon is stopping")
+        self._loader.steps.close()
         self.regions.close()
 
     def shm(self, caller: Caller) -> SharedMemoryApi:
@@ -162,7 +168,7 @@ class Serving:
                 ready = sorted(model.versions) if model is not None else []
             versions = tuple(str(v) for v in ready) or (served.version_text,)
         inputs, outputs = served.tensors()
-        return ModelMetadata(name, versions, PLATFORM, inputs, outputs)
+        return ModelMetadata(name, versions, served.config.platform, inputs, outputs)
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
         config = ModelConfig()
@@ -198,7 +204,7 @@ class Serving:
         began_ns = time.perf_counter_ns()
         return self._version(request.model, request.version).infer(request, began_ns)
 
-    def _version(self, name: str, version: str) -> ServedVersion:
+    def _version(self, name: str, version: str) -> Served:
         """The READY version `version` of model `name` ("" its newest). A name the core
         holds is within bounds: only one it does not is measured (`check_bound`). Read
         without the loader's lock: a model's entry is one dict read (atomic), and its
