@@ -283,14 +283,16 @@ def _cycle(
             break
         path.append(previous)
     flow = [steps[i] for i in reversed(loop)]  # each writes a tensor the next one reads
+    first = flow.index(min(flow, key=lambda s: s.number))
+    flow = flow[first:] + flow[:first]  # told from its first step
     hops = []
     for k, step in enumerate(flow):
         reads = {t for _, t in flow[(k + 1) % len(flow)].inputs}
         tensor = next(t for _, t in step.outputs if t in reads and writer.get(t) is step)
         hops.append(f"{step.what} -> '{tensor}'")
-    first = hops[0].rpartition(" -> ")[2]
+    tensor = hops[0].rpartition(" -> ")[2]
     return (
-        f"in ensemble '{name}', ensemble tensor {first} is not written: its steps form a "
+        f"in ensemble '{name}', ensemble tensor {tensor} is not written: its steps form a "
         f"cycle ({' -> '.join(hops)} -> {flow[0].what}); a step can only read tensors the "
         "ensemble's inputs lead to"
     )
