@@ -43,65 +43,75 @@ def load_composing(loader: Loader, name: str, user: ModelConfig, chain: tuple[st
                 loader.load(model, chain=chain)
 
 
-def recheck_ensembles(loader: Loader, name: str, chain: tuple[str, ...] = ()) -> None:
-    """Check again the ensembles composed of model `name`, which was just (un)loaded:
-    each READY only while its composing models are there and fit (those of `chain`,
-    whose loads are under way, check themselves). Then the ensembles composed of
-    those, in turn."""
-    if loader.closed.is_set():
-        return
-    with loader.lock:
-        dependents = [
-            model.name
-            for model in loader.models.values()
-            if is_ensemble(model.user)
-            and name in step_models(model.user)
-            and model.name not in chain
-            and model.name != name
-        ]
-    for ensemble in dependents:
-        with loader.name_locks.hold(ensemble):
-            with loader.lock:
-                model = loader.models.get(ensemble)
-            if model is None or not (model.versions or model.failed):
+def recheck_ensembles(loader: Loader) -> None:
+    """Check every ensemble again, after a model was loaded or unloaded (with the models
+    its load brought): each READY only while its composing models are there and fit.
+    Called holding no lock; each ensemble is checked under its name's lock, in passes
+    until one changes nothing (an ensemble may be a step of another)."""
+    for _ in range(len(loader.models) + 1):
+        if loader.closed.is_set():
+            return
+        with loader.lock:
+            ensembles = [
+                model.name
+                for model in loader.models.values()
+                if is_ensemble(model.user) and (model.versions or model.failed)
+            ]
+        if not any([_recheck(loader, name) for name in ensembles]):
+            return
+
+
+def _recheck(loader: Loader, ensemble: str) -> bool:
+    """Check ensemble `ensemble` again: whether any version became READY or not."""
+    with loader.name_locks.hold(ensemble):
+        with loader.lock:
+            model = loader.models.get(ensemble)
+        if model is None or not is_ensemble(model.user):
+            return False
+        versions: dict[int, Served] = {}
+        failed: dict[int, str] = {}
+        for number, served in model.versions.items():
+            try:
+                if isinstance(served, EnsembleVersion):
+                    served.check()
+                versions[number] = served
+            except ServingError as exc:
+                failed[number] = exc.message
+        for number, why in model.failed.items():
+            if model.scanned is not None and number not in model.scanned.versions:
+                failed[number] = why  # its folder is missing: no check mends that
                 continue
-            versions: dict[int, Served] = {}
-            failed: dict[int, str] = {}
-            for number, served in model.versions.items():
-                try:
-                    if isinstance(served, EnsembleVersion):
-                        served.check()
-                    versions[number] = served
-                except ServingError as exc:
-                    failed[number] = exc.message
-            for number, why in model.failed.items():
-                if model.scanned is not None and number not in model.scanned.versions:
-                    failed[number] = why  # its folder is missing: no check mends that
-                    continue
-                try:
-                    versions[number] = load_ensemble(
-                        ensemble,
-                        number,
-                        model.user,
-                        f"the config of ensemble '{ensemble}'",
-                        loader.models,
-                        loader.steps,
-                        loader.runtime.compute_gate,
-                    )
-                except ServingError as exc:
-                    failed[number] = exc.message
-            with loader.lock:
-                if loader.models.get(ensemble) is model:
-                    loader.models[ensemble] = dataclasses.replace(
-                        model, versions=dict(sorted(versions.items())), failed=failed
-                    )
-            for number, why in failed.items():
-                if number not in model.failed:
-                    log.warning(
-                        "Ensemble '%s' version %d: %s",
-                        ensemble,
-                        number,
-                        why,
-                        extra={"fn": "load"},
-                    )
-        recheck_ensembles(loader, ensemble, (*chain, name))
+            try:
+                versions[number] = load_ensemble(
+                    ensemble,
+                    number,
+                    model.user,
+                    f"the config of ensemble '{ensemble}'",
+                    loader.models,
+                    loader.steps,
+                    loader.runtime.compute_gate,
+                )
+            except ServingError as exc:
+                failed[number] = exc.message
+        if versions.keys() == model.versions.keys():
+            return False
+        with loader.lock:
+            if loader.models.get(ensemble) is not model:
+                return False  # (re)loaded meanwhile: that load checked it
+            loader.models[ensemble] = dataclasses.replace(
+                model, versions=dict(sorted(versions.items())), failed=failed
+            )
+    for number in sorted(versions.keys() ^ model.versions.keys()):
+        if number in versions:
+            log.info(
+                "Ensemble '%s' version %d is ready again", ensemble, number, extra={"fn": "load"}
+            )
+        else:
+            log.warning(
+                "Ensemble '%s' version %d: %s",
+                ensemble,
+                number,
+                failed[number],
+                extra={"fn": "load"},
+            )
+    return True

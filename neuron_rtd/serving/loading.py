@@ -108,12 +108,13 @@ class Loader:
         overriding its config.pbtxt. Versions whose files and config did not change stay
         as they are unless the config or files are given. ServingError when the model
         or any version failed (each failure also kept for the index). The ensembles
-        composed of it are checked again after (`chain`: the ensembles whose load loads
-        it, outermost first)."""
+        are checked again after (`chain`: the ensembles whose load loads it, outermost
+        first; the outermost load checks them once all are loaded)."""
         try:
             self._load(name, config, files, request, chain)
         finally:
-            recheck_ensembles(self, name, chain)
+            if not chain:  # (a nested load's caller checks them once it is done)
+                recheck_ensembles(self)
 
     def _load(
         self,
@@ -326,7 +327,7 @@ class Loader:
         try:
             self._unload(name, reason, keep)
         finally:
-            recheck_ensembles(self, name)
+            recheck_ensembles(self)
 
     def _unload(self, name: str, reason: str, keep: bool) -> None:
         with self.name_locks.hold(name):

@@ -504,3 +504,23 @@ def test_loading_an_ensemble_loads_its_composing_models_and_follows_them(
         )
     finally:
         serving.close()
+
+
+def test_an_ensemble_waiting_for_a_composing_model_is_served_once_it_is_loaded(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    """As Triton retries an ensemble when a model it lacked appears: here one loaded from
+    a request's files, not in the repository."""
+    config = ensemble(PRE, step("late", {"x": "h"}, {"y": "OUT"}))
+    serving = serve(local, repository(tmp_path, e=config), control_mode="explicit")
+    try:
+        with pytest.raises(ServingError) as caught:
+            serving.load_model("e")
+        assert "contains models that are not available or ambiguous: late" in caught.value.message
+        assert ("pre", "1", "READY") in index(serving)  # brought by the ensemble's load
+        serving.load_model("late", files={"1/model.neff": NEFFS["left"]})
+        x = x_of(2)
+        answer = serving.infer(InferRequest("e", {"IN": x})).outputs["OUT"]
+        np.testing.assert_allclose(answer, by_hand(x)["left"], rtol=1e-5, atol=1e-6)
+    finally:
+        serving.close()
