@@ -115,6 +115,11 @@ def check_ensemble_fields(config: ModelConfig, name: str, source: str) -> Plan:
             )
     if config.max_batch_size < 0:
         raise _invalid(f"{source}: max_batch_size {config.max_batch_size} is negative")
+    if config.model_transaction_policy.decoupled:
+        raise _invalid(
+            f"{source}: ensemble '{name}' sets model_transaction_policy decoupled, and no "
+            "step here answers more than once (a NEFF answers each request once)"
+        )
     if config.ensemble_scheduling.max_inflight_requests:
         raise _invalid(
             f"{source}: ensemble_scheduling max_inflight_requests is not supported: it bounds "

@@ -6,6 +6,7 @@ as they are unloaded and loaded again."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,6 +321,10 @@ LEFT = step("left", {"x": "h"}, {"y": "OUT"})
         ),
         (ensemble(batch=8), ["must specify 'step' for ensemble 'e'"]),
         (
+            ensemble(PRE, LEFT, extra="model_transaction_policy { decoupled: true }"),
+            ["ensemble 'e' sets model_transaction_policy decoupled"],
+        ),
+        (
             ensemble(PRE, step("nowhere", {"x": "h"}, {"y": "OUT"})),
             ["ensemble e contains models that are not available or ambiguous: nowhere"],
         ),
@@ -522,5 +527,30 @@ def test_an_ensemble_waiting_for_a_composing_model_is_served_once_it_is_loaded(
         x = x_of(2)
         answer = serving.infer(InferRequest("e", {"IN": x})).outputs["OUT"]
         np.testing.assert_allclose(answer, by_hand(x)["left"], rtol=1e-5, atol=1e-6)
+    finally:
+        serving.close()
+
+
+def test_polling_follows_an_ensembles_composing_models_and_its_config(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    root = repository(tmp_path, chain=CHAIN)
+    serving = serve(local, root, control_mode="poll", poll_s=3600)
+    try:
+        assert ("chain", "1", "READY") in index(serving)
+        (root / "left" / "1" / "model.neff").rename(tmp_path / "left.neff")
+        (root / "left" / "1").rmdir()
+        (root / "left").rmdir()
+        serving.poll_once()  # left removed: chain lacks a step
+        assert "depends on 'left' which has no loaded version" in refusal(serving, "chain")
+        write_repo(root, {"left": {1: NEFFS["left"]}})
+        serving.poll_once()
+        assert ("chain", "1", "READY") in index(serving)
+        (root / "chain" / "config.pbtxt").write_text(CHAIN.replace('"left"', '"right"'))
+        os.utime(root / "chain" / "config.pbtxt", ns=(1, 1))  # a stamp of its own
+        serving.poll_once()  # the ensemble's config changed: it now ends with right
+        x = x_of(1)
+        answer = serving.infer(InferRequest("chain", {"IN": x})).outputs["OUT"]
+        np.testing.assert_allclose(answer, by_hand(x)["right"], rtol=1e-5, atol=1e-6)
     finally:
         serving.close()
