@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
+from neuron_rtd.serving.config import read_config
 from neuron_rtd.serving.ensemble import EnsembleVersion, load_ensemble
 from neuron_rtd.serving.ensemble_config import is_ensemble, step_models
 
@@ -29,18 +30,34 @@ def load_composing(loader: Loader, name: str, user: ModelConfig, chain: tuple[st
     repository and not served yet (Triton loads them with it); one served already is
     used as it is. A composing model that cannot load is the ensemble's reason."""
     chain = (*chain, name)
+    _refuse_circles(loader, chain, user)
     for model in step_models(user):
-        if model in chain:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"circular dependency between ensembles: {chain[0]} -> ... -> {name} -> "
-                f"{model} ({' -> '.join([*chain, model])})",
-            )
         with loader.lock:
             held = loader.models.get(model)
         if (held is None or not held.versions) and loader.in_repository(model):
             with contextlib.suppress(ServingError):  # its reason, which the check gives
                 loader.load(model, chain=chain)
+
+
+def _refuse_circles(loader: Loader, chain: tuple[str, ...], user: ModelConfig) -> None:
+    """Refuse an ensemble composed of itself through the configs of the repository,
+    before its load takes any composing model's lock (two loads of a circle of ensembles
+    at once would each hold one and wait for the other's)."""
+    for model in step_models(user):
+        if model in chain:
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"circular dependency between ensembles: {chain[0]} -> ... -> {chain[-1]} -> "
+                f"{model} ({' -> '.join([*chain, model])})",
+            )
+        if loader.repository is None or not loader.in_repository(model):
+            continue
+        try:
+            config = read_config(loader.repository / model, model)
+        except ServingError:
+            continue  # its own load says what is wrong with it
+        if is_ensemble(config):
+            _refuse_circles(loader, (*chain, model), config)
 
 
 def recheck_ensembles(loader: Loader) -> None:

@@ -554,3 +554,32 @@ def test_polling_follows_an_ensembles_composing_models_and_its_config(
         np.testing.assert_allclose(answer, by_hand(x)["right"], rtol=1e-5, atol=1e-6)
     finally:
         serving.close()
+
+
+def test_two_loads_of_a_circle_of_ensembles_at_once_both_end_refused(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    """The circle is seen in the repository's configs before either load takes a lock a
+    composing model's load would wait for."""
+    first = ensemble(step("e2", {"IN": "IN"}, {"OUT": "OUT"}))
+    second = ensemble(step("e1", {"IN": "IN"}, {"OUT": "OUT"}))
+    serving = serve(local, repository(tmp_path, e1=first, e2=second), control_mode="explicit")
+    said: dict[str, str] = {}
+
+    def load(name: str) -> None:
+        try:
+            serving.load_model(name)
+        except ServingError as exc:
+            said[name] = exc.message
+
+    loads = [threading.Thread(target=load, args=(name,)) for name in ("e1", "e2")]
+    try:
+        for thread in loads:
+            thread.start()
+        for thread in loads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in loads)
+        assert "circular dependency between ensembles: e1 -> ... -> e2 -> e1" in said["e1"]
+        assert "circular dependency between ensembles: e2 -> ... -> e1 -> e2" in said["e2"]
+    finally:
+        serving.close()
