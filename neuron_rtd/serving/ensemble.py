@@ -143,16 +143,18 @@ class _StepRun:
     """One step of one request: run once, by whichever thread claims it first (a pool
     thread, or the request's own while it waits), then put on its request's `done`."""
 
-    __slots__ = ("_claim", "_done", "_run_step", "code", "compute", "error", "outputs", "step")
+    __slots__ = ("_call", "_claim", "_done", "code", "compute", "error", "outputs", "sent", "step")
 
     def __init__(
         self,
         step: EnsembleStep,
-        run_step: Callable[[EnsembleStep], InferResponse],
+        sent: InferRequest,
+        call: Callable[[EnsembleStep, InferRequest], InferResponse],
         done: SimpleQueue[_StepRun],
     ) -> None:
         self.step = step
-        self._run_step = run_step
+        self.sent = sent  # its request to its composing model, made when it was ready
+        self._call = call
         self._done = done
         self._claim = threading.Lock()
         self.compute = [0] * 6  # the step's compute times (`STEPS.tally`)
@@ -167,7 +169,7 @@ class _StepRun:
         previous = STEPS.tally
         STEPS.tally = self.compute
         try:
-            response = self._run_step(self.step)
+            response = self._call(self.step, self.sent)
             self.outputs, self.code = response.outputs, response.code
         except ServingError as exc:
             self.error = exc
@@ -265,19 +267,20 @@ class EnsembleVersion:
         error: ServingError | None = None
         code = Nerr.OK
 
-        def run_step(step: EnsembleStep) -> InferResponse:
-            return self._step(step, tensors, request)
+        def ready_step() -> _StepRun:
+            step = plan.steps[ready.pop()]
+            return _StepRun(step, self._request(step, tensors, request), self._call, done)
 
         while True:
             if error is None and ready:
                 while len(ready) > 1:
-                    task = _StepRun(plan.steps[ready.pop()], run_step, done)
+                    task = ready_step()
                     pending += 1
                     if self._pool.submit(functools.partial(self._from_pool, task)):
                         handed.append(task)
                     elif task.claim():
                         task.run()
-                task = _StepRun(plan.steps[ready.pop()], run_step, done)
+                task = ready_step()
                 pending += 1
                 task.claim()
                 task.run()
@@ -302,20 +305,23 @@ class EnsembleVersion:
             raise error
         return tensors, code
 
-    def _step(
-        self, step: EnsembleStep, tensors: Mapping[str, np.ndarray], request: InferRequest
-    ) -> InferResponse:
-        """Step `step` as a request to its composing model, through its infer path."""
-        served = composing(self._models, step.model, step.version, self.name)
-        inputs = {key: tensors[tensor] for key, tensor in step.inputs}
-        sent = InferRequest(
+    @staticmethod
+    def _request(
+        step: EnsembleStep, tensors: Mapping[str, np.ndarray], request: InferRequest
+    ) -> InferRequest:
+        """Step `step`'s request to its composing model, of the tensors it reads."""
+        return InferRequest(
             step.model,
-            inputs,
+            {key: tensors[tensor] for key, tensor in step.inputs},
             version=step.version_text,
             outputs=[key for key, _ in step.outputs],
             id=request.id,
             parameters=request.parameters,
         )
+
+    def _call(self, step: EnsembleStep, sent: InferRequest) -> InferResponse:
+        """Step `step`'s request `sent`, through its composing model's own infer path."""
+        served = composing(self._models, step.model, step.version, self.name)
         return served.infer(sent, time.perf_counter_ns())
 
     def _from_pool(self, task: _StepRun) -> None:
