@@ -7,6 +7,9 @@ or whose step fails, each saying why."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,3 +200,27 @@ def test_a_steps_error_comes_back_on_the_ensembles_request_naming_its_model(
         http.infer("strict", [tensor])
     assert over_http.value.status() == "400"
     assert "step 2 (model 'fixed')" in str(over_http.value.message())
+
+
+@pytest.mark.daemon
+def test_perf_analyzer_drives_the_ensemble_and_reports_its_composing_models(
+    served: DaemonProcess,
+) -> None:
+    """Triton's load generator reads the ensemble's config and asks each composing
+    model's statistics, as it does of Triton (`make perf-analyzer` installs it)."""
+    tool = Path(sys.executable).parent / "perf_analyzer"
+    if not tool.exists():
+        pytest.skip(f"{tool} is not installed (make perf-analyzer)")
+    url = served.address.replace("unix:", "unix://", 1)
+    args = ["-m", "fan", "-i", "grpc", "-u", url, "-b", "2", "--concurrency-range", "2"]
+    args += ["--measurement-interval", "1000"]
+    done = subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout
+    assert "Composing models:" in said, said
+    counts = [int(n) for n in re.findall(r"Inference count: (\d+)", said)]
+    assert len(counts) == 5, said  # the ensemble's, and each step's
+    # each model's statistics are read apart, while the 2 requests (4 rows) in flight run
+    assert min(counts) > 0 and max(counts) - min(counts) <= 4, said
+    for name in ("join", "left", "pre", "right"):
+        assert f"{name}, version: 1" in said, said
