@@ -165,6 +165,11 @@ class _StepRun:
     def claim(self) -> bool:
         return self._claim.acquire(blocking=False)
 
+    def skip(self) -> None:
+        """Not run: its request failed before it started (claimed first)."""
+        self.error = ServingError(Status.UNAVAILABLE, "not run: another step failed")
+        self._done.put(self)
+
     def run(self) -> None:
         previous = STEPS.tally
         STEPS.tally = self.compute
@@ -286,7 +291,7 @@ class EnsembleVersion:
                 task.run()
             if not pending:
                 break
-            finished = self._next_done(done, handed)
+            finished = self._next_done(done, handed, failed=error is not None)
             pending -= 1
             if finished.error is not None:
                 error = error or self._step_error(finished.step, finished.error)
@@ -329,16 +334,22 @@ class EnsembleVersion:
             with self._gate.turn():
                 task.run()
 
-    def _next_done(self, done: SimpleQueue[_StepRun], handed: Sequence[_StepRun]) -> _StepRun:
+    def _next_done(
+        self, done: SimpleQueue[_StepRun], handed: Sequence[_StepRun], failed: bool
+    ) -> _StepRun:
         """A finished step: one already done, else one of those handed to the pool that
-        no pool thread has taken yet, run here, else the next to finish, awaited."""
+        no pool thread has taken yet, run here (or, once a step `failed`, not run at
+        all), else the next to finish, awaited."""
         try:
             return done.get_nowait()
         except Empty:
             pass
         for task in handed:
             if task.claim():
-                task.run()
+                if failed:
+                    task.skip()
+                else:
+                    task.run()
                 return done.get()
         with self._gate.waiting():
             return done.get()

@@ -239,40 +239,63 @@ class _Held:
         self.reason = ""
 
 
-def test_independent_steps_run_at_once_one_on_the_requests_own_thread() -> None:
+class _Failing(_Waiting):
+    def infer(self, request: InferRequest, began_ns: int) -> InferResponse:
+        raise ServingError(Status.INVALID_ARGUMENT, "input 'x' is not to its liking")
+
+
+def both(a: _Waiting, b: _Waiting, pool: StepPool) -> EnsembleVersion:
+    """Ensemble "both": steps a and b, each reading IN, independent of each other."""
     text = ensemble(
         step("a", {"x": "IN"}, {"y": "A"}), step("b", {"x": "IN"}, {"y": "B"}), outputs="A,B"
     )
     user = text_format.Parse(text, model_config_pb.ModelConfig())
     plan = check_ensemble_fields(user, "both", "test")
+    models = {"a": _Held(a), "b": _Held(b)}
+    config = complete_ensemble(user, "both")
+    version = EnsembleVersion("both", 1, config, plan, models, pool, ComputeGate(2))
+    version.check()
+    return version
+
+
+def _one() -> model_config_pb.ModelConfig:
     one = model_config_pb.ModelConfig(max_batch_size=8)
     one.input.add(name="x", data_type=model_config_pb.TYPE_FP32, dims=[4])
     one.output.add(name="y", data_type=model_config_pb.TYPE_FP32, dims=[4])
+    return one
+
+
+def test_independent_steps_run_at_once_one_on_the_requests_own_thread() -> None:
     barrier = threading.Barrier(2)
-    a, b = _Waiting(barrier, one), _Waiting(barrier, one)
+    a, b = _Waiting(barrier, _one()), _Waiting(barrier, _one())
     pool = StepPool()
-    version = EnsembleVersion(
-        "both",
-        1,
-        complete_ensemble(user, "both"),
-        plan,
-        {"a": _Held(a), "b": _Held(b)},
-        pool,
-        ComputeGate(2),
-    )
-    version.check()
     x = x_of(2)
     try:
-        answer = version.infer(InferRequest("both", {"IN": x}), 0)  # waits for both at once
+        answer = both(a, b, pool).infer(InferRequest("both", {"IN": x}), 0)  # both at once
     finally:
         pool.close()
     np.testing.assert_array_equal(answer.outputs["A"], x + 1)
     np.testing.assert_array_equal(answer.outputs["B"], x + 1)
-    ran_on = sorted([*a.threads, *b.threads])
-    assert (
-        ran_on[0] == threading.current_thread().name or ran_on[1] == threading.current_thread().name
-    )
+    ran_on = [*a.threads, *b.threads]
+    assert threading.current_thread().name in ran_on, ran_on
     assert any(name.startswith("neuron-ensemble") for name in ran_on), ran_on
+
+
+def test_a_failing_step_fails_the_request_once_the_others_have_ended() -> None:
+    barrier = threading.Barrier(1)  # (no wait)
+    a, b = _Failing(barrier, _one()), _Waiting(barrier, _one())
+    pool = StepPool()
+    version = both(a, b, pool)
+    try:
+        with pytest.raises(ServingError) as caught:
+            version.infer(InferRequest("both", {"IN": x_of(1)}), 0)
+    finally:
+        pool.close()
+    assert caught.value.status == Status.INVALID_ARGUMENT
+    assert caught.value.message == (
+        "in ensemble 'both', step 1 (model 'a'): input 'x' is not to its liking"
+    )
+    assert version.stats.message().inference_stats.fail.count == 1
 
 
 # --- refused at load -----------------------------------------------------------------------
