@@ -3,6 +3,8 @@ Triton's layout (`DIR/NAME/VERSION/model.neff`, an optional `DIR/NAME/config.pbt
 each model's config completed from its NEFF, its versions loaded as ordinary models of
 the runtime (`instance_group { count: N }` copies on NCGs of their own), dynamic
 batching across clients, per-version statistics, and system shared-memory regions.
+Ensembles of its models (`platform: "ensemble"`) run their steps through each model's
+own infer path (`neuron_rtd/serving/ensemble.py`).
 
 The front ends (`neuron_rtd/server/kserve.py` for gRPC, `neuron_rtd/server/kserve_http.py`
 for HTTP) speak to it through this face only: `ServingApi` (`neuron_rtd/serving/api.py`),

@@ -19,6 +19,8 @@ An ONNX model (`platform` "onnxruntime_onnx", `backend` "onnxruntime", or neithe
 `model.onnx` where no `model.neff` is: Triton's auto-complete) is compiled on load
 (`neuron_rtd/serving/onnx_models.py`), its config checked against the ONNX file, its
 `reshape`s compiled in (`check_reshape` here), and then completed from its NEFF as any.
+An ensemble's config (`platform: "ensemble"`) has no NEFF to complete it: it is checked
+by its own rules (`neuron_rtd/serving/ensemble_config.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.datatypes import config_type_name, config_type_of, datatype_of
+from neuron_rtd.serving.ensemble_config import check_ensemble_fields, is_ensemble
 
 ModelConfig = model_config_pb.ModelConfig
 
@@ -169,6 +172,9 @@ def neff_dims(spec: TensorSpec, batched: bool) -> list[int]:
 # --- checking and completing ------------------------------------------------------------
 def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
     """Refuse what the daemon cannot do, whatever the NEFF: checked before any load."""
+    if is_ensemble(config) or config.HasField("ensemble_scheduling"):
+        check_ensemble_fields(config, name, source)  # an ensemble's own rules
+        return
     if config.name and config.name != name:
         raise _invalid(
             f"{source}: name '{shown(config.name)}', but the model's directory is '{name}'"

@@ -12,11 +12,10 @@ model's name lock, so requests to other models (and the index) go on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,13 +26,16 @@ from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.compile_cache import CompileCache
 from neuron_rtd.serving.config import (
     CONFIG_FILE,
-    NAME_MAX_BYTES,
     check_own_fields,
     is_onnx,
     parse_json_config,
     read_config,
     select_versions,
 )
+from neuron_rtd.serving.ensemble import EnsembleVersion, StepPool, load_ensemble
+from neuron_rtd.serving.ensemble_config import is_ensemble
+from neuron_rtd.serving.ensemble_loading import load_composing, recheck_ensembles
+from neuron_rtd.serving.names import NameLocks, is_model_dir
 from neuron_rtd.serving.onnx_models import compile_version, served_config
 from neuron_rtd.serving.repository import ModelDir, model_names, scan_model, write_files
 from neuron_rtd.serving.served import ServedVersion, load_version
@@ -41,6 +43,7 @@ from neuron_rtd.serving.served import ServedVersion, load_version
 log = logging.getLogger("nrtd.KSERVE")
 
 ModelConfig = model_config_pb.ModelConfig
+Served = ServedVersion | EnsembleVersion  # a version served: of a NEFF, or an ensemble
 
 
 @dataclass
@@ -53,11 +56,11 @@ class ServedModel:
     scanned: ModelDir | None = None  # the directory loaded from (None: files of a load)
     user: ModelConfig = field(default_factory=ModelConfig)  # as the user gave it
     forced: bool = False  # a load request's config or files: poll leaves it be
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    versions: dict[int, Served] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> why not READY
     reason: str = ""  # why no version is served (the model as a whole failed, unloaded)
 
-    def newest(self) -> ServedVersion | None:
+    def newest(self) -> Served | None:
         return self.versions[max(self.versions)] if self.versions else None
 
 
@@ -92,6 +95,7 @@ class Loader:
         self.lock = threading.Lock()  # guards models and progress
         self.name_locks = NameLocks()
         self.closed = threading.Event()
+        self.steps = StepPool()  # the threads of ensembles' steps
 
     def in_repository(self, name: str) -> bool:
         return self.repository is not None and is_model_dir(self.repository, name)
@@ -118,13 +122,30 @@ class Loader:
         config: str = "",
         files: Mapping[str, bytes] | None = None,
         request: bool = False,
+        chain: tuple[str, ...] = (),
     ) -> None:
         """(Re)load model `name`: from the repository, or from `files`; `config` (JSON)
         overriding its config.pbtxt. Versions whose files and config did not change stay
         as they are unless the config or files are given. ServingError when the model
         or any version failed (each failure also kept for the index); for a load
         `request`, in Triton's words: the model unread `not_polled`, a version failed
-        "load failed for model 'NAME': ..." (its status ours)."""
+        "load failed for model 'NAME': ..." (its status ours). The ensembles are checked
+        again after (`chain`: the ensembles whose load loads it, outermost first; the
+        outermost load checks them once all are loaded)."""
+        try:
+            self._load(name, config, files, request, chain)
+        finally:
+            if not chain:  # (a nested load's caller checks them once it is done)
+                recheck_ensembles(self)
+
+    def _load(
+        self,
+        name: str,
+        config: str,
+        files: Mapping[str, bytes] | None,
+        request: bool,
+        chain: tuple[str, ...],
+    ) -> None:
         with self.name_locks.hold(name):
             holder: tempfile.TemporaryDirectory[str] | None = None
             try:
@@ -143,13 +164,20 @@ class Loader:
                 except ServingError as exc:
                     raise not_polled(name, exc) if request else exc from None
                 forced = bool(files) or bool(config)
-                self._load_from(name, directory, config, forced, request, keep)
+                self._load_from(name, directory, config, forced, request, keep, chain)
             finally:
                 if holder is not None:
                     holder.cleanup()
 
     def _load_from(
-        self, name: str, directory: Path, config: str, forced: bool, request: bool, keep: bool
+        self,
+        name: str,
+        directory: Path,
+        config: str,
+        forced: bool,
+        request: bool,
+        keep: bool,
+        chain: tuple[str, ...] = (),
     ) -> None:
         with self.lock:
             before = self.models.get(name)
@@ -165,11 +193,14 @@ class Loader:
             check_own_fields(user, name, source)
             wanted = select_versions(user, sorted(scanned.versions))
             if not wanted:
+                holds = "an ensemble's is empty" if is_ensemble(user) else "holds its model file"
                 raise ServingError(
                     Status.UNAVAILABLE,
                     f"model '{name}' has no version to serve: no numeric version directory "
-                    f"(like {directory}/1/) holds its model file",
+                    f"(like {directory}/1/, {holds})",
                 )
+            if is_ensemble(user):
+                load_composing(self, name, user, chain)
         except ServingError as exc:
             self._fail_model(name, before, exc.message, None if forced else scanned, keep)
             raise not_polled(name, exc) if request else exc from None
@@ -181,16 +212,18 @@ class Loader:
             and before.scanned is not None
             and before.scanned.config_stamp == scanned.config_stamp
         )
-        kept: dict[int, ServedVersion] = {}
-        loaded: dict[int, ServedVersion] = {}
+        kept: dict[int, Served] = {}
+        loaded: dict[int, Served] = {}
         failed: dict[int, str] = {}
         errors: list[ServingError] = []
         for version in wanted:
             old = before.versions.get(version) if before is not None else None
             was = before.scanned if before is not None and same_config else None
             stamp = scanned.version_stamps.get(version)
-            if old is not None and was is not None and was.version_stamps.get(version) == stamp:
-                kept[version] = old  # unchanged
+            unchanged = was is not None and was.version_stamps.get(version) == stamp
+            # (an ensemble is checked again: its composing models may have changed)
+            if old is not None and unchanged and not isinstance(old, EnsembleVersion):
+                kept[version] = old
                 continue
             try:
                 loaded[version] = self._load_version(scanned, version, user, source)
@@ -207,7 +240,7 @@ class Loader:
                     f"{type(exc).__name__}: {shown(str(exc))}",
                 )
             errors.append(error)
-            if old is None:
+            if old is None or isinstance(old, EnsembleVersion):
                 failed[version] = error.message
                 continue
             kept[version] = old  # the version before keeps serving
@@ -241,6 +274,15 @@ class Loader:
         for old_version in gone:
             self._close_version(old_version)
         for number, new in sorted(loaded.items()):
+            if isinstance(new, EnsembleVersion):
+                log.info(
+                    "Serving ensemble '%s' version %d: steps %s",
+                    name,
+                    number,
+                    ", ".join(s.model for s in new.plan.steps),
+                    extra={"fn": "load"},
+                )
+                continue
             log.info(
                 "Serving model '%s' version %d: %d copy(ies) as runtime model(s) %s%s",
                 name,
@@ -260,7 +302,7 @@ class Loader:
 
     def _load_version(
         self, scanned: ModelDir, version: int, user: ModelConfig, source: str
-    ) -> ServedVersion:
+    ) -> Served:
         directory = scanned.versions.get(version)
         if directory is None:
             raise ServingError(
@@ -268,6 +310,9 @@ class Loader:
                 f"model '{scanned.name}' version {version}: named by version_policy, but "
                 f"{scanned.path}/{version}/ does not exist",
             )
+        if is_ensemble(user):
+            gate = self.runtime.compute_gate
+            return load_ensemble(scanned.name, version, user, source, self.models, self.steps, gate)
         if is_onnx(user, directory):
             return self._load_onnx(scanned.name, version, directory, user, source)
         return load_version(self.runtime, scanned.name, version, directory, user, source)
@@ -334,7 +379,14 @@ class Loader:
                 self.models.pop(name, None)
 
     def unload(self, name: str, reason: str, keep: bool = True) -> None:
-        """Unload model `name`: kept in the index, UNAVAILABLE with `reason`, if `keep`."""
+        """Unload model `name`: kept in the index, UNAVAILABLE with `reason`, if `keep`
+        (the ensembles composed of it are checked again after)."""
+        try:
+            self._unload(name, reason, keep)
+        finally:
+            recheck_ensembles(self)
+
+    def _unload(self, name: str, reason: str, keep: bool) -> None:
         with self.name_locks.hold(name):
             with self.lock:
                 model = self.models.get(name)
@@ -354,7 +406,7 @@ class Loader:
                     extra={"fn": "unload"},
                 )
 
-    def _close_version(self, version: ServedVersion) -> None:
+    def _close_version(self, version: Served) -> None:
         problems = version.close()
         for problem in problems:
             log.warning(
@@ -399,70 +451,6 @@ class Loader:
         return (
             now.config_stamp != before.config_stamp or now.version_stamps != before.version_stamps
         )
-
-
-class NameLocks:
-    """One lock per model name, which exists only while a thread holds or awaits it: the
-    names asked for leave nothing behind."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._held: dict[str, tuple[threading.Lock, list[int]]] = {}  # name: lock, [users]
-
-    @contextlib.contextmanager
-    def hold(self, name: str) -> Iterator[None]:
-        with self.lock:
-            lock, users = self._held.setdefault(name, (threading.Lock(), [0]))
-            users[0] += 1
-        try:
-            with lock:
-                yield
-        finally:
-            with self.lock:
-                users[0] -= 1
-                if not users[0]:
-                    del self._held[name]
-
-    def __len__(self) -> int:
-        with self.lock:
-            return len(self._held)
-
-
-def name_bytes(name: str) -> int:
-    return len(name.encode("utf-8", "surrogatepass"))
-
-
-def check_bound(name: str) -> None:
-    """INVALID_ARGUMENT for a name longer than any model's can be (a folder's name)."""
-    if name_bytes(name) > NAME_MAX_BYTES:
-        raise ServingError(
-            Status.INVALID_ARGUMENT,
-            f"model name '{shown(name)}' is {name_bytes(name)} bytes long: a model's name "
-            f"is its folder's in the model repository, at most {NAME_MAX_BYTES} bytes",
-        )
-
-
-def check_name(name: str) -> None:
-    """A name a load or unload may be asked for: a model folder's (no '/', not hidden,
-    at most NAME_MAX_BYTES); INVALID_ARGUMENT otherwise."""
-    check_bound(name)
-    if not name or "/" in name or name in (".", "..") or "\0" in name or name.startswith("."):
-        raise ServingError(
-            Status.INVALID_ARGUMENT,
-            f"model name {shown(name)!r} is not a model directory's name (no '/', not "
-            "hidden, no NUL)",
-        )
-
-
-def is_model_dir(root: Path, name: str) -> bool:
-    if not name or "/" in name or "\0" in name or name.startswith("."):
-        return False
-    if name_bytes(name) > NAME_MAX_BYTES:
-        return False
-    try:
-        return (root / name).is_dir()
-    except (OSError, ValueError):  # a folder the daemon may not search: no model it serves
-        return False
 
 
 def _same(a: ModelConfig, b: ModelConfig) -> bool:

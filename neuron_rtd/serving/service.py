@@ -44,14 +44,12 @@ from neuron_rtd.serving.api import (
 from neuron_rtd.serving.config import PLATFORM
 from neuron_rtd.serving.loading import (
     Loader,
+    Served,
     ServedModel,
-    check_bound,
-    check_name,
-    is_model_dir,
     not_polled,
 )
+from neuron_rtd.serving.names import check_bound, check_name, is_model_dir
 from neuron_rtd.serving.repository import CONTROL_MODES, model_names
-from neuron_rtd.serving.served import ServedVersion
 from neuron_rtd.serving.shm import SystemSharedMemory
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -143,6 +141,7 @@ class Serving:
             names = list(self._models)
         for name in names:
             self._loader.unload(name, "the daemon is stopping")
+        self._loader.steps.close()
         self.regions.close()
         self._loader.cache.close()
 
@@ -177,7 +176,7 @@ class Serving:
                 ready = sorted(model.versions) if model is not None else []
             versions = tuple(str(v) for v in ready) or (served.version_text,)
         inputs, outputs = served.tensors()
-        platform = served.config.platform or PLATFORM  # an ONNX model's: onnxruntime_onnx
+        platform = served.config.platform or PLATFORM  # an ONNX model's, an ensemble's
         return ModelMetadata(name, versions, platform, inputs, outputs)
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
@@ -214,7 +213,7 @@ class Serving:
         began_ns = time.perf_counter_ns()
         return self._version(request.model, request.version).infer(request, began_ns)
 
-    def _version(self, name: str, version: str) -> ServedVersion:
+    def _version(self, name: str, version: str) -> Served:
         """The READY version `version` of model `name` ("" its newest). A name the core
         holds is within bounds: only one it does not is measured (`check_bound`). Read
         without the loader's lock: a model's entry is one dict read (atomic), and its

@@ -12,6 +12,11 @@ So `compute_*` counts executions, not requests (as many when nothing is batched)
 Updates take one short lock; a request run on its own (and its execution) takes none: it
 is noted, and counted with the others noted when a reader asks (or every FOLD_AFTER).
 Nothing is built until a reader asks.
+
+An ensemble's request is counted as Triton counts it: once, as a request and one
+execution of its batch size, whose compute times are the sums of its steps' (each step's
+request, counted by its own model as any request, also adds its compute times to the
+tally its ensemble set on the step's thread: `STEPS.tally`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ from neuron_rtd.proto import kserve_pb
 SUCCESS, FAIL, QUEUE = 0, 2, 4
 INPUT, INFER, OUTPUT = 0, 2, 4  # in a compute list
 FOLD_AFTER = 256  # requests run on their own noted before they are counted, at most
+
+
+class _StepTally(threading.local):
+    """Where the requests run on this thread add their compute times, when an ensemble
+    runs them as its steps (a compute list, or None)."""
+
+    tally: list[int] | None = None
+
+
+STEPS = _StepTally()
 
 
 def _executed(compute: list[int], count: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
@@ -74,6 +89,9 @@ class VersionStats:
             requests[QUEUE + 1] += queue_ns
             self._inferences += batch_size
             self._last_ms = now_ms
+        tally = STEPS.tally
+        if tally is not None:  # a step of an ensemble: its execution's time, from its batch's
+            _executed(tally, 1, 0, ns - queue_ns, 0)
 
     def request_ran(
         self, ns: int, batch_size: int, queue_ns: int, infer_ns: int, output_ns: int
@@ -83,6 +101,9 @@ class VersionStats:
         step) and counted when the statistics are read, or once FOLD_AFTER are noted."""
         ran = self._ran
         ran.append((ns, batch_size, queue_ns, infer_ns, output_ns, time.time_ns()))
+        tally = STEPS.tally
+        if tally is not None:
+            _executed(tally, 1, 0, infer_ns, output_ns)
         if len(ran) >= FOLD_AFTER:
             with self._lock:
                 self._fold()
@@ -132,6 +153,29 @@ class VersionStats:
                 per_size = self._batches[batch_size] = [0] * 6
             _executed(self._compute, 1, input_ns, infer_ns, output_ns)
             _executed(per_size, 1, input_ns, infer_ns, output_ns)
+
+    def ensemble_ran(self, ns: int, batch_size: int, queue_ns: int, steps: list[int]) -> None:
+        """An ensemble's request answered: a request, and one execution whose compute
+        times are its steps' summed (`steps`, a compute list), as Triton counts it."""
+        now_ms = time.time_ns() // 1_000_000
+        times = (steps[INPUT + 1], steps[INFER + 1], steps[OUTPUT + 1])
+        with self._lock:
+            requests = self._requests
+            requests[SUCCESS] += 1
+            requests[SUCCESS + 1] += ns
+            requests[QUEUE] += 1
+            requests[QUEUE + 1] += queue_ns
+            self._inferences += batch_size
+            self._last_ms = now_ms
+            self._executions += 1
+            per_size = self._batches.get(batch_size)
+            if per_size is None:
+                per_size = self._batches[batch_size] = [0] * 6
+            _executed(self._compute, 1, *times)
+            _executed(per_size, 1, *times)
+        tally = STEPS.tally
+        if tally is not None:  # itself a step of an ensemble: its steps' times, to that one
+            _executed(tally, 1, *times)
 
     def message(self) -> kserve_pb.ModelStatistics:
         stats = kserve_pb.ModelStatistics(name=self.name, version=self.version)

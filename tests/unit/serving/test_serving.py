@@ -31,7 +31,7 @@ from neuron_rtd.serving.datatypes import (
     datatype_of_config,
     dtype_of,
 )
-from neuron_rtd.serving.served import serving_error
+from neuron_rtd.serving.served import ServedVersion, serving_error
 from neuron_rtd.serving.shm import SystemSharedMemory
 from neuron_rtd.serving.stats import FOLD_AFTER, VersionStats
 
@@ -73,6 +73,7 @@ def test_an_array_over_a_requests_whole_bytes_goes_to_the_runtime_as_those_bytes
     """The direct path hands the runtime a raw input's own bytes (its inline-bytes copy,
     as nmgr's); any other array as it is, and the answer is the same either way."""
     version = serving._version("m", "")
+    assert isinstance(version, ServedVersion)  # (not an ensemble)
     x = MLP.random_inputs()["x"].astype(np.float32)
     raw = x.tobytes()
     over = np.ndarray(x.shape, x.dtype, raw)

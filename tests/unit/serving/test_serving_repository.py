@@ -166,7 +166,10 @@ def test_max_batch_size_zero_on_a_bucket_neff_means_the_batch_axis_varies(
             "dynamic_batching needs max_batch_size > 0",
         ),
         ("sequence_batching { }", "sequence_batching is not supported by neuron-rtd"),
-        ('ensemble_scheduling { step { model_name: "a" } }', "ensemble_scheduling is not"),
+        (
+            'ensemble_scheduling { step { model_name: "a" } }',
+            "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble",
+        ),
         (
             "instance_group { kind: KIND_GPU count: 1 }",
             "instance_group asks for GPUs (KIND_GPU), and this host has none",
