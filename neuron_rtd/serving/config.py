@@ -12,8 +12,9 @@ completes an ONNX model's:
   version's folder only).
 
 A field the user gave is kept when the NEFF agrees and refused, naming the field and both
-values, when it does not; what the daemon cannot do (sequence batching, ensembles, GPU
-instances) is refused saying so.
+values, when it does not; what the daemon cannot do (ensembles, GPU instances) is refused
+saying so. A sequence model's control and state tensors are left out of its inputs and
+outputs (`neuron_rtd/serving/sequence_config.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.datatypes import config_type_name, config_type_of, datatype_of
+from neuron_rtd.serving.sequence_config import hidden_tensors
 
 ModelConfig = model_config_pb.ModelConfig
 
@@ -162,7 +164,7 @@ def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
             f"this daemon's backend is '{BACKEND}'"
         )
     scheduling = config.WhichOneof("scheduling_choice")
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+    if scheduling == "ensemble_scheduling":
         raise _invalid(
             f"{source}: {scheduling} is not supported by neuron-rtd "
             "(it serves single models, with or without dynamic_batching)"
@@ -235,8 +237,12 @@ def complete(user: ModelConfig, neff: Neff, name: str, source: str, version: int
     batched = config.max_batch_size > 0
     del config.input[:]
     del config.output[:]
-    config.input.extend(_tensors(user.input, neff.inputs, batched, "input", source, its_neff))
-    config.output.extend(_tensors(user.output, neff.outputs, batched, "output", source, its_neff))
+    # a sequence model's control and state tensors are the server's, not the client's
+    hidden_in, hidden_out = hidden_tensors(user, source)
+    ins = [t for t in neff.inputs if t.name not in hidden_in]
+    outs = [t for t in neff.outputs if t.name not in hidden_out]
+    config.input.extend(_tensors(user.input, ins, batched, "input", source, its_neff))
+    config.output.extend(_tensors(user.output, outs, batched, "output", source, its_neff))
     if not config.instance_group:
         config.instance_group.add(count=1, kind=_KIND.KIND_MODEL)
     for index, group in enumerate(config.instance_group):
