@@ -257,7 +257,7 @@ def _control(
             f"is {config_type_name(_config_type(spec.dtype))}"
         )
     row = spec.shape[1:] if batched else spec.shape
-    if math.prod(row) != 1 or len(row) > 1:
+    if math.prod(row) != 1:
         raise _invalid(
             f"{what}: its NEFF's input '{name}' has shape {list(spec.shape)}; a control takes "
             "one value per batch row: [batch, 1] (or [1] without a batch axis)"

@@ -128,8 +128,14 @@ BUILDERS = {
 }
 
 
-def neff(name: str) -> bytes:
-    return compile_model(BUILDERS[name](), dynamic_batch=bucket_ranges(1, 8), name=name).neff
+def neff(name: str, batched: bool = True) -> bytes:
+    """Model `name` compiled with batch buckets 1..8, or (not `batched`) for one fixed
+    shape, [1, 1] every tensor (max_batch_size 0)."""
+    model = BUILDERS[name]()
+    if batched:
+        return compile_model(model, dynamic_batch=bucket_ranges(1, 8), name=name).neff
+    shapes = {i.name: [1, 1] for i in model.graph.input}
+    return compile_model(model, input_shapes=shapes, name=name).neff
 
 
 def write_model(root: Path, served_as: str, name: str, text: str) -> None:
