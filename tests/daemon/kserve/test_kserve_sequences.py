@@ -3,7 +3,8 @@
 simple_dyna_sequence (oldest, CORRID) example models rebuilt as NEFFs with Triton's
 names, dtypes, shapes and configs, answering as Triton's example programs expect; an
 accumulator with implicit state under both strategies; idle sequences ended; the
-refusals in Triton's words; perf_analyzer's --sequence-length over both protocols."""
+refusals in Triton's words; perf_analyzer's --sequence-length over both protocols; and
+the stream handing a sequence's requests on in the order they came."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tritonclient.utils import InferenceServerException
 from neuron_rtd.cli.spawn import DaemonProcess
 from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import CHANNEL_OPTIONS
+from neuron_rtd.runtime import ComputeGate
+from neuron_rtd.server.services import _KServeStream
 
 SIMPLE, DYNA = "simple_sequence", "simple_dyna_sequence"
 ACC, ACC_OLDEST, ACC_IDLE, MLP = "acc_direct", "acc_oldest", "acc_idle", "mlp"
@@ -376,3 +379,40 @@ def test_perf_analyzer_runs_sequences_clean(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Throughput" in done.stdout
+
+
+# --- the stream's order --------------------------------------------------------------------
+
+
+def test_the_stream_hands_a_sequences_requests_on_in_the_order_they_came() -> None:
+    """The v2 stream's answers (`_KServeStream`), its requests read 1, 2, 3 and their
+    answers started on the pool 3, 2, 1: the requests of sequence 7 reach the core in
+    the order they were read; one without a sequence does not wait."""
+    reached: list[str] = []
+
+    class Core:
+        def caller_of(self, context: object) -> None:
+            return None
+
+        def stream_answer(self, request: Any, caller: object) -> str:
+            reached.append(request.id)
+            return request.id
+
+    stream = _KServeStream(Core(), None, ComputeGate(2))  # type: ignore[arg-type]
+    requests = []
+    for name in ("first", "second", "third"):
+        request = service_pb2.ModelInferRequest(model_name="m", id=name)
+        request.parameters["sequence_id"].int64_param = 7
+        requests.append(request)
+    alone = service_pb2.ModelInferRequest(model_name="m", id="alone")
+    for request in (*requests, alone):
+        stream.arrived(request)
+    threads = [threading.Thread(target=stream.answer, args=(r,)) for r in reversed(requests)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.01)  # each starts before the one it follows: it must wait for it
+    stream.answer(alone)
+    for thread in threads:
+        thread.join()
+    assert [r for r in reached if r != "alone"] == ["first", "second", "third"]
+    assert stream._last == {} and stream._order == {}
