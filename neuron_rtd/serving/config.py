@@ -33,7 +33,7 @@ from neuron_rtd.neff import Neff, TensorSpec
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.datatypes import config_type_name, config_type_of, datatype_of
-from neuron_rtd.serving.sequence_config import hidden_tensors
+from neuron_rtd.serving.sequence_config import fill_defaults, hidden_tensors
 
 ModelConfig = model_config_pb.ModelConfig
 
@@ -258,6 +258,8 @@ def complete(user: ModelConfig, neff: Neff, name: str, source: str, version: int
     config.default_model_filename = model_filename(user)
     if config.HasField("dynamic_batching"):
         _check_dynamic_batching(config, source)
+    if config.HasField("sequence_batching"):
+        fill_defaults(config)
     return config
 
 

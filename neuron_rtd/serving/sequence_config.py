@@ -131,6 +131,17 @@ def hidden_tensors(config: ModelConfig, source: str) -> tuple[frozenset[str], fr
     return frozenset(controls | states), frozenset(outputs)
 
 
+def fill_defaults(config: ModelConfig) -> None:
+    """The defaults Triton writes into a served config's `sequence_batching`: the idle
+    time (when 0) and the oldest strategy's preferred batch size (max_batch_size)."""
+    batching = config.sequence_batching
+    if not batching.max_sequence_idle_microseconds:
+        batching.max_sequence_idle_microseconds = IDLE_DEFAULT_US
+    oldest = batching.oldest if batching.HasField("oldest") else None
+    if oldest is not None and config.max_batch_size > 0 and not oldest.preferred_batch_size:
+        oldest.preferred_batch_size.append(config.max_batch_size)
+
+
 def sequence_settings(
     config: ModelConfig, neff: Neff, source: str, model_dir: Path
 ) -> SequenceSettings:

@@ -148,6 +148,9 @@ def test_metadata_and_config_show_only_the_clients_tensors(
     dyna = client.get_model_config(DYNA).config.sequence_batching
     assert [c.name for c in dyna.control_input] == ["START", "END", "READY", "CORRID"]
     assert dyna.WhichOneof("strategy_choice") == "oldest"
+    assert list(dyna.oldest.preferred_batch_size) == [8]  # Triton's defaults, written in
+    simple = client.get_model_config(SIMPLE).config.sequence_batching
+    assert simple.max_sequence_idle_microseconds == 1_000_000
     assert [t["name"] for t in http.get_model_metadata(ACC)["inputs"]] == ["INPUT"]
 
 
