@@ -297,9 +297,14 @@ class SequenceScheduler:
             done = self._batchers[copy].submit(inputs, 1)
             outputs, code, start_ns = done.outputs, done.code, submitted + done.queue_ns
         else:  # oldest, a model that does not batch: one request at a time per copy
-            with self._waits(), self._copy_locks[copy]:
+            lock = self._copy_locks[copy]
+            with self._waits():  # for the copy, off the compute gate's turns
+                lock.acquire()
+            try:
                 start_ns = time.monotonic_ns()
                 result = self._execute(copy, dict(inputs))
+            finally:
+                lock.release()
             outputs, code = dict(result.outputs), result.code
         for state in settings.states:
             value = outputs.get(state.output_name)
