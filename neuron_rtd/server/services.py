@@ -5,16 +5,18 @@ model repository; and the services the daemon acts on itself (`ServicerSet`)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import grpc
 
 from neuron_rtd.proto import ext_pb_grpc, kserve_pb, kserve_pb_grpc, pb, pb_grpc
-from neuron_rtd.runtime import Runtime
+from neuron_rtd.runtime import ComputeGate, Runtime
 from neuron_rtd.server.caller import CallerOf
 from neuron_rtd.server.ext import ExtServicer
 from neuron_rtd.server.health import Health
 from neuron_rtd.server.kserve import STREAM_WINDOW, KServeServicer
+from neuron_rtd.server.kserve_messages import parameter_value
 from neuron_rtd.server.nmgr import InferAnswers, LoadAnswers, NmgrServicer, StreamServicer
 from neuron_rtd.server.peer_socket import Tickets
 from neuron_rtd.server.pool import server_pool
@@ -61,14 +63,52 @@ class _Replacing:
 
 class _KServeStream:
     """A `ModelStreamInfer` served by `streams`: each request answered as the v2
-    service's `stream_answer` answers it, for the stream's caller."""
+    service's `stream_answer` answers it, for the stream's caller. The stream works on
+    several requests at once; a request of a sequence (parameter `sequence_id`) waits
+    for the one before it of that model and sequence in this stream to be answered, so
+    a sequence's requests reach its scheduler in the order they were sent."""
 
-    def __init__(self, kserve: KServeServicer, context: grpc.ServicerContext) -> None:
+    def __init__(
+        self, kserve: KServeServicer, context: grpc.ServicerContext, gate: ComputeGate
+    ) -> None:
         self.kserve = kserve
         self.caller = kserve.caller_of(context)
+        self.gate = gate
+        self._lock = threading.Lock()
+        # (model, sequence id) -> the latest request's "answered"; a request by id -> its
+        # sequence's key, the "answered" of the request before it, and its own
+        self._last: dict[tuple[str, object], threading.Event] = {}
+        self._order: dict[
+            int, tuple[tuple[str, object], threading.Event | None, threading.Event]
+        ] = {}
+
+    def arrived(self, request: Any) -> None:
+        """A request read, in the stream's order (on gRPC's thread: quick)."""
+        if "sequence_id" not in request.parameters:
+            return
+        key = (request.model_name, parameter_value(request.parameters["sequence_id"]))
+        answered = threading.Event()
+        with self._lock:
+            before = self._last.get(key)
+            self._last[key] = answered
+            self._order[id(request)] = (key, before, answered)
 
     def answer(self, request: Any) -> Any:
-        return self.kserve.stream_answer(request, self.caller)
+        with self._lock:
+            order = self._order.pop(id(request), None)
+        if order is None:
+            return self.kserve.stream_answer(request, self.caller)
+        key, before, answered = order
+        try:
+            if before is not None:
+                with self.gate.waiting():
+                    before.wait()
+            return self.kserve.stream_answer(request, self.caller)
+        finally:
+            answered.set()
+            with self._lock:
+                if self._last.get(key) is answered:
+                    del self._last[key]
 
     def end(self) -> None:
         return None
@@ -138,7 +178,7 @@ def add_servicers(
         kserve_streamed = {
             "ModelStreamInfer": table.handler(
                 "ModelStreamInfer",
-                lambda context: _KServeStream(v2, context),
+                lambda context: _KServeStream(v2, context, gate),
                 request=kserve_pb.ModelInferRequest,
                 response=kserve_pb.ModelStreamInferResponse,
                 pool=infer_pool,

@@ -49,7 +49,9 @@ _SWEEP_S = 1.0
 
 
 class Answers(Protocol):
-    """What one stream does with its requests, on its pool's threads."""
+    """What one stream does with its requests, on its pool's threads. One may also have
+    `arrived(request)`, called for each request as it is read, in the stream's order,
+    on gRPC's thread (quick; it must not raise), before its `answer` is worked on."""
 
     def answer(self, request: Any) -> Any | None:
         """The answer to one request (None: none to send)."""
@@ -97,6 +99,7 @@ class _Stream:
         self._stopping = False  # read no more: answered (unary), or the daemon stops
         self._last_queued = False  # answers.end() asked for
         self._lock = threading.RLock()
+        self._arrived: Callable[[Any], None] | None = getattr(answers, "arrived", None)
 
     def idle(self) -> bool:
         """Nothing of it is being worked on: it waits for its client."""
@@ -155,6 +158,8 @@ class _Stream:
                     return
                 self.client_done = True
             else:
+                if self._arrived is not None:
+                    self._arrived(request)
                 self._work(lambda: self.answers.answer(request))
         self._pump()
 

@@ -12,9 +12,9 @@ completes an ONNX model's:
   version's folder only).
 
 A field the user gave is kept when the NEFF agrees and refused, naming the field and both
-values, when it does not; what the daemon cannot do (sequence batching, ensembles, GPU
-instances) is refused saying so.
-
+values, when it does not; what the daemon cannot do (GPU instances, decoupled models) is
+refused saying so. A sequence model's control and state tensors are left out of its inputs
+and outputs (`neuron_rtd/serving/sequence_config.py`).
 An ONNX model (`platform` "onnxruntime_onnx", `backend` "onnxruntime", or neither and a
 `model.onnx` where no `model.neff` is: Triton's auto-complete) is compiled on load
 (`neuron_rtd/serving/onnx_models.py`), its config checked against the ONNX file, its
@@ -41,6 +41,7 @@ from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
 from neuron_rtd.serving.datatypes import config_type_name, config_type_of, datatype_of
 from neuron_rtd.serving.ensemble_config import check_ensemble_fields, is_ensemble
+from neuron_rtd.serving.sequence_config import fill_defaults, hidden_tensors
 
 ModelConfig = model_config_pb.ModelConfig
 
@@ -197,12 +198,6 @@ def check_own_fields(config: ModelConfig, name: str, source: str) -> None:
             f"{source}: platform '{config.platform}' and backend '{config.backend}' name "
             f"different kinds of model ({served}: backend '{pair[config.platform]}')"
         )
-    scheduling = config.WhichOneof("scheduling_choice")
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
-        raise _invalid(
-            f"{source}: {scheduling} is not supported by neuron-rtd "
-            "(it serves single models, with or without dynamic_batching)"
-        )
     if config.batch_input or config.batch_output:
         raise _invalid(f"{source}: batch_input and batch_output are not supported")
     if config.model_transaction_policy.decoupled:
@@ -310,8 +305,12 @@ def complete(user: ModelConfig, neff: Neff, name: str, source: str, version: int
     batched = config.max_batch_size > 0
     del config.input[:]
     del config.output[:]
-    config.input.extend(_tensors(user.input, neff.inputs, batched, "input", source, its_neff))
-    config.output.extend(_tensors(user.output, neff.outputs, batched, "output", source, its_neff))
+    # a sequence model's control and state tensors are the server's, not the client's
+    hidden_in, hidden_out = hidden_tensors(user, source)
+    ins = [t for t in neff.inputs if t.name not in hidden_in]
+    outs = [t for t in neff.outputs if t.name not in hidden_out]
+    config.input.extend(_tensors(user.input, ins, batched, "input", source, its_neff))
+    config.output.extend(_tensors(user.output, outs, batched, "output", source, its_neff))
     if not config.instance_group:
         config.instance_group.add(count=1, kind=_KIND.KIND_MODEL)
     for index, group in enumerate(config.instance_group):
@@ -327,6 +326,8 @@ def complete(user: ModelConfig, neff: Neff, name: str, source: str, version: int
     config.default_model_filename = model_filename(user)
     if config.HasField("dynamic_batching"):
         _check_dynamic_batching(config, source)
+    if config.HasField("sequence_batching"):
+        fill_defaults(config)
     return config
 
 

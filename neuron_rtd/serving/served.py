@@ -1,7 +1,9 @@
 """One served model version: its copies on the runtime (`instance_group` counts summed,
 each an ordinary runtime model on an NCG of its own), the checks a request passes before
-it runs, and its executions (directly on the least busy copy, or through the dynamic
-batcher), each timed into the version's statistics.
+it runs, and its executions (directly on the least busy copy, through the dynamic
+batcher, or, for a model with `sequence_batching`, in its sequence's turn through the
+sequence scheduler, `neuron_rtd/serving/sequence.py`), each timed into the version's
+statistics.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, St
 from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
+from neuron_rtd.serving.sequence import SequenceScheduler
+from neuron_rtd.serving.sequence_config import SequenceSettings, sequence_settings
 from neuron_rtd.serving.stats import VersionStats
 
 ModelConfig = model_config_pb.ModelConfig
@@ -111,6 +115,7 @@ class ServedVersion:
         config: ModelConfig,
         neff: Neff,
         model_ids: Sequence[int],
+        sequences: SequenceSettings | None = None,
     ) -> None:
         self.runtime = runtime
         self.name = name
@@ -129,10 +134,10 @@ class ServedVersion:
         self._dtypes = {i.name: i.dtype for i in self._inputs}
         self._slot_dtypes = {t.name: t.dtype for t in neff.inputs}  # the NEFF's own
         self._output_names = tuple(entry.name for entry in config.output)
+        self._output_set = frozenset(self._output_names)
         # the runtime answers every output in the NEFF's order: when that is the config's,
         # a request for all of them takes the runtime's answer as it is
         self._outputs_in_order = self._output_names == tuple(t.name for t in neff.outputs)
-        self._output_specs = {t.name: t for t in neff.outputs}
         self._symbol_axes = tuple(
             (spec.name, axis, symbol)
             for spec in neff.inputs
@@ -164,6 +169,18 @@ class ServedVersion:
                 max_queue_delay_us=batching.max_queue_delay_microseconds,
                 name=f"{name}:{version}",
                 merge=self._rows,
+                waits=runtime.compute_gate.waiting,
+            )
+        self.sequencer: SequenceScheduler | None = None
+        if sequences is not None:
+            self.sequencer = SequenceScheduler(
+                sequences,
+                self.execute,
+                copies=len(self.model_ids),
+                max_batch_size=config.max_batch_size,
+                dtypes=self._slot_dtypes,
+                model=self.model,
+                name=f"{name}:{version}",
                 waits=runtime.compute_gate.waiting,
             )
 
@@ -203,8 +220,12 @@ class ServedVersion:
             batch = self._check(request)
             asked = request.outputs
             wanted = self._output_names if asked is None else self._wanted(asked)
-            if self.batcher is not None:
-                done = self.batcher.submit(request.inputs, batch)
+            if self.batcher is not None or self.sequencer is not None:
+                if self.sequencer is not None:  # a sequence's request, in its turn
+                    done = self.sequencer.submit(request, batch)
+                else:
+                    assert self.batcher is not None
+                    done = self.batcher.submit(request.inputs, batch)
                 outputs, code = done.outputs, done.code
                 answer = {name: outputs[name] for name in wanted}
                 self.stats.request_done(time.perf_counter_ns() - began_ns, batch, done.queue_ns)
@@ -351,7 +372,7 @@ class ServedVersion:
         if outputs is None:
             return self._output_names
         for name in outputs:
-            if name not in self._output_specs:
+            if name not in self._output_set:
                 raise ServingError(
                     Status.INVALID_ARGUMENT,
                     f"model '{self.name}' has no output named '{name}'; its outputs: "
@@ -382,6 +403,8 @@ class ServedVersion:
         went wrong, if anything (each copy is unloaded whatever the others do)."""
         if self.batcher is not None:
             self.batcher.close()
+        if self.sequencer is not None:
+            self.sequencer.close()
         return unload_copies(self.runtime, self.model_ids)
 
 
@@ -432,6 +455,9 @@ def load_version(
     what = f"model '{name}' version {version}"
     neff = read_model(runtime, what, directory, model_filename(user))
     config = complete(user, neff, name, source, version)
+    sequences = None
+    if config.HasField("sequence_batching"):  # checked before any copy is loaded
+        sequences = sequence_settings(config, neff, source, directory.parent)
     count = instance_count(config)
     model_ids: list[int] = []
     named = replace(neff, name=name)  # on the runtime (list-model, its log) as served
@@ -449,7 +475,7 @@ def load_version(
             raise ServingError(Status.UNAVAILABLE, reason) from None
         raise serving_error(exc, f"{what}: loading copy {len(model_ids) + 1} of {count}") from None
     try:
-        return ServedVersion(runtime, name, version, config, neff, model_ids)
+        return ServedVersion(runtime, name, version, config, neff, model_ids, sequences)
     except BaseException:
         unload_copies(runtime, model_ids)
         raise

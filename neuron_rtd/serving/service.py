@@ -63,6 +63,8 @@ EXTENSIONS: tuple[str, ...] = (
     "system_shared_memory",
     "statistics",
     "binary_tensor_data",
+    "sequence",  # sequence_batching (neuron_rtd/serving/sequence.py)
+    "sequence(string_id)",  # its sequence ids may be strings
 )
 READY, UNAVAILABLE, LOADING = "READY", "UNAVAILABLE", "LOADING"
 

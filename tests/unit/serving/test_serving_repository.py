@@ -165,7 +165,11 @@ def test_max_batch_size_zero_on_a_bucket_neff_means_the_batch_axis_varies(
             "dynamic_batching { }",
             "dynamic_batching needs max_batch_size > 0",
         ),
-        ("sequence_batching { }", "sequence_batching is not supported by neuron-rtd"),
+        (
+            'sequence_batching { control_input { name: "START" control { '
+            "kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } } }",
+            "control_input 'START' (CONTROL_SEQUENCE_START): its NEFF has no input 'START'",
+        ),
         (
             'ensemble_scheduling { step { model_name: "a" } }',
             "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble",
