@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from neuron_rtd.errors import BadInput
-from neuron_rtd.neff.dtypes import int_range, is_narrow, number_kind
+from neuron_rtd.neff.dtypes import int_range, is_narrow, is_string, number_kind
 from neuron_rtd.neff.model import TensorSpec
 
 _NUMBERS = "biuf"  # the dtype kinds a NEFF's tensors have
@@ -48,6 +48,11 @@ def as_input(
     dtype). `cast`: numpy's unsafe cast instead of the policy, without numpy's warnings
     (asked for, what it loses is no surprise). BadInput when a value does not fit;
     `option` names how the caller asks for the cast, in the message."""
+    if is_string(dtype):  # strings: no number policy; each element is checked as it goes in
+        array = np.asarray(value, dtype=object)
+        if any(not isinstance(item, str | bytes) for item in array.reshape(-1)):
+            raise BadInput(f"input {name!r}: the model takes strings (str or bytes elements)")
+        return array
     array = np.asarray(value)
     if array.dtype == dtype:
         return array

@@ -56,7 +56,7 @@ def read_config(model_dir: Path, name: str) -> ModelConfig:
     regular file of at most CONFIG_MAX_BYTES."""
     path = model_dir / CONFIG_FILE
     try:
-        text = _read_text(path).decode("utf-8")
+        text = read_small_file(path).decode("utf-8")
     except FileNotFoundError:
         return ModelConfig()
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,25 +74,27 @@ def read_config(model_dir: Path, name: str) -> ModelConfig:
     return config
 
 
-def _read_text(path: Path) -> bytes:
-    """A small file's bytes; ValueError saying why a file that is there is not read."""
+def read_small_file(
+    path: Path, limit: int = CONFIG_MAX_BYTES, kind: str = "a config.pbtxt"
+) -> bytes:
+    """A small file's bytes (at most `limit`; `kind` names what it is, in messages), read
+    as data: non-blocking, never through a symbolic link, only a regular file. ValueError
+    saying why a file that is there is not read."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
     if not stat.S_ISREG(path.lstat().st_mode):  # a device is not even opened
-        raise ValueError("it is not a regular file (a config.pbtxt must be one)")
+        raise ValueError(f"it is not a regular file ({kind} must be one)")
     fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError("it is not a regular file (a config.pbtxt must be one)")
-        if info.st_size > CONFIG_MAX_BYTES:
-            raise ValueError(
-                f"it is {info.st_size} bytes, more than a config.pbtxt may be ({CONFIG_MAX_BYTES})"
-            )
-        data = os.pread(fd, CONFIG_MAX_BYTES + 1, 0)
+            raise ValueError(f"it is not a regular file ({kind} must be one)")
+        if info.st_size > limit:
+            raise ValueError(f"it is {info.st_size} bytes, more than {kind} may be ({limit})")
+        data = os.pread(fd, limit + 1, 0)
     finally:
         os.close(fd)
-    if len(data) > CONFIG_MAX_BYTES:  # grew since its size was looked at
-        raise ValueError(f"it is more than a config.pbtxt may be ({CONFIG_MAX_BYTES} bytes)")
+    if len(data) > limit:  # grew since its size was looked at
+        raise ValueError(f"it is more than {kind} may be ({limit} bytes)")
     return data
 
 

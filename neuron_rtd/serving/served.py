@@ -38,6 +38,7 @@ from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import InferResult, Rows, Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
+from neuron_rtd.serving.classification import Labels, read_labels
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
 from neuron_rtd.serving.stats import VersionStats
@@ -111,8 +112,10 @@ class ServedVersion:
         config: ModelConfig,
         neff: Neff,
         model_ids: Sequence[int],
+        labels: Labels | None = None,
     ) -> None:
         self.runtime = runtime
+        self.labels: Labels = labels or {}  # its outputs' classification labels
         self.name = name
         self.version = version
         self.version_text = str(version)
@@ -432,6 +435,7 @@ def load_version(
     what = f"model '{name}' version {version}"
     neff = read_model(runtime, what, directory, model_filename(user))
     config = complete(user, neff, name, source, version)
+    labels = read_labels(directory.parent, config, what)  # beside config.pbtxt
     count = instance_count(config)
     model_ids: list[int] = []
     named = replace(neff, name=name)  # on the runtime (list-model, its log) as served
@@ -449,7 +453,7 @@ def load_version(
             raise ServingError(Status.UNAVAILABLE, reason) from None
         raise serving_error(exc, f"{what}: loading copy {len(model_ids) + 1} of {count}") from None
     try:
-        return ServedVersion(runtime, name, version, config, neff, model_ids)
+        return ServedVersion(runtime, name, version, config, neff, model_ids, labels)
     except BaseException:
         unload_copies(runtime, model_ids)
         raise

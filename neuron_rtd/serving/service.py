@@ -41,6 +41,7 @@ from neuron_rtd.serving.api import (
     SharedMemoryApi,
     Status,
 )
+from neuron_rtd.serving.classification import check_classification, classify
 from neuron_rtd.serving.config import PLATFORM
 from neuron_rtd.serving.loading import Loader, ServedModel, check_bound, check_name, is_model_dir
 from neuron_rtd.serving.repository import CONTROL_MODES, model_names
@@ -58,6 +59,7 @@ EXTENSIONS: tuple[str, ...] = (
     "system_shared_memory",
     "statistics",
     "binary_tensor_data",
+    "classification",
 )
 READY, UNAVAILABLE = "READY", "UNAVAILABLE"
 
@@ -196,7 +198,16 @@ class Serving:
     # --- inference -----------------------------------------------------------------------
     def infer(self, request: InferRequest) -> InferResponse:
         began_ns = time.perf_counter_ns()
-        return self._version(request.model, request.version).infer(request, began_ns)
+        served = self._version(request.model, request.version)
+        if request.classification:  # outputs answered as their top classes
+            check_classification(served.config, request.classification)
+            return classify(
+                served.infer(request, began_ns),
+                request.classification,
+                served.max_batch_size > 0,
+                served.labels,
+            )
+        return served.infer(request, began_ns)
 
     def _version(self, name: str, version: str) -> ServedVersion:
         """The READY version `version` of model `name` ("" its newest). A name the core
