@@ -29,7 +29,10 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from neuron_rtd.cli.spawn import DaemonProcess
+from neuron_rtd.client import Client
 from neuron_rtd.compiler import bucket_ranges, compile_model
+from neuron_rtd.errors import BadInput
+from neuron_rtd.neff.strings import decode, encode
 from neuron_rtd.proto import CHANNEL_OPTIONS
 
 STRING = "simple_string"  # INPUT0, INPUT1 BYTES [N, 16] -> OUTPUT0 sum, OUTPUT1 difference
@@ -592,3 +595,26 @@ def test_classification_refusals(
         p["shared_memory_byte_size"].MergeFrom(service_pb2.InferParameter(int64_param=64))
 
     refused(request("probs", in_shm), "can't set both 'shared_memory_region' and 'classification'")
+
+
+# --- the nmgr wire -------------------------------------------------------------------------
+@pytest.mark.daemon
+def test_the_nmgr_client_carries_strings_raw_only(served: Served, module_work: Path) -> None:
+    """The project's own client keeps to numbers in `infer` (refused clearly, before
+    anything is sent); the nmgr wire itself carries a string tensor in Triton's encoding,
+    as `infer_raw` sends and reads it."""
+    neff = (module_work / "models" / STRING / "1" / "model.neff").read_bytes()
+    with Client(served.proc.address) as client:
+        model = client.load(neff)
+        try:
+            a, b = string_inputs(2)
+            with pytest.raises(BadInput, match=r"string tensors .* infer_raw"):
+                model.infer({"INPUT0": numbers(a), "INPUT1": numbers(b)})
+            raw = model.infer_raw({"INPUT0": encode(numbers(a)), "INPUT1": encode(numbers(b))})
+            total = decode(raw["OUTPUT0"], "OUTPUT0", count=32).reshape(2, 16)
+            np.testing.assert_array_equal(total, numbers(a + b))
+            bad = model.infer_raw  # a malformed encoding: the daemon's own clear refusal
+            with pytest.raises(BadInput, match=r"input 'INPUT0': .*element 15 declares"):
+                bad({"INPUT0": encode(numbers(a[:1]))[:-1], "INPUT1": encode(numbers(b[:1]))})
+        finally:
+            model.unload()
