@@ -19,6 +19,8 @@ same others, in the same words:
   any other input their values must survive as above (`[300]` is no uint8);
 - an ml_dtypes array saved in an npz file comes back as plain bytes (`|V2` for
   bfloat16): bytes of the item size of a narrow input type are taken as that type;
+- a string input (dtype `string`) takes str or bytes elements as they are, an object
+  array (`neuron_rtd/neff/strings.py` checks each as it goes in);
 - everything else is refused (`BadInput`, NERR_INFER_BAD_INPUT) naming the input, its
   dtype, the model's, a value that does not fit and the way out: convert the values
   yourself, or ask for numpy's unsafe cast (`cast=True`, `--cast`), which keeps what it
