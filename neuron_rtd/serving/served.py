@@ -34,6 +34,7 @@ from neuron_rtd.errors import (
     UnsupportedVersion,
 )
 from neuron_rtd.neff import Neff
+from neuron_rtd.neff.strings import as_text
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import InferResult, Rows, Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
@@ -302,6 +303,11 @@ class ServedVersion:
             rows = self._check_shape(spec, array.shape)
             if self.max_batch_size > 0:
                 batch, first = same_batch(spec.name, rows, first, batch)
+            if array.dtype.hasobject:  # strings: UTF-8 text, said before a batch takes them
+                try:
+                    as_text(array, f"input '{spec.name}'")
+                except BadInput as exc:
+                    raise ServingError(Status.INVALID_ARGUMENT, exc.message) from None
         return batch
 
     def _check_shape(self, spec: _Input, shape: tuple[int, ...]) -> int:

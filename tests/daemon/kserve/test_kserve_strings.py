@@ -267,30 +267,41 @@ def test_simple_string_over_http(http_client: Any, binary: bool) -> None:
 
 @pytest.mark.daemon
 def test_concurrent_string_requests_batch_and_each_gets_its_own(served: Served) -> None:
-    """Dynamic batching merges string rows as it merges numbers: each answer its own."""
+    """Dynamic batching merges string rows as it merges numbers: each answer its own. A
+    request whose text is not UTF-8 is refused before it joins a batch: the requests it
+    would have shared an execution with are served."""
     failures: list[str] = []
+    refusals: list[str] = []
 
-    def one(rows: int) -> None:
+    def one(rows: int, broken: bool = False) -> None:
         client = grpcclient.InferenceServerClient(url=served.proc.address)
         try:
             a, b = string_inputs(rows)
             a = a * rows  # each request's values its own
+            texts = numbers(a)
+            if broken:
+                texts[0, 0] = b"\xff1"
             inputs = [grpcclient.InferInput(n, [rows, 16], "BYTES") for n in ("INPUT0", "INPUT1")]
-            inputs[0].set_data_from_numpy(numbers(a))
+            inputs[0].set_data_from_numpy(texts)
             inputs[1].set_data_from_numpy(numbers(b))
             result = client.infer(STRING, inputs)
             check_sums(a, b, result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1"))
+        except InferenceServerException as exc:
+            (refusals if broken else failures).append(f"{rows} rows: {exc}")
         except Exception as exc:  # reported below, with the others
             failures.append(f"{rows} rows: {exc}")
         finally:
             client.close()
 
-    threads = [threading.Thread(target=one, args=(rows,)) for rows in (1, 2, 1, 3, 1)]
+    cases = [(1, False), (2, False), (1, True), (3, False), (1, False), (2, False)]
+    threads = [threading.Thread(target=one, args=case) for case in cases]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not failures, failures
+    (refusal,) = refusals
+    assert "INVALID_ARGUMENT" in refusal and "element 0 is not UTF-8" in refusal, refusal
     stats = grpcclient.InferenceServerClient(url=served.proc.address)
     try:
         inference = stats.get_inference_statistics(STRING).model_stats[0]
