@@ -74,14 +74,14 @@ def decode(
         if limit is not None and taken == limit:
             said = f"its shape takes {count}" if count is not None else f"it takes at most {most}"
             raise BadInput(
-                f"{what}: {end - at} bytes follow its string element {taken - 1}, the last: "
+                f"{what}: {_bytes(end - at)} past its string element {taken - 1}, the last: "
                 f"{said} (each element a {LENGTH_BYTES}-byte little-endian length, then its "
                 "bytes)"
             )
         if end - at < LENGTH_BYTES:
             raise BadInput(
                 f"{what}: string element {taken}'s {LENGTH_BYTES}-byte length is cut short: "
-                f"{end - at} bytes left at byte {at}"
+                f"{_bytes(end - at)} left at byte {at}"
             )
         (length,) = unpack(view, at)
         at += LENGTH_BYTES
@@ -98,6 +98,10 @@ def decode(
             f"{what}: holds {taken} string elements ({end} bytes), and its shape takes {count}"
         )
     return items[:taken]
+
+
+def _bytes(count: int) -> str:
+    return f"{count} byte" if count == 1 else f"{count} bytes"
 
 
 def as_text(array: np.ndarray, what: str) -> np.ndarray:

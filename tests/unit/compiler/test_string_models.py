@@ -79,8 +79,8 @@ def test_encoding_is_tritons() -> None:
         (struct.pack("<I", 1) + b"a\x01\x00\x00", 2, "element 1's 4-byte length is cut short"),
         (struct.pack("<I", 9) + b"abc", 1, "element 0 declares 9 bytes at byte 0, and only 3"),
         (struct.pack("<I", 1) + b"a", 2, "its shape takes 2 string elements, and its 5 bytes"),
-        (struct.pack("<I", 0) * 3, 2, "4 bytes follow its string element 1, the last"),
-        (struct.pack("<I", 0) * 2 + b"\x00\x00\x00\x00\x07", 2, "5 bytes follow"),
+        (struct.pack("<I", 0) * 3, 2, "4 bytes past its string element 1, the last"),
+        (struct.pack("<I", 0) * 2 + b"\x00\x00\x00\x00\x07", 2, "5 bytes past"),
     ],
 )
 def test_every_malformed_encoding_says_where(data: bytes, count: int, words: str) -> None:
