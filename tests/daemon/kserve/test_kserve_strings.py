@@ -571,6 +571,11 @@ def test_classification_without_labels_and_more_classes_than_there_are(
     one = SCORES_X[1:]
     top, meta = classified(httpclient, http_client, "probs", 1, one)
     assert meta["shape"] == [1, 1] and top.tolist() == [[b"9.000000:3:bird"]]
+    tensor = httpclient.InferInput("x", [1, 5], "FP32")  # as JSON: the classes as text
+    tensor.set_data_from_numpy(one)
+    output = httpclient.InferRequestedOutput("probs", binary_data=False, class_count=2)
+    answer = http_client.infer(SCORES, [tensor], outputs=[output]).get_output("probs")
+    assert answer["datatype"] == "BYTES" and answer["data"] == ["9.000000:3:bird", "7.000000:0:cat"]
 
 
 @pytest.mark.daemon

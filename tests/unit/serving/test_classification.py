@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neuron_rtd.neff.samples import build_mlp
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.serving import ServingError, Status
+from neuron_rtd.runtime import LocalRuntime
+from neuron_rtd.serving import InferRequest, Serving, ServingError, Status
 from neuron_rtd.serving.classification import check_classification, read_labels, top_classes
 
 
@@ -96,3 +98,32 @@ def test_a_label_file_that_cannot_be_read_fails_the_load(
     assert caught.value.status is status
     message = caught.value.message
     assert "model 'm' version 1: output 'p' label_filename" in message and words in message
+
+
+def test_a_version_whose_label_file_is_missing_is_unavailable_saying_why(tmp_path: Path) -> None:
+    """In the serving core: the version does not load, the repository index says why, and
+    once the file is there a load serves the labels."""
+    root = tmp_path / "repo"
+    (root / "m" / "1").mkdir(parents=True)
+    (root / "m" / "1" / "model.neff").write_bytes(build_mlp((8, 8, 4)).neff)
+    (root / "m" / "config.pbtxt").write_text(
+        'output [ { name: "probs" data_type: TYPE_FP32 dims: [ 1, 4 ] '
+        'label_filename: "classes.txt" } ]\n'
+    )
+    with LocalRuntime() as local:
+        serving = Serving(local.runtime, repository=root, control_mode="explicit")
+        serving.start()
+        try:
+            with pytest.raises(ServingError):
+                serving.load_model("m")
+            (row,) = serving.repository_index()
+            assert row.state == "UNAVAILABLE" and "label_filename 'classes.txt'" in row.reason
+            assert "no such file" in row.reason
+            (root / "m" / "classes.txt").write_text("a\nb\nc\nd\n")
+            serving.load_model("m")
+            x = {"x": np.ones((1, 8), np.float32)}
+            answer = serving.infer(InferRequest("m", x, classification={"probs": 2}))
+            top = answer.outputs["probs"]
+            assert top.shape == (2,) and all(item.count(b":") == 2 for item in top)
+        finally:
+            serving.close()
