@@ -6,8 +6,9 @@ An inference request is a JSON header, then (the binary tensor data extension, w
 header's length is given apart) the raw bytes of the inputs that declare a
 `binary_data_size`, one after another in the order of the inputs. An input's data is
 otherwise its JSON `data` (flat or nested, in row-major order; a BYTES input's, strings)
-or a range of a registered system shared-memory region. Outputs go back as JSON `data`, or as raw bytes after the
-header (`binary_data`, per output or `binary_data_output` for all), or into shared memory.
+or a range of a registered system shared-memory region. Outputs go back as JSON `data`,
+or as raw bytes after the header (`binary_data`, per output or `binary_data_output` for
+all), or into shared memory.
 
 The two documents the core hands over as protobuf messages (`ModelConfig`,
 `ModelStatisticsResponse`) are rendered with the messages' field names, every field
