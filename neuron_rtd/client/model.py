@@ -82,6 +82,10 @@ class Model:
         self.ncg = ncg  # the NCG it was loaded on; None: an implicit one
         self.gate = gate
         self._specs = {t.name: t for t in signature.inputs}
+        # string tensors, which `infer` does not carry (`infer_raw` does, encoded)
+        self._strings = [
+            t.name for t in (*signature.inputs, *signature.outputs) if t.dtype.hasobject
+        ]
         outputs = signature.outputs
         # Outputs go to shared memory (each buffer at its largest shape, the answer then
         # small enough for the fast lane) when their shapes follow from the inputs': fixed,
@@ -293,6 +297,16 @@ class Model:
         """The infer request of `inputs`, copied into `slot`'s shared memory where they fit
         (else inline). One whose every input is in the slot names only the slot's objects:
         the slot keeps it, and a next call with the same inputs sends it again."""
+        if self._strings:
+            raise NrtClientError(
+                Nerr.INFER_BAD_INPUT,
+                f"model {self.signature.name!r} has string tensors "
+                f"({', '.join(map(repr, self._strings))}), which this client's infer does not "
+                "carry: send and read them in Triton's encoding with infer_raw "
+                "(neuron_rtd.neff.strings.encode and decode), or serve the model through the "
+                "KServe v2 front (tritonclient)",
+                "infer",
+            )
         views = slot.views if slot is not None else None
         if views is not None and (
             set(inputs) != set(views) or any(inputs[n] is not v for n, v in views.items())

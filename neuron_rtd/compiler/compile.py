@@ -48,7 +48,8 @@ from neuron_rtd.compiler.partition import (
 from neuron_rtd.compiler.qoperator import expand_qoperator
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
-from neuron_rtd.neff import ALLOWED_DTYPES, NeffBuilder, read_neff
+from neuron_rtd.neff import NeffBuilder, read_neff
+from neuron_rtd.neff.dtypes import TENSOR_DTYPES, dtype_name
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
@@ -223,10 +224,10 @@ def _check_io_types(model: onnx.ModelProto) -> None:
                     f"unsupported: model {what} {vi.name!r} is a {which}, not a tensor; "
                     "a NEFF carries tensors only"
                 )
-            if kind.dtype.name not in ALLOWED_DTYPES:
+            if dtype_name(kind.dtype) not in TENSOR_DTYPES:
                 raise CompileError(
                     f"unsupported: model {what} {vi.name!r} is {_type_name(vi)}, which a NEFF "
-                    f"does not carry (it carries {', '.join(ALLOWED_DTYPES)})"
+                    f"does not carry (it carries {', '.join(TENSOR_DTYPES)})"
                 )
 
 

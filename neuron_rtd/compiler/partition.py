@@ -3,7 +3,10 @@ keeps NC <-> CPU transitions few.
 
 An op runs on the NC when the NC library has a kernel for it that implements the op's
 version under the model's opset, its attributes parse, and the kernel accepts its input
-dtypes; anything else goes to a CPU node (onnxruntime), with the reason recorded.
+dtypes; anything else goes to a CPU node (onnxruntime), with the reason recorded. So every
+op that reads or writes a string tensor (a string Cast, StringNormalizer, RegexFullMatch,
+...) runs on the host: the NC holds numbers only, and a NEFF whose Neuron node touches a
+string tensor does not read (`neuron_rtd/neff/nodes.py`).
 Ordering is a topological sort that keeps taking ready ops of the current kind and
 switches kind only when none is left, so each run of one kind is as long as it can be.
 
@@ -28,7 +31,7 @@ from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN
 from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
 from neuron_rtd.compiler.onnx_graph import Graph, node_inputs
-from neuron_rtd.neff.dtypes import ALLOWED_DTYPES
+from neuron_rtd.neff.dtypes import ALLOWED_DTYPES, is_string
 
 NC = "neuron"
 CPU = "cpu"
@@ -51,6 +54,10 @@ class Segment:
 
 def nc_refusal(node: onnx.NodeProto, graph: Graph) -> str | None:
     """Why the NC cannot run `node` (None when it can)."""
+    for name in [*node.input, *node.output]:
+        kind = graph.types.get(name) if name else None
+        if kind is not None and is_string(kind.dtype):
+            return f"{name!r} is a string tensor: the NC holds numbers only"
     internal = node.domain == INTERNAL_DOMAIN  # made by the compiler's own fusions
     foreign = node.domain not in ("", "ai.onnx") and not internal
     if foreign and (node.domain, node.op_type) not in FOREIGN_DOMAIN_OPS:

@@ -90,7 +90,7 @@ def default_build_version() -> str:
 
 def _dtype_name(dtype: npt.DTypeLike) -> str:
     # A string is kept as written, so an unknown name reaches the reader and is refused there.
-    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    return dtype if isinstance(dtype, str) else dtype_name(np.dtype(dtype))
 
 
 class NeffBuilder:

@@ -19,6 +19,8 @@ same others, in the same words:
   any other input their values must survive as above (`[300]` is no uint8);
 - an ml_dtypes array saved in an npz file comes back as plain bytes (`|V2` for
   bfloat16): bytes of the item size of a narrow input type are taken as that type;
+- a string input (dtype `string`) takes str or bytes elements as they are, an object
+  array (`neuron_rtd/neff/strings.py` checks each as it goes in);
 - everything else is refused (`BadInput`, NERR_INFER_BAD_INPUT) naming the input, its
   dtype, the model's, a value that does not fit and the way out: convert the values
   yourself, or ask for numpy's unsafe cast (`cast=True`, `--cast`), which keeps what it
@@ -33,7 +35,7 @@ import math
 import numpy as np
 
 from neuron_rtd.errors import BadInput
-from neuron_rtd.neff.dtypes import int_range, is_narrow, number_kind
+from neuron_rtd.neff.dtypes import int_range, is_narrow, is_string, number_kind
 from neuron_rtd.neff.model import TensorSpec
 
 _NUMBERS = "biuf"  # the dtype kinds a NEFF's tensors have
@@ -48,6 +50,11 @@ def as_input(
     dtype). `cast`: numpy's unsafe cast instead of the policy, without numpy's warnings
     (asked for, what it loses is no surprise). BadInput when a value does not fit;
     `option` names how the caller asks for the cast, in the message."""
+    if is_string(dtype):  # strings: no number policy; each element is checked as it goes in
+        array = np.asarray(value, dtype=object)
+        if any(not isinstance(item, str | bytes) for item in array.reshape(-1)):
+            raise BadInput(f"input {name!r}: the model takes strings (str or bytes elements)")
+        return array
     array = np.asarray(value)
     if array.dtype == dtype:
         return array

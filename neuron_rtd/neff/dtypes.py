@@ -16,6 +16,11 @@ numpy calls these types kind "V" (void; float8_e5m2 "f"), and numpy's safe casts
 them are not all safe; `is_narrow` tells them, `number_kind` says what they are ("f",
 "i", "u") and `int_range` gives an integer type's limits, for the code that reasons about
 values (`casting`).
+
+One more element type is not a number: `string` (ONNX's STRING, the v2 protocol's BYTES),
+held as numpy object arrays. Its elements vary in length, so a string tensor has no
+`itemsize * size` bytes: only CPU nodes (onnxruntime) touch one, never an NC or a weight,
+and where it travels as bytes it takes Triton's encoding (`neuron_rtd/neff/strings.py`).
 """
 
 from __future__ import annotations
@@ -55,10 +60,16 @@ NARROW_SIGNED: tuple[str, ...] = ("int4", "int2")
 NARROW_UNSIGNED: tuple[str, ...] = ("uint4", "uint2")
 NARROW_DTYPES: tuple[str, ...] = NARROW_FLOATS + NARROW_SIGNED + NARROW_UNSIGNED
 ALLOWED_DTYPES: tuple[str, ...] = NUMPY_DTYPES + NARROW_DTYPES
+"""The numbers: the element types an NC holds and a weight may have."""
+STRING = "string"
+STRING_DTYPE = np.dtype(object)  # a string tensor's elements: Python str or bytes objects
+TENSOR_DTYPES: tuple[str, ...] = (*ALLOWED_DTYPES, STRING)
+"""Every element type a NEFF's tensors may have."""
 
 _BY_NAME: dict[str, np.dtype] = {
     name: np.dtype(getattr(ml_dtypes, name, name)).newbyteorder("<") for name in ALLOWED_DTYPES
 }
+_BY_NAME[STRING] = STRING_DTYPE
 _NARROW_KINDS: dict[np.dtype, str] = {
     **{_BY_NAME[name]: "f" for name in NARROW_FLOATS},
     **{_BY_NAME[name]: "i" for name in NARROW_SIGNED},
@@ -69,14 +80,19 @@ _NARROW_KINDS: dict[np.dtype, str] = {
 def parse_dtype(name: object, where: str) -> np.dtype:
     """The little-endian dtype named `name`; NeffInvalid naming `where` if it is not allowed."""
     if not isinstance(name, str) or name not in _BY_NAME:
-        allowed = ", ".join(ALLOWED_DTYPES)
+        allowed = ", ".join(TENSOR_DTYPES)
         raise NeffInvalid(f"{where}: unknown dtype {name!r} (allowed: {allowed})")
     return _BY_NAME[name]
 
 
 def dtype_name(dtype: np.dtype) -> str:
     """The JSON name of `dtype` (byte order dropped: the file is little-endian)."""
-    return dtype.name
+    return STRING if dtype == STRING_DTYPE else dtype.name
+
+
+def is_string(dtype: np.dtype) -> bool:
+    """Whether `dtype` is a string tensor's (numpy's object dtype)."""
+    return dtype == STRING_DTYPE
 
 
 def is_narrow(dtype: np.dtype) -> bool:

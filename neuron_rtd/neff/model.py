@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from neuron_rtd.neff.dtypes import dtype_name
 from neuron_rtd.neff.header import NeffHeader
 
 
@@ -94,9 +95,10 @@ class TensorSpec:
                 dims.append(f"?<={dim}" if dim else "?")
             else:
                 dims.append(str(dim))
+        name = dtype_name(self.dtype)
         if not self.varying_axes:
-            return f"{self.dtype.name} {self.shape}"
-        return f"{self.dtype.name} ({', '.join(dims)})"
+            return f"{name} {self.shape}"
+        return f"{name} ({', '.join(dims)})"
 
 
 @dataclasses.dataclass(frozen=True)

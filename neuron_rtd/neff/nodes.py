@@ -1,11 +1,15 @@
 """Assembling nodes: load each stage's program and weights from the archive and check
-that the stages chain (stage j reads the node's inputs or earlier stages' outputs)."""
+that the stages chain (stage j reads the node's inputs or earlier stages' outputs), and
+that only a CPU node running onnxruntime touches a string tensor (an NC, and the NC
+kernels a CPU node may run instead, hold numbers only)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from neuron_rtd.errors import NeffInvalid
+from neuron_rtd.neff.cpu_node import is_ort_stage
+from neuron_rtd.neff.dtypes import is_string
 from neuron_rtd.neff.graph import GraphDecl, NodeDecl, declared_tensor
 from neuron_rtd.neff.jsonfields import load_json
 from neuron_rtd.neff.model import Node, NodeKind, Stage, first_ncs
@@ -38,6 +42,7 @@ def _build_node(
 ) -> Node:
     stages = tuple(_load_stage(decl, j, members) for j in range(len(decl.stages)))
     _check_chain(decl, stages, graph, taken)
+    _check_strings(decl, stages, graph)
     return Node(
         name=decl.name,
         kind=decl.kind,
@@ -90,6 +95,21 @@ def _check_chain(
             raise NeffInvalid(
                 f"node {decl.name!r}: output {name!r} is produced by none of its stages"
             )
+
+
+def _check_strings(decl: NodeDecl, stages: tuple[Stage, ...], graph: GraphDecl) -> None:
+    """A string tensor is read and written by onnxruntime's CPU nodes only."""
+    if decl.kind == NodeKind.CPU and is_ort_stage(stages[0]):
+        return
+    for j, stage in enumerate(stages):
+        for name in (*stage.inputs, *stage.outputs):
+            if is_string(graph.tensors[name].dtype):
+                runs = "an NC" if decl.kind == NodeKind.NEURON else "the NC kernels on the host"
+                raise NeffInvalid(
+                    f"node {decl.name!r} stage {j}: tensor {name!r} is a string tensor, and the "
+                    f"node runs on {runs}, which hold numbers only: string tensors belong to "
+                    "CPU nodes that run onnxruntime"
+                )
 
 
 def _check_new_output(

@@ -14,6 +14,7 @@ import numpy as np
 
 from neuron_rtd.errors import NeffInvalid
 from neuron_rtd.neff import jsonfields as jf
+from neuron_rtd.neff.dtypes import is_string
 from neuron_rtd.neff.model import Instruction, Stage
 
 WEIGHT_ALIGNMENT = 64
@@ -73,6 +74,11 @@ def _weight_view(value: object, blob: memoryview, where: str) -> np.ndarray:
     offset = jf.as_int(jf.get(obj, "offset", where), f"{where} offset")
     nbytes = jf.as_int(jf.get(obj, "nbytes", where), f"{where} nbytes")
     dtype = jf.get_dtype(obj, where)
+    if is_string(dtype):
+        raise NeffInvalid(
+            f"{where}: a weight holds numbers only (a CPU node's string constants are in its "
+            "ONNX sub-model)"
+        )
     shape = jf.get_shape(obj, where)
     count = math.prod(shape)
     if nbytes != dtype.itemsize * count:

@@ -17,6 +17,7 @@ import numpy as np
 
 from neuron_rtd.errors import InvalidError, Nerr
 from neuron_rtd.neff import Neff
+from neuron_rtd.neff.strings import encode
 from neuron_rtd.runtime.driver import DeviceApi, HealthCounters
 from neuron_rtd.runtime.model import LoadedModel, LoadMode, ModelParams, ModelState
 from neuron_rtd.runtime.sessions import session_tag
@@ -74,7 +75,7 @@ class InferResult:
     """An inference's answer. Each inline output is an array of its true shape (cut to
     the inference's sizes), read-only, over a `bytes` object of its own copied once from
     the slot: a wire takes those bytes as they are (`wire_bytes`), a numpy caller the
-    array."""
+    array. A string output is an object array of `bytes` elements of its own."""
 
     outputs: dict[str, np.ndarray]  # inline outputs (none when they went to shared memory)
     code: Nerr  # OK, or INFER_COMPLETED_WITH_NUM_ERR when an output holds NaN/Inf
@@ -82,7 +83,10 @@ class InferResult:
 
 def wire_bytes(array: np.ndarray) -> bytes:
     """An output's bytes for a wire: the `bytes` object an `InferResult` array lies over
-    when the array is all of it (no copy), else a copy (a batch's rows, say)."""
+    when the array is all of it (no copy), else a copy (a batch's rows, say); a string
+    tensor's, Triton's encoding of its elements (`neuron_rtd/neff/strings.py`)."""
+    if array.dtype.hasobject:
+        return encode(array)
     owner = array.base
     if type(owner) is np.ndarray:  # the result's reshape of the flat array over the bytes
         owner = owner.base

@@ -7,10 +7,16 @@ in the caller's thread, `LoadedModel.infer`), and the result is answered from th
 inline, as arrays over one copy each (`InferResult`), or into the client's shared memory
 (`LoadedModel.outputs`, then `LoadedModel.answered` gives the slot back). Callers see
 these calls, never the slot.
+
+A string tensor takes the same path as an array of objects: given as an array or as bytes
+in Triton's encoding (`neuron_rtd/neff/strings.py`), it is made an array of str before the
+model checks its shape (by its element count) and takes it into the slot; it is answered
+as an array of bytes, or encoded into shared memory.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -18,7 +24,8 @@ import numpy as np
 from neuron_rtd.errors import NrtError
 from neuron_rtd.neff import TensorSpec
 from neuron_rtd.neff.dtypes import is_narrow
-from neuron_rtd.runtime.api import InferResult, Input, ShmInput, ShmOutputs
+from neuron_rtd.neff.strings import as_bytes, as_text, decode, encode
+from neuron_rtd.runtime.api import InferResult, Input, Rows, ShmInput, ShmOutputs
 from neuron_rtd.runtime.inflight import Inflight
 from neuron_rtd.runtime.job import Job, Source
 from neuron_rtd.runtime.model import LoadedModel
@@ -103,8 +110,10 @@ class DataPath:
         resolved: dict[str, bytes | bytearray | memoryview | np.ndarray | Source] = {}
         specs = model.input_specs
         for name, value in inputs.items():
-            if isinstance(value, ShmInput):
-                spec = specs.get(name)
+            spec = specs.get(name)
+            if spec is not None and spec.dtype.hasobject:
+                resolved[name] = self._strings(model, spec, value, presented)
+            elif isinstance(value, ShmInput):
                 fixed = spec is not None and not spec.varying_axes
                 size = spec.nbytes if spec is not None and fixed else None
                 what = f"ifmap '{name}'"
@@ -116,6 +125,26 @@ class DataPath:
                 resolved[name] = value
         return resolved
 
+    def _strings(
+        self, model: LoadedModel, spec: TensorSpec, value: Input, presented: SessionId | None
+    ) -> np.ndarray:
+        """A string input as the slot takes it, an array of str (`as_text`), from an array
+        (a batch's row blocks joined), or from bytes in Triton's encoding (inline, or all
+        of a shared memory object): as many elements as its shape takes, or, for an input
+        whose size varies, those the bytes hold, at most its bound's."""
+        what = f"input '{spec.name}'"
+        if isinstance(value, Rows):
+            return as_text(np.concatenate(value.blocks), what)
+        if isinstance(value, np.ndarray):
+            return as_text(value, what)
+        if isinstance(value, ShmInput):
+            found = self._shm.find(value.path, presented, model.session_id, f"ifmap '{spec.name}'")
+            value = self._shm.read(found, self._shm.size(found, what), what)
+        whole = math.prod(spec.shape)
+        if spec.varying_axes:
+            return as_text(decode(value, what, most=whole), what)
+        return as_text(decode(value, what, count=whole), what).reshape(spec.shape)
+
     def _answer(self, model: LoadedModel, job: Job, outputs: ShmSinks) -> InferResult:
         """The result of an ended job: its outputs inline, or written from its slot straight
         to the client's shared memory when the call names any there (then only those)."""
@@ -123,7 +152,12 @@ class DataPath:
         values = model.outputs(job)
         try:
             for name, value in values.items():
-                if name in outputs:
+                if value.dtype.hasobject:  # a string output: bytes elements, or their encoding
+                    if name in outputs:
+                        self._shm.write(outputs[name], encode(value), f"shm_ofmap '{name}'")
+                    elif not outputs:
+                        inline[name] = as_bytes(value)
+                elif name in outputs:
                     data = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
                     self._shm.write(outputs[name], data, f"shm_ofmap '{name}'")
                 elif not outputs:  # the one copy out of the slot, over bytes a wire sends

@@ -23,6 +23,7 @@ import numpy as np
 
 from neuron_rtd.errors import ResourceNcError
 from neuron_rtd.neff import Bucket, Neff, Stage
+from neuron_rtd.neff.dtypes import is_string
 from neuron_rtd.runtime.driver import (
     DeviceApi,
     DramBufferApi,
@@ -147,6 +148,8 @@ def _alloc_slots(
                     None if home == HOST or spec.unbounded else alloc.alloc(home, spec.nbytes, tag)
                 )
                 slot[name] = DynamicBuffer(name, spec.dtype, capacity)
+            elif is_string(spec.dtype):  # only CPU nodes touch it (`neff/nodes.py`): host
+                slot[name] = np.full(spec.shape, "", dtype=spec.dtype)
             elif home == HOST:
                 slot[name] = np.empty(spec.shape, dtype=spec.dtype)
             else:

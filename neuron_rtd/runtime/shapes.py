@@ -1,12 +1,14 @@
-"""An inference's shapes: each input's shape from its byte count (an input may have one
-axis whose size varies by inference, a dynamic dimension, worked out from the bytes and
-checked across inputs), the bucket that holds its sizes (`variant_for`), and the moves
-between those shapes and a bucket's fixed-size slot: inputs copied in (`fill_slot`:
-bytes, arrays, or read straight in from shared memory or a batch's row blocks), padded
-with zeros up to it, outputs cut back down."""
+"""An inference's shapes: each input's shape from its byte count (a string input's from
+its element count; an input may have one axis whose size varies by inference, a dynamic
+dimension, worked out from the bytes and checked across inputs), the bucket that holds
+its sizes (`variant_for`), and the moves between those shapes and a bucket's fixed-size
+slot: inputs copied in (`fill_slot`: bytes, arrays, or read straight in from shared
+memory or a batch's row blocks), padded with zeros up to it (a string input with copies
+of its last row), outputs cut back down."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import TensorSpec
+from neuron_rtd.neff.dtypes import dtype_name, is_string
 from neuron_rtd.runtime.variant import Variant
 
 Shape = tuple[int, ...]
@@ -28,8 +31,15 @@ class InputShapes:
         self.model_id = model_id
         self.name = name
         self._axis = {t.name: symbol_axis(t) for t in specs}  # worked out once
-        # Per input of fixed shape, its byte count (a spec works it out at every ask).
-        self._fixed = {t.name: t.nbytes for t in specs if self._axis[t.name] is None}
+        # String inputs, which come as arrays and are measured in elements, not bytes.
+        self._strings = frozenset(t.name for t in specs if is_string(t.dtype))
+        # Per input of fixed shape, its byte count (a spec works it out at every ask), or
+        # its element count for a string input.
+        self._fixed = {
+            t.name: _size_of(t, t.name in self._strings)
+            for t in specs
+            if self._axis[t.name] is None
+        }
 
     def check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
         """The shape of each input, and the size each dynamic dimension takes in them."""
@@ -43,7 +53,10 @@ class InputShapes:
                     f"model {self.model_id} ({self.name}) has no input named '{name}'; "
                     f"its inputs are: {', '.join(self.specs)}"
                 )
-            size = len(data) if type(data) is bytes else nbytes(data)
+            if name in self._strings:  # an array of str (`DataPath`): its elements count
+                size = data.size
+            else:
+                size = len(data) if type(data) is bytes else nbytes(data)
             if fixed.get(name) == size:  # the common case: a fixed shape, all its bytes
                 shapes[name] = spec.shape
             else:
@@ -63,20 +76,23 @@ class InputShapes:
         """The shape `size` bytes make of input `spec`: its own, or with its one symbolic
         axis worked out from the byte count (and checked against the other inputs)."""
         axis = self._axis[spec.name]
+        strings = spec.name in self._strings
+        unit = "string elements" if strings else "bytes"
+        whole = _size_of(spec, strings)
         if axis is None:
-            if size != spec.nbytes:
+            if size != whole:
                 raise BadInput(
-                    f"input '{spec.name}' of model {self.model_id}: expected {spec.nbytes} bytes "
+                    f"input '{spec.name}' of model {self.model_id}: expected {whole} {unit} "
                     f"({describe(spec)}), received {size}"
                 )
             return spec.shape
         symbol = spec.symbols[axis]
         assert symbol is not None
-        row = spec.nbytes // spec.shape[axis]
+        row = whole // spec.shape[axis]
         if size % row or size == 0:
             raise BadInput(
-                f"input '{spec.name}' of model {self.model_id}: {size} bytes is not a whole number "
-                f"of {describe(spec)} rows of {row} bytes along axis {axis}"
+                f"input '{spec.name}' of model {self.model_id}: {size} {unit} is not a whole "
+                f"number of {describe(spec)} rows of {row} {unit} along axis {axis}"
             )
         count = size // row
         if sizes.setdefault(symbol, count) != count:
@@ -85,6 +101,11 @@ class InputShapes:
                 f"input has {symbol}={sizes[symbol]}"
             )
         return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
+
+
+def _size_of(spec: TensorSpec, strings: bool) -> int:
+    """An input's size at its declared shape: its bytes, or a string input's elements."""
+    return math.prod(spec.shape) if strings else spec.nbytes
 
 
 def symbol_axis(spec: TensorSpec) -> int | None:
@@ -103,13 +124,20 @@ def describe(spec: TensorSpec) -> str:
         f"{spec.symbols[a]}<={d}" if spec.symbols and spec.symbols[a] else str(d)
         for a, d in enumerate(spec.shape)
     ]
-    return f"{spec.dtype.name}[{','.join(dims)}]"
+    return f"{dtype_name(spec.dtype)}[{','.join(dims)}]"
 
 
 def copy_padded(target: np.ndarray, array: np.ndarray) -> None:
-    """Copy `array` into `target`; a smaller array goes to its start, the rest zeroed."""
+    """Copy `array` into `target`; a smaller array goes to its start, the rest zeroed. A
+    string tensor's rest repeats its last row along each axis instead: an empty string
+    is no value a model need take (a Cast to a number refuses it), a copy of a real row
+    is, and the padded rows' results are cut away."""
     if target.shape == array.shape:
         np.copyto(target, array, casting="no")
+        return
+    if target.dtype.hasobject:
+        grow = [(0, want - have) for want, have in zip(target.shape, array.shape, strict=True)]
+        np.copyto(target, np.pad(array, grow, mode="edge"), casting="no")
         return
     target[...] = 0
     np.copyto(target[tuple(slice(0, n) for n in array.shape)], array, casting="no")
@@ -151,6 +179,9 @@ def fill_slot(
     other bytes-like value padded into it (`copy_padded`)."""
     for name, data in inputs.items():
         target, shape = slot[name], shapes[name]
+        if target.dtype.hasobject:  # a string input: an array of str (`DataPath`)
+            copy_padded(target, data.reshape(shape))
+            continue
         if type(data) is bytes and name in slot_bytes and target.shape == shape:
             slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
             continue

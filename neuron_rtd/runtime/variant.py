@@ -51,13 +51,16 @@ class Variant:
 
     def __post_init__(self) -> None:
         # Per slot, each step with its input and output arrays, bound once here; and
-        # its plain arrays' bytes, which inputs of their full shape are copied into.
+        # its plain arrays' bytes, which inputs of their full shape are copied into (a
+        # string tensor has none: its elements are objects).
         self.bound = [[_bind(step, slot) for step in self.steps] for slot in self.slots]
         self.bytes = [
             {
                 name: array.reshape(-1).view(np.uint8).data
                 for name, array in slot.items()
-                if isinstance(array, np.ndarray) and array.flags.c_contiguous
+                if isinstance(array, np.ndarray)
+                and array.flags.c_contiguous
+                and not array.dtype.hasobject  # a string tensor's elements are objects
             }
             for slot in self.slots
         ]

@@ -7,9 +7,14 @@ into the tensors each front puts back on its wire (`render`).
 Every rule of a request lives here once: a name given once, a known datatype, a shape with
 no negative dimension, one source per input (raw bytes, typed values, or a range of a
 registered shared-memory region, whose size is checked before a byte is read), the
-classification extension refused when a request asks for it at all, an output's place in
-shared memory checked before the inference runs, and the repository's load parameters.
-A malformed request is INVALID_ARGUMENT (`invalid`)."""
+classification extension's count (`classification: N`, never with a place in shared
+memory, as Triton), an output's place in shared memory checked before the inference runs,
+and the repository's load parameters. A malformed request is INVALID_ARGUMENT (`invalid`).
+
+A BYTES tensor's bytes (raw, binary, in shared memory) are Triton's encoding
+(`neuron_rtd/neff/strings.py`): decoded into an object array of `bytes` of the shape
+declared, every malformed encoding refused naming the element; answered encoded the same
+way."""
 
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuron_rtd.errors import BadInput
+from neuron_rtd.neff import strings
+from neuron_rtd.neff.strings import LENGTH_BYTES
 from neuron_rtd.serving import (
     DTYPES,
     InferRequest,
@@ -35,6 +43,7 @@ SHM_REGION = "shared_memory_region"
 SHM_OFFSET = "shared_memory_offset"
 SHM_BYTE_SIZE = "shared_memory_byte_size"
 SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
+CLASSIFICATION = "classification"
 
 
 def invalid(message: str) -> ServingError:
@@ -96,7 +105,17 @@ def tensor_dtype(what: str, datatype: str) -> np.dtype:
 def check_size(what: str, byte_size: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """INVALID_ARGUMENT unless `byte_size` is what `shape` of `dtype` takes: said before
     a tensor's bytes are fetched (from shared memory, say), so a request that claims
-    gigabytes costs nothing."""
+    gigabytes costs nothing. A BYTES tensor's size is its elements' (`from_bytes` checks
+    them): here only that it can hold the shape's elements, a length each."""
+    if dtype.hasobject:
+        elements = math.prod(shape)
+        if byte_size < elements * LENGTH_BYTES:
+            raise invalid(
+                f"{what}: shape {list(shape)} of BYTES takes {elements} elements, at least "
+                f"{elements * LENGTH_BYTES} bytes (a {LENGTH_BYTES}-byte length each), got "
+                f"{byte_size}"
+            )
+        return
     expected = math.prod(shape) * dtype.itemsize
     if byte_size != expected:
         raise invalid(
@@ -112,18 +131,31 @@ def from_bytes(
     the tensor with the byte counts expected and given."""
     data = memoryview(buffer)
     check_size(what, data.nbytes, dtype, shape)
+    if dtype.hasobject:  # BYTES: each element its length, then its bytes
+        try:
+            return strings.decode(data, what, count=math.prod(shape)).reshape(shape)
+        except BadInput as exc:
+            raise invalid(exc.message) from None
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def tensor_bytes(array: np.ndarray) -> memoryview:
+    """An output's bytes as the protocol sends them: its array's, or a BYTES tensor's
+    encoding."""
+    if array.dtype.hasobject:
+        return memoryview(strings.encode(array))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def write_to_shm(name: str, array: np.ndarray, place: ShmPlace, shm: SharedMemoryApi) -> None:
     """Output `name` written at its place in shared memory, which must hold it."""
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    data = tensor_bytes(array)
     if data.nbytes > place.byte_size:
         raise invalid(
             f"output {name!r} takes {data.nbytes} bytes, more than the {place.byte_size} of "
             f"its place in shared memory region {place.region!r} ({SHM_BYTE_SIZE})"
         )
-    shm.write(place.region, place.offset, data.data)
+    shm.write(place.region, place.offset, data)
 
 
 # --- one inference -----------------------------------------------------------------------
@@ -163,10 +195,12 @@ class Sources:
 
 @dataclass(slots=True)
 class Asked:
-    """An output asked for: where in shared memory it goes (None: back on the wire)."""
+    """An output asked for: where in shared memory it goes (None: back on the wire), and
+    the classes asked for in its place (`classification`; 0: the output itself)."""
 
     place: ShmPlace | None
     parameters: Mapping[str, object]
+    classes: int = 0
 
 
 @dataclass(slots=True)
@@ -200,6 +234,10 @@ def decode(
             arrays[name] = decode_input(f"input {name!r}", tensor, shm, sources)
     asked = decode_outputs(outputs, shm) if outputs else {}
     request = InferRequest(model, arrays, version, list(asked) or None, request_id, parameters)
+    if asked:
+        classes = {name: o.classes for name, o in asked.items() if o.classes}
+        if classes:
+            request.classification = classes
     return Decoded(request, asked)
 
 
@@ -215,6 +253,8 @@ def raw_array(
         what = f"input {name!r}"
         dtype = tensor_dtype(what, datatype)
         negative_dims(what, shape)
+        if dtype.hasobject:  # BYTES (never in DTYPES): decoded, not seen as an array
+            return from_bytes(what, raw, dtype, shape)
         check_size(what, nbytes, dtype, shape)
     return np.ndarray(shape, dtype, raw)  # over the bytes, as np.frombuffer would be
 
@@ -261,16 +301,30 @@ def decode_outputs(outputs: Iterable[OutputIn], shm: SharedMemoryApi) -> dict[st
         if output.name in asked:
             raise invalid(f"{what} is asked for twice")
         parameters = output.parameters
-        if "classification" in parameters:
-            raise ServingError(
-                Status.UNSUPPORTED,
-                f"{what}: the classification extension is not supported; ask for the output itself",
-            )
         place = shm_place(what, parameters) if parameters else None
+        classes = class_count(what, parameters.get(CLASSIFICATION)) if parameters else 0
+        if classes and place is not None:
+            raise invalid(
+                f"{what} can't set both '{SHM_REGION}' and '{CLASSIFICATION}': the classes "
+                "come back in the answer"
+            )
         if place is not None:
             shm.check(place.region, place.offset, place.byte_size)  # before the inference runs
-        asked[output.name] = Asked(place, parameters)
+        asked[output.name] = Asked(place, parameters, classes)
     return asked
+
+
+def class_count(what: str, value: object) -> int:
+    """An output's `classification` parameter: the number of classes asked for, 0 (or
+    absent) for the output itself, as Triton's HTTP front takes it."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(
+            f"{what}: parameter '{CLASSIFICATION}' must be the number of classes to answer "
+            f"(an integer, 1 or more), got {shown(value)}"
+        )
+    return value
 
 
 @dataclass(slots=True)

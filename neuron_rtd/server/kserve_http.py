@@ -370,8 +370,9 @@ class KServeApp:
         """The largest body an inference of model `name` takes, and why: its inputs at their
         largest shapes (the batch axis at max_batch_size), a JSON number at
         JSON_CHARS_PER_NUMBER characters (more than the binary extension's bytes take), plus
-        BODY_SLACK_BYTES; `max_body_bytes` for a model with an axis of any size. NOT_FOUND
-        or UNAVAILABLE as the model's metadata answers (before the body is read)."""
+        BODY_SLACK_BYTES; `max_body_bytes` for a model with an axis of any size or a BYTES
+        input (strings of any length). NOT_FOUND or UNAVAILABLE as the model's metadata
+        answers (before the body is read)."""
         metadata = self.serving.model_metadata(name, version)
         batch = self.serving.model_config(name, version).max_batch_size
         elements = 0
@@ -379,7 +380,7 @@ class KServeApp:
             shape = list(tensor.shape)
             if batch > 0 and shape and shape[0] == -1:
                 shape[0] = batch
-            if any(d < 0 for d in shape):
+            if any(d < 0 for d in shape) or tensor.datatype == "BYTES":  # no bound per element
                 return self.max_body_bytes, "the most this server takes (http_max_body_bytes)"
             elements += math.prod(shape)
         need = elements * JSON_CHARS_PER_NUMBER + BODY_SLACK_BYTES

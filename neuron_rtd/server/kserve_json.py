@@ -5,9 +5,10 @@ is `neuron_rtd/server/kserve_http.py`).
 An inference request is a JSON header, then (the binary tensor data extension, when the
 header's length is given apart) the raw bytes of the inputs that declare a
 `binary_data_size`, one after another in the order of the inputs. An input's data is
-otherwise its JSON `data` (flat or nested, in row-major order) or a range of a registered
-system shared-memory region. Outputs go back as JSON `data`, or as raw bytes after the
-header (`binary_data`, per output or `binary_data_output` for all), or into shared memory.
+otherwise its JSON `data` (flat or nested, in row-major order; a BYTES input's, strings)
+or a range of a registered system shared-memory region. Outputs go back as JSON `data`,
+or as raw bytes after the header (`binary_data`, per output or `binary_data_output` for
+all), or into shared memory.
 
 The two documents the core hands over as protobuf messages (`ModelConfig`,
 `ModelStatisticsResponse`) are rendered with the messages' field names, every field
@@ -44,6 +45,7 @@ from neuron_rtd.server.kserve_codec import (
     load_request,
     render,
     shown,
+    tensor_bytes,
 )
 from neuron_rtd.serving import (
     InferRequest,
@@ -381,6 +383,8 @@ def from_json(
     if not isinstance(data, list):
         raise invalid(f"{what}: 'data' must be a list of values, got {shown(data)}")
     expected = math.prod(shape)
+    if dtype.hasobject:
+        return _strings_from_json(what, data, expected).reshape(shape)
     kinds, named = _JSON_KINDS.get(dtype.kind, _NUMBERS)
     try:
         loose = np.asarray(data)
@@ -395,6 +399,31 @@ def from_json(
     if staged.size != expected:
         raise invalid(f"{what}: shape {list(shape)} takes {expected} values, got {staged.size}")
     return staged.astype(dtype, copy=False).reshape(shape)
+
+
+def _strings_from_json(what: str, data: list[Any], expected: int) -> np.ndarray:
+    """A BYTES input's JSON `data`: strings (flat, or in lists nested evenly), each
+    element its UTF-8 bytes."""
+    flat: list[bytes] = []
+    rows: list[list[Any]] = [data]
+    while rows:  # level by level, so that the nesting's evenness is seen
+        lengths = {len(row) for row in rows}
+        items = [item for row in rows for item in row]
+        if all(isinstance(item, str) for item in items) and len(lengths) == 1:
+            flat = [item.encode("utf-8", "surrogatepass") for item in items]
+            break
+        if not all(isinstance(item, list) for item in items) or len(lengths) != 1:
+            odd = next((item for item in items if not isinstance(item, str | list)), None)
+            said = f"{shown(odd)} is no string" if odd is not None else "its lists are uneven"
+            raise invalid(
+                f"{what}: 'data' of a BYTES input must be strings (flat, or nested evenly): {said}"
+            )
+        rows = items
+    if len(flat) != expected:
+        raise invalid(f"{what}: its shape takes {expected} strings, got {len(flat)}")
+    array = np.empty(expected, dtype=object)
+    array[:] = flat
+    return array
 
 
 def encode_infer(
@@ -418,11 +447,11 @@ def encode_infer(
         if asked is not None and asked.place is not None:
             pass  # in the caller's region: no data, no parameters
         elif decoded.binary.get(output.name, decoded.binary_default):
-            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+            raw = tensor_bytes(array)
             tensor["parameters"] = {BINARY_DATA_SIZE: raw.nbytes}
             chunks.append(raw)
         else:
-            tensor["data"] = json_values(array)
+            tensor["data"] = json_values(array, output.name)
         outputs.append(tensor)
     header: dict[str, object] = {
         "model_name": response.model or decoded.request.model,
@@ -435,8 +464,21 @@ def encode_infer(
     return header, chunks
 
 
-def json_values(array: np.ndarray) -> list[Any]:
-    """`array`'s values, flat, as JSON numbers (bfloat16 through float32)."""
+def json_values(array: np.ndarray, name: str = "") -> list[Any]:
+    """`array`'s values, flat, as JSON numbers (bfloat16 through float32), or a BYTES
+    output's as strings: INVALID_ARGUMENT for one that is not UTF-8, which JSON cannot
+    carry (binary data can)."""
+    if array.dtype.hasobject:
+        texts: list[Any] = []
+        for index, item in enumerate(array.reshape(-1)):
+            try:
+                texts.append(item.decode("utf-8") if isinstance(item, bytes) else str(item))
+            except UnicodeDecodeError:
+                raise invalid(
+                    f"output {name!r}: string element {index} is not UTF-8, which JSON cannot "
+                    f"carry: ask for it as binary data ('{BINARY_DATA}': true)"
+                ) from None
+        return texts
     if array.dtype == _BFLOAT16:
         array = array.astype(np.float32)
     values: list[Any] = array.reshape(-1).tolist()

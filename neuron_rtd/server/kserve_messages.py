@@ -29,7 +29,7 @@ from neuron_rtd.server.kserve_codec import (
 from neuron_rtd.serving import InferResponse, ServingError, SharedMemoryApi, datatype_of
 
 # Where each datatype's values are in `InferTensorContents` (FP16 and BF16 have no
-# typed field: raw contents only).
+# typed field: raw contents only; BYTES' entries are its elements).
 TYPED_FIELDS: dict[str, str] = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
@@ -42,6 +42,7 @@ TYPED_FIELDS: dict[str, str] = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",  # one element per entry
 }
 
 
@@ -72,6 +73,10 @@ def from_contents(contents: Any) -> Callable[[str, str, np.dtype, tuple[int, ...
             raise invalid(
                 f"{what}: shape {list(shape)} takes {expected} values, got {len(values)} in {field}"
             )
+        if dtype.hasobject:  # BYTES: each entry an element's bytes
+            array = np.empty(expected, dtype=dtype)
+            array[:] = list(values)
+            return array.reshape(shape)
         try:
             return np.array(values, dtype=dtype).reshape(shape)
         except (OverflowError, ValueError) as exc:

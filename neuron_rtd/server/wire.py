@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from neuron_rtd.errors import InvalidError
 from neuron_rtd.neff import TensorSpec
+from neuron_rtd.neff.dtypes import dtype_name
 from neuron_rtd.proto import ext_pb, pb
 from neuron_rtd.runtime import (
     LATENCY_BOUNDS_US,
@@ -156,7 +157,7 @@ def ext_tensor(spec: TensorSpec) -> ext_pb.ext_tensor:
     """A model input or output for observers: a varying axis's size is -1."""
     varying = set(spec.varying_axes)
     shape = [-1 if axis in varying else size for axis, size in enumerate(spec.shape)]
-    return ext_pb.ext_tensor(name=spec.name, dtype=spec.dtype.name, shape=shape)
+    return ext_pb.ext_tensor(name=spec.name, dtype=dtype_name(spec.dtype), shape=shape)
 
 
 def snapshot(snap: Snapshot) -> ext_pb.snapshot_response:

@@ -84,7 +84,8 @@ class InferRequest:
     """One inference as a front end decoded it. `inputs` by name, each array already of
     the datatype and shape the request declared (the front end checked that its bytes
     make that shape). `outputs`: the names asked for, None for all of them. `version`
-    "" lets the core choose (the newest ready version)."""
+    "" lets the core choose (the newest ready version). `classification`: the outputs
+    answered as their top N classes instead (the classification extension), by name."""
 
     model: str
     inputs: Mapping[str, np.ndarray]
@@ -92,6 +93,7 @@ class InferRequest:
     outputs: Sequence[str] | None = None
     id: str = ""
     parameters: Mapping[str, object] = field(default_factory=dict)
+    classification: Mapping[str, int] | None = None
 
 
 @dataclass(slots=True)

@@ -2,8 +2,10 @@
 and the runtime hold), the v2 protocol's datatype name ("FP32", "INT64", "BF16", ...)
 and the model configuration's `DataType` enum (`TYPE_FP32`, ...).
 
-"BYTES" (`TYPE_STRING`), the protocol's variable-length strings, has no NEFF tensor to
-go to: asking for it is an INVALID_ARGUMENT that says so.
+"BYTES" (`TYPE_STRING`), the protocol's variable-length strings, is a NEFF's `string`
+tensor: numpy object arrays whose elements are `bytes`. It has no item size, so it is not
+in `DTYPES` (the fixed-size types, whose bytes make an array as they are): its bytes are
+Triton's encoding (`neuron_rtd/neff/strings.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from neuron_rtd.neff.dtypes import STRING_DTYPE, is_string
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
 
@@ -29,19 +32,15 @@ _TABLE: tuple[tuple[str, np.dtype, int], ...] = (
     ("FP32", np.dtype("<f4"), model_config_pb.TYPE_FP32),
     ("FP64", np.dtype("<f8"), model_config_pb.TYPE_FP64),
     ("BF16", np.dtype(ml_dtypes.bfloat16), model_config_pb.TYPE_BF16),
+    ("BYTES", STRING_DTYPE, model_config_pb.TYPE_STRING),
 )
 
 DATATYPES: tuple[str, ...] = tuple(name for name, _, _ in _TABLE)
-"""Every v2 datatype name the core serves ("BYTES" is not one)."""
+"""Every v2 datatype name the core serves."""
 
 _BY_NAME = {name: (dtype, enum) for name, dtype, enum in _TABLE}
 _BY_ENUM = {enum: name for name, _, enum in _TABLE}
 _BY_DTYPE = {dtype.newbyteorder("="): name for name, dtype, _ in _TABLE}
-
-_NO_STRINGS = (
-    "BYTES (TYPE_STRING) tensors are not supported: a NEFF's tensors hold numbers only "
-    f"({', '.join(DATATYPES)})"
-)
 
 
 def datatype_of(dtype: np.dtype) -> str:
@@ -50,16 +49,15 @@ def datatype_of(dtype: np.dtype) -> str:
     if name is None:
         name = _BY_DTYPE.get(dtype.newbyteorder("="))
     if name is None:
-        if dtype.kind in "OSUV":
-            raise ServingError(Status.INVALID_ARGUMENT, _NO_STRINGS)
         raise ServingError(
             Status.INVALID_ARGUMENT, f"numpy dtype {dtype} has no KServe v2 datatype"
         )
     return name
 
 
-DTYPES: dict[str, np.dtype] = {name: dtype for name, dtype, _ in _TABLE}
-"""Each v2 datatype name's numpy dtype (little-endian), for a lookup with no call."""
+DTYPES: dict[str, np.dtype] = {name: dtype for name, dtype, _ in _TABLE if not is_string(dtype)}
+"""Each fixed-size v2 datatype's numpy dtype (little-endian), for a lookup with no call
+(not "BYTES", whose bytes are no array's)."""
 
 
 def dtype_of(datatype: str) -> np.dtype:
@@ -82,8 +80,6 @@ def datatype_of_config(data_type: int) -> str:
     """The v2 name of config `DataType` value `data_type`."""
     name = _BY_ENUM.get(data_type)
     if name is None:
-        if data_type == model_config_pb.TYPE_STRING:
-            raise ServingError(Status.INVALID_ARGUMENT, _NO_STRINGS)
         raise ServingError(
             Status.INVALID_ARGUMENT, f"data_type {config_type_name(data_type)} is not served"
         )
@@ -99,6 +95,4 @@ def config_type_name(data_type: int) -> str:
 
 
 def _unknown(datatype: str) -> str:
-    if datatype == "BYTES":
-        return _NO_STRINGS
     return f"unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})"

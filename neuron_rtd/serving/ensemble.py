@@ -40,6 +40,7 @@ from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import ComputeGate
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import batch_rows, same_batch
+from neuron_rtd.serving.classification import Labels
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
 from neuron_rtd.serving.ensemble_config import (
     EnsembleStep,
@@ -209,6 +210,8 @@ class EnsembleVersion:
         self.config = config
         self.plan = plan
         self.stats = VersionStats(name, self.version_text)
+        self.max_batch_size = config.max_batch_size
+        self.labels: Labels = {}  # classification labels: its composing models' own
         self.model = f"ensemble '{name}'"
         self._models = models
         self._pool = pool

@@ -36,10 +36,12 @@ from neuron_rtd.errors import (
     UnsupportedVersion,
 )
 from neuron_rtd.neff import Neff
+from neuron_rtd.neff.strings import as_text
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.runtime import InferResult, Rows, Runtime, read_model_file
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
+from neuron_rtd.serving.classification import Labels, read_labels
 from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
 from neuron_rtd.serving.sequence import SequenceScheduler
@@ -116,8 +118,10 @@ class ServedVersion:
         neff: Neff,
         model_ids: Sequence[int],
         sequences: SequenceSettings | None = None,
+        labels: Labels | None = None,
     ) -> None:
         self.runtime = runtime
+        self.labels: Labels = labels or {}  # its outputs' classification labels
         self.name = name
         self.version = version
         self.version_text = str(version)
@@ -320,6 +324,11 @@ class ServedVersion:
             rows = self._check_shape(spec, array.shape)
             if self.max_batch_size > 0:
                 batch, first = same_batch(spec.name, rows, first, batch)
+            if array.dtype.hasobject:  # strings: UTF-8 text, said before a batch takes them
+                try:
+                    as_text(array, f"input '{spec.name}'")
+                except BadInput as exc:
+                    raise ServingError(Status.INVALID_ARGUMENT, exc.message) from None
         return batch
 
     def _check_shape(self, spec: _Input, shape: tuple[int, ...]) -> int:
@@ -458,6 +467,7 @@ def load_version(
     sequences = None
     if config.HasField("sequence_batching"):  # checked before any copy is loaded
         sequences = sequence_settings(config, neff, source, directory.parent)
+    labels = read_labels(directory.parent, config, what)  # beside config.pbtxt
     count = instance_count(config)
     model_ids: list[int] = []
     named = replace(neff, name=name)  # on the runtime (list-model, its log) as served
@@ -475,7 +485,7 @@ def load_version(
             raise ServingError(Status.UNAVAILABLE, reason) from None
         raise serving_error(exc, f"{what}: loading copy {len(model_ids) + 1} of {count}") from None
     try:
-        return ServedVersion(runtime, name, version, config, neff, model_ids, sequences)
+        return ServedVersion(runtime, name, version, config, neff, model_ids, sequences, labels)
     except BaseException:
         unload_copies(runtime, model_ids)
         raise

@@ -41,6 +41,7 @@ from neuron_rtd.serving.api import (
     SharedMemoryApi,
     Status,
 )
+from neuron_rtd.serving.classification import check_classification, classify
 from neuron_rtd.serving.config import PLATFORM
 from neuron_rtd.serving.loading import (
     Loader,
@@ -65,6 +66,7 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "sequence",  # sequence_batching (neuron_rtd/serving/sequence.py)
     "sequence(string_id)",  # its sequence ids may be strings
+    "classification",
 )
 READY, UNAVAILABLE, LOADING = "READY", "UNAVAILABLE", "LOADING"
 
@@ -213,7 +215,16 @@ class Serving:
     # --- inference -----------------------------------------------------------------------
     def infer(self, request: InferRequest) -> InferResponse:
         began_ns = time.perf_counter_ns()
-        return self._version(request.model, request.version).infer(request, began_ns)
+        served = self._version(request.model, request.version)
+        if request.classification:  # outputs answered as their top classes
+            check_classification(served.config, request.classification)
+            return classify(
+                served.infer(request, began_ns),
+                request.classification,
+                served.max_batch_size > 0,
+                served.labels,
+            )
+        return served.infer(request, began_ns)
 
     def _version(self, name: str, version: str) -> Served:
         """The READY version `version` of model `name` ("" its newest). A name the core

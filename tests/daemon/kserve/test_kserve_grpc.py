@@ -558,9 +558,10 @@ def test_the_protocols_errors(
     short.inputs.add(name="x", datatype="FP32", shape=[1, 8])
     words = refused_raw(messages, grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.ModelInfer(short))
     assert "'x'" in words and "32" in words and "28" in words
-    strings = service_pb2.ModelInferRequest(model_name=MLP, raw_input_contents=[bytes(8)])
-    strings.inputs.add(name="x", datatype="BYTES", shape=[1, 8])
-    refused_raw(messages, grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.ModelInfer(strings))
+    strings = service_pb2.ModelInferRequest(model_name=MLP, raw_input_contents=[bytes(32)])
+    strings.inputs.add(name="x", datatype="BYTES", shape=[1, 8])  # 8 empty strings
+    words = refused_raw(messages, INVALID, lambda: stub.ModelInfer(strings))
+    assert "'x' has datatype BYTES" in words and "FP32" in words
 
     refused(messages, grpc.StatusCode.UNIMPLEMENTED, lambda: client.update_log_settings({}))
 
@@ -723,8 +724,8 @@ def test_malformed_requests_say_what_is_wrong(
     outputs.outputs.add(name="probs")
     invalid(outputs, "output 'probs' is asked for twice")
     classes = request()
-    classes.outputs.add(name="probs").parameters["classification"].int64_param = 2
-    invalid(classes, "classification", code=grpc.StatusCode.UNIMPLEMENTED)
+    classes.outputs.add(name="probs").parameters["classification"].int64_param = -2
+    invalid(classes, "output 'probs'", "'classification'", "-2")
 
     unknown = LoadRequest(model_name=EXTRA)
     unknown.parameters["colour"].string_param = "blue"
