@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 
 import numpy as np
 
@@ -145,7 +145,7 @@ class ServedVersion:
         self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
         self._lock = threading.Lock()
         self._free = threading.Condition(self._lock)  # a slot was given back
-        self._waiting = 0  # requests waiting on `_free` for a slot
+        self._waiting = 0  # requests waiting for a slot (on `_free`, or for a token)
         # one copy: its free slots are tokens in a queue (taking one is one call of C; a
         # request that finds none waits in the queue, in turn)
         self._tokens: SimpleQueue[None] | None = None
@@ -256,7 +256,16 @@ class ServedVersion:
         slot's token taken, or awaited."""
         tokens = self._tokens
         if tokens is not None:
-            tokens.get()
+            try:
+                tokens.get(block=False)
+            except Empty:  # none free: wait in turn, counted as pending
+                with self._lock:
+                    self._waiting += 1
+                try:
+                    tokens.get()
+                finally:
+                    with self._lock:
+                        self._waiting -= 1
             return 0
         busy = self._busy
         with self._lock:
@@ -267,6 +276,13 @@ class ServedVersion:
             copy = busy.index(least)
             busy[copy] += 1
         return copy
+
+    def pending(self) -> int:
+        """Requests that came and have not begun executing: queued for a dynamic batch,
+        or waiting for a free slot (Triton's pending request count)."""
+        if self.batcher is not None:
+            return self.batcher.pending
+        return self._waiting
 
     def _give_back(self, copy: int) -> None:
         tokens = self._tokens
