@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -33,6 +35,7 @@ from test_kserve_grpc import (
     stats_of,
     two_outputs_model,
 )
+from test_service_user import as_user
 from tritonclient.utils import InferenceServerException
 
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -167,6 +170,56 @@ def test_tritonclient_on_localhost_beside_the_socket(
         tcp.stop_stream()
     (answer,) = answers
     np.testing.assert_allclose(answer.as_numpy("probs"), expected, rtol=1e-5, atol=1e-6)
+
+
+STRANGER_UID = 65532  # in no group
+STRANGER = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+client = grpcclient.InferenceServerClient(sys.argv[1])
+x = grpcclient.InferInput("x", [1, 8], "FP32")
+x.set_data_from_numpy(np.ones((1, 8), np.float32))
+try:
+    client.infer("mlp", [x])
+    refused = ["", ""]
+except InferenceServerException as error:
+    refused = [error.status(), error.message()]
+print(json.dumps({"ready": client.is_model_ready("mlp"), "infer": refused}))
+"""
+
+
+@pytest.mark.daemon
+def test_on_the_tcp_address_a_stranger_only_asks(
+    served: Served, unix: grpcclient.InferenceServerClient
+) -> None:
+    """The TCP address is gated as a TCP server_address is: a user in no group may ask
+    whether a model is ready, not infer; the socket's callers are not asked (root's
+    inference over it, as every test's here)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to call as another user")
+    done = subprocess.run(
+        [
+            *as_user(STRANGER_UID, STRANGER_UID),
+            sys.executable,
+            "-c",
+            STRANGER,
+            f"localhost:{served.grpc_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"},
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["ready"] is True
+    status, message = said["infer"]
+    assert status == "StatusCode.PERMISSION_DENIED", said
+    assert f"uid {STRANGER_UID} is neither" in message and "unix socket" in message
+    assert unix.infer(MLP, mlp_input(served)).as_numpy("probs").shape == (1, 4)
 
 
 @pytest.mark.parametrize(
