@@ -7,6 +7,7 @@ a call names an object the session passed over the peer socket (see `runtime/shm
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ class CallerOf:
         """`address`: the daemon's gRPC target, `unix:/path` or `host:port` (as
         `client/address.py` makes it)."""
         self.unix_path: str | None = None
-        self.locals: list[tuple[str, int]] = []
+        self.locals: list[tuple[str | None, int]] = []  # host None: the connection's peer's
         if address.startswith("unix:"):
             self.unix_path = address.removeprefix("unix:")
         else:
@@ -41,8 +42,17 @@ class CallerOf:
         """The server also listens on TCP `address` ("host:port", its port as bound):
         before it starts (the list is read, never changed, once calls come)."""
         host, _, port = address.rpartition(":")
-        if port.isdigit():
-            self.locals.append((host.strip("[]"), int(port)))
+        if not port.isdigit():
+            return
+        host = host.strip("[]")
+        try:
+            ip: str | None = str(ipaddress.ip_address(host))
+        except ValueError:  # a name (localhost): which of its addresses a connection took
+            ip = None
+        if ip in ("0.0.0.0", "::"):  # a wildcard: alike
+            ip = None
+        # unknown, it is taken to be the peer's own, as on loopback (beyond it: no one)
+        self.locals.append((ip, int(port)))
 
     def __call__(self, context: grpc.ServicerContext) -> Caller:
         peer = context.peer() or ""
@@ -52,9 +62,7 @@ class CallerOf:
         if remote is None:
             return stranger()
         for host, port in self.locals:  # the connection came to one of them: its pair names it
-            if host in ("", "0.0.0.0", "::"):  # a wildcard: the connection's own end is unknown
-                host = remote[0]
-            found = tcp_caller((host, port), remote)
+            found = tcp_caller((host or remote[0], port), remote)
             if found is not None:
                 return found
         return stranger()

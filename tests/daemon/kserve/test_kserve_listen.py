@@ -43,6 +43,7 @@ from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.daemon.config import remote_warnings
 from neuron_rtd.neff.samples import SampleModel, build_mlp
 from neuron_rtd.proto import kserve_pb
+from neuron_rtd.server import CallerOf
 from neuron_rtd.server.metrics import MEMORY, MODEL_METRICS, UTILIZATION, Metrics
 from neuron_rtd.tools.monitor.exporter import Exporter
 from neuron_rtd.typed_json import ConfigError
@@ -220,6 +221,24 @@ def test_on_the_tcp_address_a_stranger_only_asks(
     assert status == "StatusCode.PERMISSION_DENIED", said
     assert f"uid {STRANGER_UID} is neither" in message and "unix socket" in message
     assert unix.infer(MLP, mlp_input(served)).as_numpy("probs").shape == (1, 4)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "0.0.0.0"])
+def test_a_tcp_caller_is_named_whatever_the_host_was_given_as(host: str) -> None:
+    """--grpc-address localhost:PORT (or a wildcard) names its callers as 127.0.0.1 does:
+    the owner of the connection's other end, here this process's user."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listening.accept()
+            with accepted:
+                caller_of = CallerOf("unix:/nowhere.sock")
+                caller_of.listening(f"{host}:{port}")
+                peer = f"ipv4:127.0.0.1:{client.getsockname()[1]}"
+                caller = caller_of(SimpleNamespace(peer=lambda: peer))  # type: ignore[arg-type]
+    assert caller.named is not None and caller.named.uid == os.geteuid()
 
 
 @pytest.mark.parametrize(
