@@ -164,6 +164,9 @@ class Daemon:
         if self.http and self.config.http_address:
             host = self.config.http_address.rpartition(":")[0]
             fronts.append(http_front(host, self.http.port))
+        if self.metrics and self.config.metrics_address:
+            host = self.config.metrics_address.rpartition(":")[0]
+            fronts.append(http_front(host, self.metrics.port, "the metrics' server"))
         return fronts
 
     def _front_silent(self, why: str) -> None:

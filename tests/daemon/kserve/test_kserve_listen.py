@@ -93,6 +93,7 @@ def served(module_work: Path) -> Iterator[Served]:
         )
         log = proc.log()
     assert "Traceback" not in log, log
+    assert "did not answer its health check" not in log, log  # the fronts' watch: both answer
 
 
 @pytest.fixture(scope="module")
