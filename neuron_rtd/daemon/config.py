@@ -301,6 +301,11 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
                 "it, or listen on "
                 "127.0.0.1:PORT"
             )
+    if config.grpc_address is not None and config.grpc_address == config.server_address:
+        raise ConfigError(
+            f"{where}: grpc_address {config.grpc_address} is server_address already: the "
+            "daemon's gRPC listens there anyway; give grpc_address another port, or drop it"
+        )
     if config.http_token_file is not None and not os.path.isabs(config.http_token_file):
         raise ConfigError(f"{where}: http_token_file must be an absolute file path")
     if not 1 <= config.http_max_body_mb <= 2047:

@@ -248,6 +248,7 @@ def test_a_tcp_caller_is_named_whatever_the_host_was_given_as(host: str) -> None
         (["--grpc-address", "8001"], "grpc_address must be HOST:PORT"),
         (["--grpc-address", "0.0.0.0:8001"], "grpc_address 0.0.0.0:8001 is not a loopback"),
         (["--grpc-address", "[::]:8001"], "grpc_address [::]:8001 is not a loopback"),
+        (["-g", "127.0.0.1:8001", "--grpc-address", "127.0.0.1:8001"], "is server_address already"),
         (["--metrics-address", "127.0.0.1:70000"], "metrics_address must be HOST:PORT"),
         (["--metrics-address", "10.1.2.3:8002"], "metrics_address 10.1.2.3:8002 is not a loop"),
     ],
