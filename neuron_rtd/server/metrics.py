@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -148,7 +149,7 @@ class Metrics:
         self.window_ns = int(window_s * 1e9)
         self._lock = threading.Lock()
         first = runtime.snapshot()
-        self._sample = (first.time_ns, {nc.vnc: nc.busy_ns for nc in first.ncs})
+        self._sample = (time.monotonic_ns(), {nc.vnc: nc.busy_ns for nc in first.ncs})
         self._utilization: dict[int, float] | None = None  # none yet: the first scrape's
 
     def render(self) -> bytes:
@@ -182,10 +183,12 @@ class Metrics:
     def _utilization_of(self, snapshot: Any) -> dict[int, float]:
         """Each NeuronCore's busy share of the latest window (see the module docstring),
         a new window begun when the latest is `window_ns` old. Busy time that went back
-        (its device reset) counts from zero."""
+        (its device reset) counts from zero. Timed by the monotonic clock: a wall clock set
+        back would hold the window."""
+        now_ns = time.monotonic_ns()
         with self._lock:
             then_ns, busy_then = self._sample
-            elapsed_ns = snapshot.time_ns - then_ns
+            elapsed_ns = now_ns - then_ns
             if self._utilization is None or elapsed_ns >= self.window_ns:
                 utilization = {}
                 for nc in snapshot.ncs:
@@ -193,7 +196,7 @@ class Metrics:
                     busy_ns = nc.busy_ns - start if nc.busy_ns >= start else nc.busy_ns
                     utilization[nc.vnc] = min(1.0, busy_ns / max(elapsed_ns, 1))
                 self._utilization = utilization
-                self._sample = (snapshot.time_ns, {nc.vnc: nc.busy_ns for nc in snapshot.ncs})
+                self._sample = (now_ns, {nc.vnc: nc.busy_ns for nc in snapshot.ncs})
             return self._utilization
 
 
