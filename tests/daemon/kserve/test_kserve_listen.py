@@ -49,7 +49,7 @@ from neuron_rtd.tools.monitor.exporter import Exporter
 from neuron_rtd.typed_json import ConfigError
 
 MLP = "mlp"  # x [1, 8] -> probs [1, 4]; no batching
-TWO = "two"  # x [N, 16] -> y, z; batch 1..8, dynamic batching, a 0.2 s queue delay
+TWO = "two"  # x [N, 16] -> y, z; batch 1..8, dynamic batching, 2 s queue delay (8 rows: at once)
 SLOW = "slow"  # the same NEFF, its queue delay 60 s: a lone request waits in the queue
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -75,7 +75,11 @@ def served(module_work: Path) -> Iterator[Served]:
     mlp = build_mlp((8, 8, 4))
     w = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
     two = compile_model(two_outputs_model(w), dynamic_batch=bucket_ranges(1, 8), name=TWO).neff
-    for name, neff, delay_us in ((MLP, mlp.neff, 0), (TWO, two, 200_000), (SLOW, two, 60_000_000)):
+    for name, neff, delay_us in (
+        (MLP, mlp.neff, 0),
+        (TWO, two, 2_000_000),
+        (SLOW, two, 60_000_000),
+    ):
         (path / name / "1").mkdir(parents=True)
         (path / name / "1" / "model.neff").write_bytes(neff)
         if delay_us:
