@@ -44,6 +44,20 @@ LOG_LEVELS = ("error", "warning", "info", "debug")
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")  # as Triton's --model-control-mode
 
 
+# The addresses beside the daemon's own, each HOST:PORT on loopback unless
+# allow_remote_clients, and what anyone who reaches one could do
+LOCAL_ONLY = {
+    "http_address": "run, load and unload models and read and write tensors",
+    "grpc_address": "load models and read and write tensors",
+    "metrics_address": "read the served models' names and counts",
+}
+SERVED_ON = {
+    "http_address": "the KServe v2 HTTP API",
+    "grpc_address": "the gRPC API",
+    "metrics_address": "the metrics",
+}
+
+
 # What a field's metadata may say: the environment variable it is read from (see
 # `environment`), and that the file may not set it.
 ENV = "env"
@@ -112,6 +126,8 @@ class DaemonConfig:
     # where ONNX models' compiled NEFFs are kept (None: `compile_cache_dir`'s default)
     compile_cache_dir: str | None = None
     http_address: str | None = None  # the KServe v2 HTTP/REST front end's HOST:PORT; off
+    grpc_address: str | None = None  # the gRPC services also on this TCP HOST:PORT; off
+    metrics_address: str | None = None  # GET /metrics (Triton's names) on HOST:PORT; off
     http_token_file: str | None = None  # a bearer token that makes its bearer a member
     http_max_body_mb: int = 64  # the largest HTTP request body taken, inflated or not
     http_header_timeout_secs: int = 15  # a request's headers must be in within this
@@ -278,16 +294,24 @@ def validate_serving(config: DaemonConfig, where: str) -> DaemonConfig:
         if not config.compile_cache_dir:
             raise ConfigError(f"{where}: compile_cache_dir must be a folder's path")
         config = replace(config, compile_cache_dir=os.path.abspath(config.compile_cache_dir))
-    if config.http_address is not None:
-        host = http_host(config.http_address, where)
+    for key, who in LOCAL_ONLY.items():
+        address = getattr(config, key)
+        if address is None:
+            continue
+        host = http_host(address, where, key)
         if not loopback(host) and not config.allow_remote_clients:
             raise ConfigError(
-                f"{where}: http_address {config.http_address} is not a loopback address: "
-                "anyone who reaches it could use the models, over unencrypted HTTP; set "
+                f"{where}: {key} {address} is not a loopback address: anyone who reaches it "
+                f"could {who}, in plaintext; set "
                 '"allow_remote_clients": true in the config (or --allow-remote-clients) to mean '
                 "it, or listen on "
                 "127.0.0.1:PORT"
             )
+    if config.grpc_address is not None and config.grpc_address == config.server_address:
+        raise ConfigError(
+            f"{where}: grpc_address {config.grpc_address} is server_address already: the "
+            "daemon's gRPC listens there anyway; give grpc_address another port, or drop it"
+        )
     if config.http_token_file is not None and not os.path.isabs(config.http_token_file):
         raise ConfigError(f"{where}: http_token_file must be an absolute file path")
     if not 1 <= config.http_max_body_mb <= 2047:
@@ -343,16 +367,17 @@ def http_options(config: DaemonConfig) -> Any:
     )
 
 
-def http_host(address: str, where: str = "config") -> str:
-    """The host of the HTTP front end's `HOST:PORT` (brackets stripped); ConfigError
-    when `address` is not one (port 0: any free port)."""
+def http_host(address: str, where: str = "config", key: str = "http_address") -> str:
+    """The host of a TCP `HOST:PORT` the daemon listens on besides its own address (the
+    HTTP front end's, the extra gRPC one, the metrics'), brackets stripped; ConfigError
+    naming `key` when `address` is not one (port 0: any free port)."""
     # imported here: the HTTP front end (and waitress) load only when one is asked for
     from neuron_rtd.server import split_http_address
 
     split = split_http_address(address)
     if split is None:
         raise ConfigError(
-            f"{where}: http_address must be HOST:PORT (127.0.0.1:8000, [::1]:8000), got {address!r}"
+            f"{where}: {key} must be HOST:PORT (127.0.0.1:8000, [::1]:8000), got {address!r}"
         )
     return split[0]
 
@@ -389,17 +414,24 @@ def remote_clients_warning(config: DaemonConfig) -> str | None:
     )
 
 
-def remote_http_warning(config: DaemonConfig) -> str | None:
-    """What the daemon logs as a warning at start when its HTTP front end serves beyond
-    this machine (`validate` lets such an http_address through only with
-    allow_remote_clients); None otherwise."""
-    if config.http_address is None or loopback(http_host(config.http_address)):
+def remote_http_warning(config: DaemonConfig, key: str = "http_address") -> str | None:
+    """What the daemon logs as a warning at start when it serves one of `LOCAL_ONLY`'s
+    addresses (the HTTP front end's by default) beyond this machine (`validate` lets such
+    an address through only with allow_remote_clients); None otherwise."""
+    address = getattr(config, key)
+    if address is None or loopback(http_host(address, key=key)):
         return None
     return (
-        f"serving the KServe v2 HTTP API on {config.http_address} to the network "
-        "(allow_remote_clients), in plaintext: anyone who reaches this address can run, "
-        "load and unload models and read and write tensors, unauthenticated and unencrypted"
+        f"serving {SERVED_ON[key]} on {address} to the network (allow_remote_clients), in "
+        f"plaintext: anyone who reaches this address can {LOCAL_ONLY[key]}, unauthenticated "
+        "and unencrypted"
     )
+
+
+def remote_warnings(config: DaemonConfig) -> list[str]:
+    """Every warning the daemon logs at start for what it serves beyond this machine."""
+    told = [remote_clients_warning(config), *(remote_http_warning(config, k) for k in LOCAL_ONLY)]
+    return [warning for warning in told if warning]
 
 
 def config_path(explicit: str | None, instance: str | None) -> Path | None:

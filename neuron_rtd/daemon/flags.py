@@ -124,12 +124,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also serve the protocol over HTTP/REST here, e.g. 127.0.0.1:8000 (default: "
         "off; a host beyond loopback needs --allow-remote-clients)",
     )
+    serving.add_argument(
+        "--grpc-address",
+        dest="grpc_address",
+        metavar="HOST:PORT",
+        help="also serve gRPC here, every service of -a's address as on a TCP one (Triton's "
+        "clients' localhost:8001), e.g. 127.0.0.1:8001 (default: off; a host beyond loopback "
+        "needs --allow-remote-clients)",
+    )
+    serving.add_argument(
+        "--metrics-address",
+        dest="metrics_address",
+        metavar="HOST:PORT",
+        help="serve GET /metrics here, Prometheus's text with Triton's metric names, e.g. "
+        "127.0.0.1:8002 (default: off; a host beyond loopback needs --allow-remote-clients)",
+    )
     parser.add_argument(
         "--allow-remote-clients",
         dest="allow_remote_clients",
         action="store_const",
         const=True,
-        help="let -a HOST:PORT and --http-address listen beyond loopback, in plaintext: anyone "
+        help="let -a HOST:PORT, --http-address, --grpc-address and --metrics-address listen "
+        "beyond loopback, in plaintext: anyone "
         "who reaches the address can use the daemon (default: the config's "
         "allow_remote_clients, else off)",
     )

@@ -5,7 +5,8 @@ call off the completion queue, waitress's I/O thread every HTTP request. Should 
 (an error raised in it, memory refused mid-message), the process lives on with a dead
 API, and neither systemd nor the runtime's own health would see it. So a thread asks
 each front what any client may ask, over the front itself: gRPC health `Check` on the
-daemon's own address, and `GET /v2/health/live` on the HTTP front when it is on. Any
+daemon's own address (its `--grpc-address` is the same server's), and `GET
+/v2/health/live` on the HTTP front and on the metrics' server when they are on. Any
 answer counts (NOT_SERVING, an error status too); a front that has not answered for
 `front_timeout_secs` is logged, naming it, and the daemon exits non-zero, which systemd
 (`Restart=on-failure`) answers with a restart; without systemd the exit says it too.
@@ -56,9 +57,9 @@ def grpc_front(target: str) -> Front:
     return Front(f"the gRPC front on {target}", ask, channel.close)
 
 
-def http_front(host: str, port: int) -> Front:
+def http_front(host: str, port: int, name: str = "the HTTP front") -> Front:
     """The HTTP front on `host`:`port` (a wildcard host asked on loopback), asked
-    GET /v2/health/live."""
+    GET /v2/health/live (the metrics' server, `name`d so, answers 404: an answer)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
     def ask(timeout: float) -> None:
@@ -70,7 +71,7 @@ def http_front(host: str, port: int) -> Front:
             connection.close()
 
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return Front(f"the HTTP front on {shown}:{port}", ask)
+    return Front(f"{name} on {shown}:{port}", ask)
 
 
 class FrontWatch:

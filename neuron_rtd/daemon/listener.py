@@ -193,3 +193,29 @@ def bind_tcp(server: grpc.Server, address: Address) -> None:
         raise ListenError(f"cannot listen on {address.target}: {exc}") from exc
     if port == 0:
         raise ListenError(f"cannot listen on {address.target}")
+
+
+def bind_also(server: grpc.Server, address: str) -> str:
+    """TCP `address` ("HOST:PORT"; port 0: any free one) bound on `server` besides its own
+    address: "HOST:PORT" as bound; ListenError saying why it cannot be (in use, not this
+    machine's, a privileged port)."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's words only point at its debug log
+        port = 0
+    if port == 0:
+        raise ListenError(f"cannot serve gRPC on {address}: {_why_not_bound(address)}")
+    return f"{address.rpartition(':')[0]}:{port}"
+
+
+def _why_not_bound(address: str) -> str:
+    """Why `address` cannot be listened on, as the HTTP front says it: asked of a socket
+    of our own bound there (and closed at once)."""
+    from neuron_rtd.server import bind  # the HTTP front's (waitress's) modules: only now
+
+    try:
+        probe, _ = bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    probe.close()
+    return "gRPC could not bind it (GRPC_VERBOSITY=debug tells why)"

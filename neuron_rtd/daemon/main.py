@@ -29,8 +29,7 @@ from neuron_rtd.daemon.config import (
     compile_cache_dir,
     http_options,
     load_config,
-    remote_clients_warning,
-    remote_http_warning,
+    remote_warnings,
     runtime_options,
     socket_gid,
 )
@@ -46,6 +45,7 @@ from neuron_rtd.daemon.fronts import (
 from neuron_rtd.daemon.listener import (
     ListenError,
     UnixListener,
+    bind_also,
     bind_tcp,
     listen_address,
 )
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nrtd.NRTD")
 
 DRAIN_GRACE_S = 5.0
+METRICS_THREADS = 2  # scrapes answered at once (each renders in well under a millisecond)
 
 
 class Daemon:
@@ -84,6 +85,8 @@ class Daemon:
         self.devices: list[SimDevice] = []
         self.serving: Serving | None = None  # the KServe v2 front ends' core
         self.http: HttpServer | None = None  # the v2 HTTP/REST front end, if asked for
+        self.metrics: HttpServer | None = None  # GET /metrics, if asked for
+        self.grpc_also: str | None = None  # the TCP HOST:PORT gRPC also listens on, as bound
         self._signals: list[int] = []  # noted by request_stop, logged by the main loop
         self._signals_logged = 0
 
@@ -143,9 +146,7 @@ class Daemon:
         runtime.begin_stop()  # every new call told so from now on, the fast lane's too
         servicers.health.drain()
         stopped = server.stop(DRAIN_GRACE_S)  # new calls refused; in-flight ones finish
-        if self.http:
-            self.http.stop()
-            self.http = None
+        self._stop_http()
         servicers.sessions.close()  # clients' session streams would last the whole grace
         servicers.streams.close()  # so would idle request streams: each ends once answered
         stopped.wait()
@@ -164,6 +165,9 @@ class Daemon:
         if self.http and self.config.http_address:
             host = self.config.http_address.rpartition(":")[0]
             fronts.append(http_front(host, self.http.port))
+        if self.metrics and self.config.metrics_address:
+            host = self.config.metrics_address.rpartition(":")[0]
+            fronts.append(http_front(host, self.metrics.port, "the metrics' server"))
         return fronts
 
     def _front_silent(self, why: str) -> None:
@@ -207,15 +211,18 @@ class Daemon:
         # before the gRPC server and the peer socket: a refusal leaves neither behind
         self.serving = self._start_serving(runtime)
         # a TCP port has no mode: who may do more than ask is judged per call
+        caller_of = CallerOf(self.address.target)
         gate: list[grpc.ServerInterceptor[Any, Any]] = []
-        if not self.listener:
-            gate.append(MembersOnly(CallerOf(self.address.target), socket_gid(config)))
+        if not self.listener or config.grpc_address:
+            gate.append(MembersOnly(caller_of, socket_gid(config)))
         server = grpc.server(
             server_pool(compute, config.server_threads, "nmgr"),
             interceptors=gate,
             options=[
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
                 ("grpc.max_receive_message_length", config.max_message_mb << 20),
+                # a TCP port another server holds is refused, not silently shared with it
+                ("grpc.so_reuseport", 0),
             ],
         )
         tickets = Tickets()
@@ -244,7 +251,11 @@ class Daemon:
             serving=self.serving,
             stream_threads=config.stream_threads,
             session_end_threads=config.session_end_threads,
+            caller_of=caller_of,
         )
+        if config.grpc_address:  # first: a refusal leaves no socket file behind
+            self.grpc_also = bind_also(server, config.grpc_address)
+            caller_of.listening(self.grpc_also)
         if self.listener:
             self.listener.bind(server)
         else:
@@ -256,9 +267,10 @@ class Daemon:
             self.peer_socket.start()
         bdfs = ", ".join(d.bdf for d in self.devices)
         log.info("Server listening on %s", self.address.target, extra={"fn": "RunServer"})
-        for warning in (remote_clients_warning(config), remote_http_warning(config)):
-            if warning:
-                log.warning("%s", warning, extra={"fn": "RunServer"})
+        if self.grpc_also:
+            log.info("gRPC also listening on %s", self.grpc_also, extra={"fn": "RunServer"})
+        for warning in remote_warnings(config):
+            log.warning("%s", warning, extra={"fn": "RunServer"})
         if os.geteuid() == 0:
             log.warning(
                 "Running as root: shm_map by name and neff_file open what clients name with "
@@ -299,6 +311,8 @@ class Daemon:
             raise StartupError(f"model repository: {exc.message}") from None
         if config.http_address:
             self.http = self._http(serving, config.http_address, runtime.compute_gate)
+        if config.metrics_address:
+            self.metrics = self._metrics(serving, runtime, config.metrics_address)
         return serving
 
     def _http(self, serving: Serving, address: str, gate: ComputeGate) -> HttpServer:
@@ -322,10 +336,38 @@ class Daemon:
         log.info("KServe v2 HTTP listening on %s:%d", host, http.port, extra={"fn": "RunServer"})
         return http
 
+    def _metrics(self, serving: Serving, runtime: Runtime, address: str) -> HttpServer:
+        """GET /metrics on `address`, served as the HTTP front is (its connections bounded
+        and timed alike), by threads of its own."""
+        from neuron_rtd.server import HttpOptions, HttpServer, Metrics, MetricsApp
+
+        options = HttpOptions(
+            group=socket_gid(self.config),
+            header_timeout_s=float(self.config.http_header_timeout_secs),
+            max_connections_per_user=self.config.http_max_connections_per_user,
+            threads=METRICS_THREADS,
+        )
+        app = MetricsApp(Metrics(serving, runtime))
+        metrics = HttpServer(serving, address, options, app=app, compute_gate=runtime.compute_gate)
+        try:
+            metrics.start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot serve metrics on {address}: {exc.strerror or exc}"
+            ) from None
+        host = address.rpartition(":")[0]
+        log.info("Metrics listening on http://%s:%d/metrics", host, metrics.port,
+                 extra={"fn": "RunServer"})  # fmt: skip
+        return metrics
+
+    def _stop_http(self) -> None:
+        for front in (self.http, self.metrics):
+            if front:
+                front.stop()
+        self.http = self.metrics = None
+
     def _stop_serving(self) -> None:
-        if self.http:
-            self.http.stop()
-            self.http = None
+        self._stop_http()
         if self.serving:
             self.serving.close()
             self.serving = None

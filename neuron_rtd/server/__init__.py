@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from neuron_rtd.server.caller import CallerOf
     from neuron_rtd.server.gate import MembersOnly
     from neuron_rtd.server.health import Health
-    from neuron_rtd.server.http_server import HttpServer, split_http_address
+    from neuron_rtd.server.http_server import HttpServer, bind, split_http_address
     from neuron_rtd.server.kserve_http import HttpOptions
+    from neuron_rtd.server.metrics import Metrics, MetricsApp
     from neuron_rtd.server.nmgr import NmgrServicer, StreamServicer
     from neuron_rtd.server.peer_socket import PeerSocket, Tickets
     from neuron_rtd.server.pool import server_pool
@@ -50,7 +51,10 @@ _WHERE = {
     "Health": "health",
     "HttpServer": "http_server",
     "split_http_address": "http_server",
+    "bind": "http_server",
     "HttpOptions": "kserve_http",
+    "Metrics": "metrics",
+    "MetricsApp": "metrics",
     "NmgrServicer": "nmgr",
     "StreamServicer": "nmgr",
     "PeerSocket": "peer_socket",
@@ -78,6 +82,8 @@ __all__ = [
     "HttpOptions",
     "HttpServer",
     "MembersOnly",
+    "Metrics",
+    "MetricsApp",
     "NmgrServicer",
     "PeerSocket",
     "RequestLogHandler",
@@ -86,6 +92,7 @@ __all__ = [
     "StreamTable",
     "Tickets",
     "add_servicers",
+    "bind",
     "server_pool",
     "split_http_address",
 ]

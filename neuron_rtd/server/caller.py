@@ -7,6 +7,7 @@ a call names an object the session passed over the peer socket (see `runtime/shm
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 import time
@@ -22,33 +23,49 @@ _SOCKET_CALLER_TTL_S = 5.0  # the socket's users read again at most this often
 
 
 class CallerOf:
-    """Who a gRPC call on the daemon's `address` comes from."""
+    """Who a gRPC call on the daemon's `address` (and the TCP addresses it also listens
+    on, `listening`) comes from."""
 
     def __init__(self, address: str) -> None:
         """`address`: the daemon's gRPC target, `unix:/path` or `host:port` (as
         `client/address.py` makes it)."""
         self.unix_path: str | None = None
-        self.local: tuple[str, int] | None = None
+        self.locals: list[tuple[str | None, int]] = []  # host None: the connection's peer's
         if address.startswith("unix:"):
             self.unix_path = address.removeprefix("unix:")
         else:
-            host, _, port = address.rpartition(":")
-            if port.isdigit():
-                self.local = (host.strip("[]"), int(port))
+            self.listening(address)
         self._lock = threading.Lock()
         self._socket: tuple[tuple[int, int, int, int], float, Caller] | None = None
+
+    def listening(self, address: str) -> None:
+        """The server also listens on TCP `address` ("host:port", its port as bound):
+        before it starts (the list is read, never changed, once calls come)."""
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            return
+        host = host.strip("[]")
+        try:
+            ip: str | None = str(ipaddress.ip_address(host))
+        except ValueError:  # a name (localhost): which of its addresses a connection took
+            ip = None
+        if ip in ("0.0.0.0", "::"):  # a wildcard: alike
+            ip = None
+        # unknown, it is taken to be the peer's own, as on loopback (beyond it: no one)
+        self.locals.append((ip, int(port)))
 
     def __call__(self, context: grpc.ServicerContext) -> Caller:
         peer = context.peer() or ""
         if peer.startswith("unix:"):
             return self._socket_caller() if self.unix_path is not None else stranger()
         remote = grpc_peer_address(peer)
-        if remote is None or self.local is None:
+        if remote is None:
             return stranger()
-        host, port = self.local
-        if host in ("", "0.0.0.0", "::"):  # a wildcard: the connection's own end is unknown
-            host = remote[0]
-        return tcp_caller((host, port), remote) or stranger()
+        for host, port in self.locals:  # the connection came to one of them: its pair names it
+            found = tcp_caller((host or remote[0], port), remote)
+            if found is not None:
+                return found
+        return stranger()
 
     def _socket_caller(self) -> Caller:
         assert self.unix_path is not None

@@ -6,8 +6,10 @@ it. So on a TCP address the daemon asks who is calling (`CallerOf`: the user own
 client's socket, when it is on this host) and lets only root and members of the socket's
 group (`socket_group`, else the daemon's own) do more than ask after health, the server,
 and the models (as the HTTP front does): anyone else is answered PERMISSION_DENIED saying
-why and what to do. The gate wraps each method's handler, its flags kept (a handler that
-runs on a pool of its own, or answers without a thread, still does).
+why and what to do. A daemon that listens on its socket and on a TCP address too
+(`--grpc-address`) gates only the TCP address's callers. The gate wraps each method's
+handler, its flags kept (a handler that runs on a pool of its own, or answers without a
+thread, still does).
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ class MembersOnly(grpc.ServerInterceptor):
         @functools.wraps(behavior)  # keeps the behaviour's flags (its pool, non-blocking)
         def gated(request: Any, context: grpc.ServicerContext, *more: Any) -> Any:
             # `more`: the answer's callback of a behaviour that answers without a thread
-            caller = self.caller_of(context)
-            if not caller.in_group(self.gid):
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, self.refusal(method, caller))
+            if not (context.peer() or "").startswith("unix:"):  # the socket's mode gates those
+                caller = self.caller_of(context)
+                if not caller.in_group(self.gid):
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED, self.refusal(method, caller))
             return behavior(request, context, *more)
 
         return gated

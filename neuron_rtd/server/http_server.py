@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
@@ -235,7 +235,19 @@ class _Listener(TcpWSGIServer):
         server.trigger.close()
 
 
-def _gated(app: KServeApp, gate: ComputeGate) -> Callable[..., Any]:
+class WsgiFront(Protocol):
+    """What the server serves: the v2 front end (`KServeApp`), or another of the daemon's
+    HTTP applications (`neuron_rtd/server/metrics.py:MetricsApp`)."""
+
+    max_body_bytes: int
+    stopping: bool
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any: ...
+
+    def wait_idle(self, timeout: float) -> bool: ...
+
+
+def _gated(app: WsgiFront, gate: ComputeGate) -> Callable[..., Any]:
     """`app` as a WSGI application whose every request computes on a turn of `gate`
     (the runtime's: one computing call per usable core, every front's)."""
 
@@ -248,8 +260,9 @@ def _gated(app: KServeApp, gate: ComputeGate) -> Callable[..., Any]:
 
 # --- the server -------------------------------------------------------------------------
 class HttpServer:
-    """The v2 HTTP/REST front end over `serving`, listening on `address` ("HOST:PORT", port
-    0 for any free one) once started: an I/O thread and `threads` workers of its own."""
+    """The v2 HTTP/REST front end over `serving` (or `app`), listening on `address`
+    ("HOST:PORT", port 0 for any free one) once started: an I/O thread and `threads`
+    workers of its own."""
 
     def __init__(
         self,
@@ -260,12 +273,13 @@ class HttpServer:
         threads: int | None = None,
         max_body_bytes: int | None = None,
         compute_gate: ComputeGate | None = None,
+        app: WsgiFront | None = None,
     ) -> None:
         self.serving = serving
         self.address = address
         self.options = options or HttpOptions()
         self.threads = self.options.threads if threads is None else threads
-        self.app = KServeApp(serving, self.options, max_body_bytes=max_body_bytes)
+        self.app: WsgiFront = app or KServeApp(serving, self.options, max_body_bytes=max_body_bytes)
         self.compute_gate = compute_gate  # each request computes on a turn of it
         self._lock = threading.Lock()
         self._listener: _Listener | None = None

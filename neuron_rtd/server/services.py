@@ -126,11 +126,13 @@ def add_servicers(
     serving: ServingApi | None = None,
     stream_threads: int = STREAM_THREADS,
     session_end_threads: int = RELEASE_WORKERS,
+    caller_of: CallerOf | None = None,
 ) -> ServicerSet:
     """Add every service to `server` (the KServe v2 one when given its `serving` core);
     those the daemon acts on itself. Streams' requests run on pools of `stream_threads`
     threads each (loads; inferences), on the runtime's compute gate's turns; ended
-    sessions are released `session_end_threads` at once."""
+    sessions are released `session_end_threads` at once. `caller_of` names the callers on
+    every address the server listens on (default: those of `address` alone)."""
     table = StreamTable()
     gate = runtime.compute_gate
     infer_pool = server_pool(gate, stream_threads, "stream")  # infer_stream's and v2's
@@ -172,7 +174,7 @@ def add_servicers(
     if serving is not None:
         kserve = KServeServicer(
             serving,
-            caller_of=CallerOf(address),
+            caller_of=caller_of or CallerOf(address),
         )
         v2 = kserve
         kserve_streamed = {

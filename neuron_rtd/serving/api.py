@@ -168,6 +168,9 @@ class ServingApi(Protocol):
     ) -> kserve_pb.ModelStatisticsResponse:
         """Every ready model's (and version's) when `name` is ""."""
 
+    def pending_requests(self) -> dict[tuple[str, str], int]:
+        """Each ready version's requests not yet executing, by (name, version)."""
+
     def infer(self, request: InferRequest) -> InferResponse: ...
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryModel]: ...

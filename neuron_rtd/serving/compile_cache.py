@@ -11,7 +11,7 @@ or not at all (a private temporary file renamed over it), and one daemon compile
 a time (an advisory lock per key: a second daemon waits, then finds the entry). The folder
 is the daemon's: made mode 0700, and refused when another user owns it or others may
 write in it, since what it holds is loaded as the daemon's own. An entry is read as any
-model file is (`read_model_file`, by `served.read_model`); one that is not a whole NEFF
+model file is (`read_model_file`, by `versions.read_model`); one that is not a whole NEFF
 (cut short by a full disk, edited) is compiled again.
 """
 

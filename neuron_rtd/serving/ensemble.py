@@ -229,6 +229,11 @@ class EnsembleVersion:
 
         check_steps(self.config, self.plan, name, lookup)
 
+    def pending(self) -> int:
+        """None of its own: an ensemble's requests wait in its steps' models, counted
+        there (Triton's pending count of an ensemble is its steps')."""
+        return 0
+
     def tensors(self) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
         batch = (-1,) if self.config.max_batch_size > 0 else ()
         inputs = tuple(

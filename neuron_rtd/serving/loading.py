@@ -38,7 +38,8 @@ from neuron_rtd.serving.ensemble_loading import load_composing, recheck_ensemble
 from neuron_rtd.serving.names import NameLocks, is_model_dir
 from neuron_rtd.serving.onnx_models import compile_version, served_config
 from neuron_rtd.serving.repository import ModelDir, model_names, scan_model, write_files
-from neuron_rtd.serving.served import ServedVersion, load_version
+from neuron_rtd.serving.served import ServedVersion
+from neuron_rtd.serving.versions import load_version
 
 log = logging.getLogger("nrtd.KSERVE")
 

@@ -1,6 +1,6 @@
 """A Triton repository's ONNX models (`platform: "onnxruntime_onnx"`, `backend:
 "onnxruntime"`, or no config and a `model.onnx`), compiled on load into a NEFF that is then
-served as any NEFF version is (`served.load_version`).
+served as any NEFF version is (`versions.load_version`).
 
 The config decides what is served, checked against the ONNX file first (a contradiction
 is refused naming the field and both values): the inputs are the config's, or the
@@ -60,7 +60,7 @@ def _invalid(message: str) -> ServingError:
 @dataclasses.dataclass(frozen=True)
 class Compiled:
     """A version's NEFF in the compile cache, and the user's config as that NEFF is
-    checked against it (`served.load_version`): no platform, no reshape, the cache
+    checked against it (`versions.load_version`): no platform, no reshape, the cache
     entry as its model file."""
 
     folder: Path

@@ -9,7 +9,7 @@ files' and config.pbtxt's mtime and size) that changes when any of them does, wh
 temporary directory laid out the same way. Every name there is bounded as a file's
 (NAME_MAX_BYTES a part), and messages show a caller's key cut to 100 characters. The model
 files themselves are read by the runtime's one reader (`read_model_file`, through
-`served.read_model`), from within their version's folder only.
+`versions.read_model`), from within their version's folder only.
 """
 
 from __future__ import annotations

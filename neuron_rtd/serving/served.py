@@ -11,9 +11,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from queue import SimpleQueue
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
 
 import numpy as np
 
@@ -24,28 +23,25 @@ from neuron_rtd.errors import (
     InferTimeout,
     InvalidError,
     InvalidHandle,
-    ModelFileRefused,
     ModelNotRunning,
-    NeffInvalid,
     Nerr,
     NrtError,
     QueueFull,
     ResourceError,
     ResourceNcError,
     Stopping,
-    UnsupportedVersion,
 )
 from neuron_rtd.neff import Neff
 from neuron_rtd.neff.strings import as_text
 from neuron_rtd.proto import model_config_pb
-from neuron_rtd.runtime import InferResult, Rows, Runtime, read_model_file
+from neuron_rtd.runtime import InferResult, Rows, Runtime
 from neuron_rtd.serving.api import InferRequest, InferResponse, ServingError, Status, TensorMeta
 from neuron_rtd.serving.batcher import Batcher, batch_rows, same_batch
-from neuron_rtd.serving.classification import Labels, read_labels
-from neuron_rtd.serving.config import BatchBuckets, complete, instance_count, model_filename
+from neuron_rtd.serving.classification import Labels
+from neuron_rtd.serving.config import BatchBuckets
 from neuron_rtd.serving.datatypes import datatype_of, datatype_of_config, dtype_of
 from neuron_rtd.serving.sequence import SequenceScheduler
-from neuron_rtd.serving.sequence_config import SequenceSettings, sequence_settings
+from neuron_rtd.serving.sequence_config import SequenceSettings
 from neuron_rtd.serving.stats import VersionStats
 
 ModelConfig = model_config_pb.ModelConfig
@@ -154,7 +150,7 @@ class ServedVersion:
         self._slots = runtime.model(self.model_ids[0]).params.ninfer if self.model_ids else 1
         self._lock = threading.Lock()
         self._free = threading.Condition(self._lock)  # a slot was given back
-        self._waiting = 0  # requests waiting on `_free` for a slot
+        self._waiting = 0  # requests waiting for a slot (on `_free`, or for a token)
         # one copy: its free slots are tokens in a queue (taking one is one call of C; a
         # request that finds none waits in the queue, in turn)
         self._tokens: SimpleQueue[None] | None = None
@@ -281,7 +277,16 @@ class ServedVersion:
         slot's token taken, or awaited."""
         tokens = self._tokens
         if tokens is not None:
-            tokens.get()
+            try:
+                tokens.get(block=False)
+            except Empty:  # none free: wait in turn, counted as pending
+                with self._lock:
+                    self._waiting += 1
+                try:
+                    tokens.get()
+                finally:
+                    with self._lock:
+                        self._waiting -= 1
             return 0
         busy = self._busy
         with self._lock:
@@ -292,6 +297,13 @@ class ServedVersion:
             copy = busy.index(least)
             busy[copy] += 1
         return copy
+
+    def pending(self) -> int:
+        """Requests that came and have not begun executing: queued for a dynamic batch,
+        or waiting for a free slot (Triton's pending request count)."""
+        if self.batcher is not None:
+            return self.batcher.pending
+        return self._waiting
 
     def _give_back(self, copy: int) -> None:
         tokens = self._tokens
@@ -425,67 +437,3 @@ def unload_copies(runtime: Runtime, model_ids: Sequence[int]) -> list[str]:
         except NrtError as exc:
             problems.append(f"model {model_id}: NERR_{exc.code.name}: {exc.message}")
     return problems
-
-
-def read_model(runtime: Runtime, what: str, directory: Path, filename: str) -> Neff:
-    """The NEFF of `what` (a version), in file `filename` of its folder `directory`: read by
-    the runtime's one model-file reader (`read_model_file`: only from within `directory`,
-    as data, its memory admitted as a load's), or ServingError saying why not."""
-    path = directory / filename
-    try:
-        return read_model_file(path, (directory,), into=runtime.neff_buffer)
-    except ModelFileRefused as exc:
-        if exc.outside:
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"{what}: its model file {path} leads outside its version folder {directory} "
-                "(a symbolic link): a model file is read only from within its version folder",
-            ) from None
-        raise ServingError(
-            Status.UNAVAILABLE,
-            f"{what}: cannot read its model file {path} ({exc.reason}): the daemon reads it "
-            "with its own rights; make it a regular file readable to the daemon's user in "
-            f"{directory} (default_model_filename names it, model.neff if none)",
-        ) from None
-    except (NeffInvalid, UnsupportedVersion) as exc:
-        raise ServingError(
-            Status.INVALID_ARGUMENT, f"{what}: {path} is not a NEFF this daemon runs: {exc}"
-        ) from None
-    except NrtError as exc:
-        raise serving_error(exc, f"{what}: reading {path}") from None
-
-
-def load_version(
-    runtime: Runtime, name: str, version: int, directory: Path, user: ModelConfig, source: str
-) -> ServedVersion:
-    """Version `version` of model `name` from `directory`: its NEFF read, its config
-    completed, and its copies loaded (all, or none: a copy that fails unloads the others).
-    ServingError with the reason otherwise."""
-    what = f"model '{name}' version {version}"
-    neff = read_model(runtime, what, directory, model_filename(user))
-    config = complete(user, neff, name, source, version)
-    sequences = None
-    if config.HasField("sequence_batching"):  # checked before any copy is loaded
-        sequences = sequence_settings(config, neff, source, directory.parent)
-    labels = read_labels(directory.parent, config, what)  # beside config.pbtxt
-    count = instance_count(config)
-    model_ids: list[int] = []
-    named = replace(neff, name=name)  # on the runtime (list-model, its log) as served
-    try:
-        for _ in range(count):
-            model_ids.append(runtime.load(named).id)
-    except NrtError as exc:
-        unload_copies(runtime, model_ids)
-        if isinstance(exc, ResourceNcError):
-            reason = (
-                f"{what}: not enough free NeuronCores for its {count} copies of "
-                f"{max(neff.nc_count, 1)} NC(s) each (instance_group count; "
-                f"{len(model_ids)} loaded before the shortage): {exc.message}"
-            )
-            raise ServingError(Status.UNAVAILABLE, reason) from None
-        raise serving_error(exc, f"{what}: loading copy {len(model_ids) + 1} of {count}") from None
-    try:
-        return ServedVersion(runtime, name, version, config, neff, model_ids, sequences, labels)
-    except BaseException:
-        unload_copies(runtime, model_ids)
-        raise

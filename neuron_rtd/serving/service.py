@@ -212,6 +212,11 @@ class Serving:
         response.model_stats.extend(s.stats.message() for s in served)
         return response
 
+    def pending_requests(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            served = [v for model in self._models.values() for v in model.versions.values()]
+        return {(s.name, s.version_text): s.pending() for s in served}
+
     # --- inference -----------------------------------------------------------------------
     def infer(self, request: InferRequest) -> InferResponse:
         began_ns = time.perf_counter_ns()
