@@ -122,11 +122,12 @@ def test_a_config_that_contradicts_the_onnx_file_is_refused_naming_the_field(
     assert not list((tmp_path / "cache").glob("*.neff"))  # refused before any compile
 
 
-def test_string_tensors_are_refused_saying_so(local: LocalRuntime, tmp_path: Path) -> None:
+def test_an_onnx_model_of_string_tensors_is_served(local: LocalRuntime, tmp_path: Path) -> None:
     root = onnx_repo(tmp_path / "repo", string_model(), None)
     serving = serve(local, root, compile_cache=tmp_path / "cache")
-    why = refusal(serving, "m")
-    assert "input 's' is STRING: BYTES (TYPE_STRING) tensors are not supported" in why, why
+    sent = np.array([b"ab", "\u00e9t\u00e9".encode()], dtype=object)
+    got = serving.infer(InferRequest("m", {"s": sent})).outputs["t"]
+    assert got.tolist() == sent.tolist()
 
 
 def test_a_folder_with_a_neff_and_an_onnx_file_serves_the_neff(
