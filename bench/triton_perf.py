@@ -90,8 +90,8 @@ def run_perf(
     command = [
         str(binary), "-m", model, "-i", protocol, "-u", address, "-b", "1",
         "--concurrency-range", str(concurrency), "--measurement-mode", "time_windows",
-        "-p", str(int(seconds * 1000)), "--percentile", "99", "--max-trials", "10", "--stability-percentage", "100",
-        "--shared-memory", shm,
+        "-p", str(int(seconds * 1000)), "--percentile", "99", "--max-trials", "10",
+        "--stability-percentage", "100", "--shared-memory", shm,
     ]  # fmt: skip
     if length:
         command += ["--sequence-length", str(length)]
