@@ -261,7 +261,7 @@ def daemon(
     try:
         yield Addresses(grpc, http, process.address if keeps_socket else "")
     finally:
-        process.stop()
+        process.close()
 
 
 # --- one run -----------------------------------------------------------------------------
@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", type=Path, help="work in this folder and keep it (logs, repository)"
     )
     args = parser.parse_args(argv)
+    # a TERM ends the runs as an exception does: the program's group killed, daemons stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = args.keep.absolute() if args.keep else Path(tempfile.mkdtemp(prefix="triton-examples-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
