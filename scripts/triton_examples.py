@@ -145,6 +145,7 @@ FAILURE = re.compile(
 NOISE = re.compile(
     r"^(Unclosed (connector|client session)|connections: \[|connector: <|client_session: <)"
 )
+RPC_FIELD = re.compile(r'^(status|details) = "?(.*?)"?$', re.M)  # in a grpc error's text
 RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")  # a traceback's last line
 
 
@@ -323,10 +324,11 @@ def judge(run: Run, source: str, code: int | None, text: str) -> tuple[str, str]
         verdict = "fail"
         why = lines[-1] if lines else f"exit {code}, no output"  # what it said last
         raised = [i for i, line in enumerate(lines) if RAISED.match(line)]
-        if raised:  # a traceback: the exception it ends with (and a gRPC error's details)
+        if raised:  # a traceback: the exception it ends with
             why = lines[raised[-1]]
-            details = [line for line in lines[raised[-1] :] if line.startswith("details =")]
-            why += f" {details[0]}" if details else ""
+            rpc = dict(RPC_FIELD.findall("\n".join(lines[raised[-1] :])))
+            if "details" in rpc:  # a raw gRPC error, said as tritonclient says one
+                why = f"[{rpc.get('status', '?')}] {rpc['details']}"
         if code == 0 and passes:
             why = f"exit 0 without its PASS line; last: {why}"
     if run.expect is not None:
