@@ -46,6 +46,10 @@ def test_a_traceback_is_said_by_its_exception_and_a_grpc_error_by_its_details() 
         "Unclosed connector\nconnector: <aiohttp.connector.TCPConnector object>\n"
     )
     assert te.judge(run, "", 1, text) == ("fail", "[StatusCode.NOT_FOUND] no model named 'x'")
+    # simple_grpc_health_metadata.py exits through a NameError (it never imports sys)
+    sys_missing = "FAILED : is_model_ready\nTraceback (most recent call last):\n"
+    sys_missing += "NameError: name 'sys' is not defined\n"
+    assert te.judge(run, "", 1, sys_missing) == ("fail", "FAILED : is_model_ready")
 
 
 def test_an_allowed_failure_is_xfail_only_when_it_fails_the_way_allowed() -> None:
