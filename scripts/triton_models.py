@@ -38,14 +38,9 @@ from onnx.onnx_ml_pb2 import ValueInfoProto
 
 from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model
 
-ONNX_TYPES = {
-    "TYPE_INT32": TensorProto.INT32,
-    "TYPE_INT8": TensorProto.INT8,
-    "TYPE_UINT32": TensorProto.UINT32,
-    "TYPE_UINT64": TensorProto.UINT64,
-    "TYPE_FP32": TensorProto.FLOAT,
-    "TYPE_STRING": TensorProto.STRING,
-}
+T = TensorProto
+ONNX_TYPES = {"TYPE_INT32": T.INT32, "TYPE_INT8": T.INT8, "TYPE_UINT32": T.UINT32}
+ONNX_TYPES |= {"TYPE_UINT64": T.UINT64, "TYPE_FP32": T.FLOAT, "TYPE_STRING": T.STRING}
 OPSET = 17
 
 
@@ -215,6 +210,11 @@ def flag(name: str) -> Tensor:
 VALUE_IN, VALUE_OUT = Tensor("INPUT", "TYPE_INT32", (1,)), Tensor("OUTPUT", "TYPE_INT32", (1,))
 
 
+def sequence_model(name: str, nodes: Callable[[], list[onnx.NodeProto]], **more: Any) -> Model:
+    """A sequence model of the examples: INT32 INPUT [1] to OUTPUT [1], batches of 8."""
+    return Model(name, 8, (VALUE_IN,), (VALUE_OUT,), nodes, **more)
+
+
 def simple_sequence() -> Model:
     """Triton's `simple_sequence`: OUTPUT = READY * (INPUT + START), no state: the
     examples expect 1 + the first value, then each value as it is."""
@@ -227,15 +227,7 @@ def simple_sequence() -> Model:
 
     config = sequence_batching([START, READY]) + "\ninstance_group [ { count: 1 } ]"
     hidden = (flag("START"), flag("READY"))
-    return Model(
-        "simple_sequence",
-        8,
-        (VALUE_IN,),
-        (VALUE_OUT,),
-        nodes,
-        hidden_inputs=hidden,
-        config_extra=config,
-    )
+    return sequence_model("simple_sequence", nodes, hidden_inputs=hidden, config_extra=config)
 
 
 def simple_dyna_sequence() -> Model:
@@ -256,15 +248,8 @@ def simple_dyna_sequence() -> Model:
     config = sequence_batching([START, END, READY, corrid], head=OLDEST)
     config += "\ninstance_group [ { count: 2 } ]"
     hidden = (flag("START"), flag("END"), flag("READY"), Tensor("CORRID", "TYPE_UINT64", (1,)))
-    return Model(
-        "simple_dyna_sequence",
-        8,
-        (VALUE_IN,),
-        (VALUE_OUT,),
-        nodes,
-        hidden_inputs=hidden,
-        config_extra=config,
-    )
+    name = "simple_dyna_sequence"
+    return sequence_model(name, nodes, hidden_inputs=hidden, config_extra=config)
 
 
 def simple_string_dyna_sequence() -> Model:
@@ -300,13 +285,10 @@ def simple_string_dyna_sequence() -> Model:
         Tensor("CORRID", "TYPE_STRING", (1,)),
         flag("INPUT_STATE"),
     )
-    return Model(
+    return sequence_model(
         "simple_string_dyna_sequence",
-        8,
-        (VALUE_IN,),
-        (VALUE_OUT,),
         nodes,
-        lambda: [_int("one", 1)],
+        initializers=lambda: [_int("one", 1)],
         hidden_inputs=hidden,
         hidden_outputs=(flag("OUTPUT_STATE"),),
         config_extra=config,
