@@ -13,9 +13,10 @@ input and output names and shapes). Its version folder holds `model.onnx`.
 
 `--neff` compiles each model with the project's compiler into `1/model.neff` instead (its
 config then names no platform: the daemon completes it from the NEFF), so the repository
-serves on a daemon that does not yet compile ONNX on load. Three kinds are left as ONNX,
-said on the output: the image networks whose Triton name says ONNX (`densenet_onnx`,
-`inception_onnx`), and the models with string tensors, which a NEFF does not carry.
+serves on a daemon that does not yet compile ONNX on load. Left as ONNX, said on the
+output: the image networks whose Triton name says ONNX (`densenet_onnx`,
+`inception_onnx`), and a model the compiler refuses, with its reason (today the string
+models: a NEFF does not carry strings).
 
 Not made: `preprocess_inception_ensemble` (ensemble_image_client.py's default), whose
 first step decodes JPEG bytes with DALI, which no ONNX operator does.
@@ -121,10 +122,6 @@ class Model:
         elif self.max_batch_size > 0:
             dims = ["batch", *dims]
         return helper.make_tensor_value_info(tensor.name, ONNX_TYPES[tensor.dtype], dims)
-
-    def strings(self) -> bool:
-        every = (*self.inputs, *self.outputs, *self.hidden_inputs, *self.hidden_outputs)
-        return any(t.dtype == "TYPE_STRING" for t in every)
 
     def neff(self) -> bytes:
         """The model compiled: batch buckets up to `neff_batch`. A NEFF's output may vary
@@ -450,8 +447,6 @@ def write(model: Model, root: Path, *, neff: bool) -> str:
     compiled = None
     if neff and model.keep_onnx:
         note = "model.onnx (Triton's is an ONNX network: kept ONNX)"
-    elif neff and model.strings():
-        note = "model.onnx (string tensors: a NEFF does not carry them)"
     elif neff:
         try:
             compiled = model.neff()
