@@ -19,8 +19,9 @@ Each run (the program, its arguments) gets `--timeout` seconds, in a process gro
 its own, killed whole past that. A run passes when it exits 0, prints its PASS line if
 the program has one (one without prints no line of failure). The acceptance of issue 41 expects
 some to fail (CUDA shared memory without GPUs, the server's name, a decoupled model, a
-DALI ensemble): such a run that fails as expected is `xfail`. Exit status: 0 when every
-run passes or fails as expected, else 1.
+DALI ensemble): such a run that fails as expected is `xfail`. A daemon that dies during
+the runs, or logs a traceback, adds a failed row of its own. Exit status: 0 when every
+run passes or fails as expected, 1 when not, 2 when a daemon does not start.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -47,7 +48,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import triton_models  # noqa: E402  (scripts/triton_models.py, beside this one)
 
-from neuron_rtd.cli.spawn import DaemonProcess  # noqa: E402
+from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError  # noqa: E402
 
 MAIN, EXPLICIT = "main", "explicit"
 
@@ -237,6 +238,7 @@ class Addresses:
     grpc: str  # HOST:PORT
     http: str  # HOST:PORT
     socket: str  # the daemon's unix socket (unix:PATH), when it keeps one
+    process: DaemonProcess = field(compare=False)
 
 
 @contextlib.contextmanager
@@ -260,7 +262,7 @@ def daemon(
     )
     process.start()
     try:
-        yield Addresses(grpc, http, process.address if keeps_socket else "")
+        yield Addresses(grpc, http, process.address if keeps_socket else "", process)
     finally:
         process.close()
 
@@ -346,6 +348,23 @@ def judge(run: Run, source: str, code: int | None, text: str) -> tuple[str, str]
 # --- the whole run ---------------------------------------------------------------------------
 
 
+def daemon_health(name: str, process: DaemonProcess) -> list[Result]:
+    """A row for a daemon that died during the runs, or logged a traceback (what no
+    request may cause): none for a sound one."""
+    assert process.proc is not None
+    code = process.proc.poll()
+    lines = process.log().splitlines()
+    raised = [line for line in lines if RAISED.match(line.strip())]
+    why = ""
+    if code is not None:
+        why = f"the daemon exited during the runs (exit {code})"
+    elif any(line.startswith("Traceback") for line in lines):
+        why = f"the daemon logged a traceback: {raised[-1] if raised else '?'}"
+    if not why:
+        return []
+    return [Result(f"(daemon {name})", "", name, code, "fail", why[:300], 0.0)]
+
+
 def run_all(
     folder: Path, repo: Path, work: Path, runs: Sequence[Run], timeout: float, progress: bool
 ) -> list[Result]:
@@ -379,14 +398,16 @@ def run_all(
 
     with daemon(work, MAIN, repo, [], main_ports) as addresses:
         each([r for r in runs if r.daemon == MAIN], addresses)
+        results += daemon_health(MAIN, addresses.process)
     explicit = [r for r in runs if r.daemon == EXPLICIT]
     if explicit:
         models = explicit_repository(repo, work / "explicit_repo")
         flags = ["--model-control-mode", "explicit"]
         with daemon(work, EXPLICIT, models, flags, (free_port(), free_port())) as addresses:
             each(explicit, addresses)
+            results += daemon_health(EXPLICIT, addresses.process)
     order = {run.label: i for i, run in enumerate(runs)}
-    return sorted(results, key=lambda r: order.get(f"{r.example} {r.args}".strip(), 0))
+    return sorted(results, key=lambda r: order.get(f"{r.example} {r.args}".strip(), len(order)))
 
 
 def table(results: Sequence[Result]) -> str:
@@ -440,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         known = {r.example for r in RUNS}
         unrun = sorted(p.name for p in folder.glob("*.py") if p.name not in known)
-        results = run_all(folder, repo, work, runs, args.timeout, progress=not args.json)
+        try:
+            results = run_all(folder, repo, work, runs, args.timeout, progress=not args.json)
+        except DaemonStartError as exc:
+            print(f"triton_examples: a daemon did not start: {exc}", file=sys.stderr)
+            return 2
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

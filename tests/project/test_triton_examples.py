@@ -99,3 +99,35 @@ def test_the_harness_runs_programs_against_its_daemon_and_tells_pass_from_fail(
     assert results["simple_grpc_keepalive_client.py"]["result"] == "timeout"
     (log,) = (tmp_path / "work" / "logs").glob("*_simple_grpc_infer_client.txt")
     assert "simple_grpc_infer_client.py -u 127.0.0.1:" in log.read_text()
+
+
+class _Proc:
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+class _Daemon:
+    """What daemon_health reads of a DaemonProcess: its process and its log."""
+
+    def __init__(self, code: int | None, log: str) -> None:
+        self.proc, self.text = _Proc(code), log
+
+    def log(self) -> str:
+        return self.text
+
+
+def test_a_daemon_that_died_or_logged_a_traceback_is_a_failed_row() -> None:
+    def health(code: int | None, log: str) -> list[te.Result]:
+        return te.daemon_health("main", _Daemon(code, log))  # type: ignore[arg-type]
+
+    assert health(None, "nrtd[1]: [KSERVE:load] Model 'x' not served: why\n") == []
+    (died,) = health(-11, "")
+    assert (died.result, died.exit_code) == (
+        "fail",
+        -11,
+    ) and "exited during the runs" in died.reason
+    (raised,) = health(None, "Traceback (most recent call last):\nKeyError: 'INPUT0'\n")
+    assert raised.reason == "the daemon logged a traceback: KeyError: 'INPUT0'"
