@@ -260,8 +260,8 @@ def daemon(
         log_path=folder / "daemon.log",
         ready_timeout_s=300,
     )
-    process.start()
     try:
+        process.start()
         yield Addresses(grpc, http, process.address if keeps_socket else "", process)
     finally:
         process.close()
