@@ -336,7 +336,13 @@ class Loader:
             compiled = compile_version(self.cache, name, version, directory, user, source, note)
             note("loading its NEFF")
             served = load_version(
-                self.runtime, name, version, compiled.folder, compiled.neff_config, source
+                self.runtime,
+                name,
+                version,
+                compiled.folder,
+                compiled.neff_config,
+                source,
+                model_dir=directory.parent,  # its labels and initial state are there
             )
         finally:
             with self.lock:

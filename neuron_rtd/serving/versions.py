@@ -52,18 +52,27 @@ def read_model(runtime: Runtime, what: str, directory: Path, filename: str) -> N
 
 
 def load_version(
-    runtime: Runtime, name: str, version: int, directory: Path, user: ModelConfig, source: str
+    runtime: Runtime,
+    name: str,
+    version: int,
+    directory: Path,
+    user: ModelConfig,
+    source: str,
+    model_dir: Path | None = None,
 ) -> ServedVersion:
     """Version `version` of model `name` from `directory`: its NEFF read, its config
     completed, and its copies loaded (all, or none: a copy that fails unloads the others).
-    ServingError with the reason otherwise."""
+    The files its config names (labels, initial state) are read from `model_dir`, the
+    model's folder (default: `directory`'s parent; an ONNX model's NEFF is elsewhere, in
+    the compile cache). ServingError with the reason otherwise."""
     what = f"model '{name}' version {version}"
+    folder = model_dir if model_dir is not None else directory.parent
     neff = read_model(runtime, what, directory, model_filename(user))
     config = complete(user, neff, name, source, version)
     sequences = None
     if config.HasField("sequence_batching"):  # checked before any copy is loaded
-        sequences = sequence_settings(config, neff, source, directory.parent)
-    labels = read_labels(directory.parent, config, what)  # beside config.pbtxt
+        sequences = sequence_settings(config, neff, source, folder)
+    labels = read_labels(folder, config, what)  # beside config.pbtxt
     count = instance_count(config)
     model_ids: list[int] = []
     named = replace(neff, name=name)  # on the runtime (list-model, its log) as served

@@ -351,3 +351,22 @@ def test_a_model_file_is_read_only_from_within_its_version_folder(
     why = refusal(serving, "fifo")
     assert "it is not a regular file (an ONNX model file must be one)" in why, why
     serving.close()
+
+
+def test_an_onnx_models_label_file_is_read_from_its_folder(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    """Its NEFF is in the compile cache, its labels beside its config.pbtxt."""
+    config = (
+        ONNX
+        + 'max_batch_size: 4 input { name: "x" data_type: TYPE_FP32 dims: [4] } '
+        + 'output { name: "y" data_type: TYPE_FP32 dims: [3] label_filename: "labels.txt" }'
+    )
+    root = onnx_repo(tmp_path / "repo", linear_model(), config)
+    (root / "m" / "labels.txt").write_text("zero\none\ntwo\n")
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    x = np.array([[1, 0, 0, 0], [0, 0, 1, 0]], np.float32)
+    got = serving.infer(InferRequest("m", {"x": x}, classification={"y": 1})).outputs["y"]
+    best = (x @ W).argmax(axis=1)
+    labels = ["zero", "one", "two"]
+    assert [row[0].decode().split(":")[1:] for row in got] == [[str(i), labels[i]] for i in best]
