@@ -8,9 +8,11 @@ folder, a checkout of the repository, or a bare git repository of it (read at HE
 is a model repository holding their models (default: one `scripts/triton_models.py`
 builds in a temporary folder, ONNX as Triton's, or compiled NEFFs with `--neff`).
 
-Two daemons run on the simulated machine, each on a socket of its own: one serving REPO
-(model control `none`), and one in `explicit` mode over Triton's eight example models, for
-the model-control examples. Each serves gRPC on a loopback TCP port (`--grpc-address`
+Three daemons run on the simulated machine, one after another, each on a socket of its
+own: one serving REPO (model control `none`), and two in `explicit` mode for the
+model-control examples, which count the repository's models: the gRPC one over Triton's
+eight example models, the HTTP one over seven of them (it expects seven). Each serves gRPC
+on a loopback TCP port (`--grpc-address`
 beside its socket when the daemon has it, else `-g HOST:PORT`) and HTTP on another; the
 first takes Triton's 8001 and 8000 when they are free, as `memory_growth_test.py`, which
 takes no address, needs. Every other program is given the daemon's address with `-u`.
@@ -50,7 +52,11 @@ import triton_models  # noqa: E402  (scripts/triton_models.py, beside this one)
 
 from neuron_rtd.cli.spawn import DaemonProcess, DaemonStartError  # noqa: E402
 
-MAIN, EXPLICIT = "main", "explicit"
+MAIN, EXPLICIT, EXPLICIT_SEVEN = "main", "explicit", "explicit-7"
+# The model-control examples count the repository's models: the gRPC one Triton's eight,
+# the HTTP one seven (it was written against a repository one model short). A daemon
+# answers what its repository holds, so each runs against a repository of its count.
+EXPLICIT_COUNTS = {EXPLICIT: 8, EXPLICIT_SEVEN: 7}
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,7 @@ RUNS: tuple[Run, ...] = (
     Run("simple_http_cudashm_client.py", H, expect=NO_GPU),
     Run("simple_http_health_metadata.py", H, expect=NAME),
     Run("simple_http_infer_client.py", H),
-    Run("simple_http_model_control.py", H, daemon=EXPLICIT),
+    Run("simple_http_model_control.py", H, daemon=EXPLICIT_SEVEN),
     Run("simple_http_sequence_sync_infer_client.py", (*H, "-o", "70")),
     Run("simple_http_sequence_sync_infer_client.py", (*H, "-d", "-o", "80")),
     Run("simple_http_shm_client.py", H),
@@ -194,11 +200,11 @@ def make_image(path: Path) -> Path:
     return path
 
 
-def explicit_repository(repo: Path, out: Path) -> Path:
-    """Triton's eight example models of `repo`, copied: the model-control examples count
-    the repository's models."""
+def explicit_repository(repo: Path, out: Path, count: int) -> Path:
+    """The first `count` of Triton's eight example models of `repo`, copied: the
+    model-control examples count the repository's models."""
     shutil.rmtree(out, ignore_errors=True)
-    for name in triton_models.TRITON_EXAMPLE_REPOSITORY:
+    for name in triton_models.TRITON_EXAMPLE_REPOSITORY[:count]:
         if (repo / name).is_dir():
             shutil.copytree(repo / name, out / name)
     return out
@@ -399,13 +405,15 @@ def run_all(
     with daemon(work, MAIN, repo, [], main_ports) as addresses:
         each([r for r in runs if r.daemon == MAIN], addresses)
         results += daemon_health(MAIN, addresses.process)
-    explicit = [r for r in runs if r.daemon == EXPLICIT]
-    if explicit:
-        models = explicit_repository(repo, work / "explicit_repo")
+    for kind, count in EXPLICIT_COUNTS.items():
+        explicit = [r for r in runs if r.daemon == kind]
+        if not explicit:
+            continue
+        models = explicit_repository(repo, work / f"{kind}_repo", count)
         flags = ["--model-control-mode", "explicit"]
-        with daemon(work, EXPLICIT, models, flags, (free_port(), free_port())) as addresses:
+        with daemon(work, kind, models, flags, (free_port(), free_port())) as addresses:
             each(explicit, addresses)
-            results += daemon_health(EXPLICIT, addresses.process)
+            results += daemon_health(kind, addresses.process)
     order = {run.label: i for i, run in enumerate(runs)}
     return sorted(results, key=lambda r: order.get(f"{r.example} {r.args}".strip(), len(order)))
 
