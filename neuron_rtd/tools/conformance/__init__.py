@@ -11,7 +11,7 @@ Each case gets exactly one outcome:
 - `pass-cpu`: every output matched and at least one op ran in a CPU node (onnxruntime);
 - `unsupported`: the compiler raised CompileError (the first line of its message is the
   reason), or the case's inputs or outputs are of a kind a NEFF cannot carry (sequences,
-  maps, optionals, strings, bfloat16, float8, 4-bit, complex);
+  maps, optionals, complex, and the element types it has none for);
 - `fail`: wrong numbers, wrong shape or dtype, a missing output, any error at load or
   inference time, or a compiler crash (an exception other than CompileError).
 
@@ -20,7 +20,8 @@ an "internal error", or a compiler crash on a model whose inputs a NEFF cannot c
 
 Outputs are compared the way onnx's backend test runner does: the same number of
 outputs, exact shape and dtype, then np.testing.assert_allclose with the case's
-rtol/atol (NaN matches NaN; strings compared exactly). A model that draws random
+rtol/atol (NaN matches NaN; strings compared exactly, as text: a NEFF's string outputs are
+UTF-8 bytes). A model that draws random
 numbers (Bernoulli, RandomUniform..., a Dropout given its training mode) gives other
 draws than the case's, so its outputs are compared by distribution
 (`compare_by_distribution`: shape, dtype, support, means).

@@ -90,7 +90,8 @@ def _compare_one(where: str, out: Any, ref: Any, rtol: float, atol: float) -> No
     if out.shape != ref.shape:
         raise AssertionError(f"{where}: shape {out.shape}, expected {ref.shape}")
     if ref.dtype == object or out.dtype == object:
-        if not np.array_equal(out, ref):
+        # a NEFF's string outputs are bytes (UTF-8, as the wire carries them), ONNX's str
+        if not np.array_equal(_as_text(out), _as_text(ref)):
             raise AssertionError(f"{where}: values differ")
         return
     if out.dtype != ref.dtype:
@@ -148,3 +149,11 @@ def compare_by_distribution(got: Sequence[Any], expected: Sequence[Any]) -> None
                 f"{where}: mean {np.mean(ours):.4g}, expected {np.mean(theirs):.4g} "
                 f"(more than {DISTRIBUTION_SIGMAS:g} standard errors apart)"
             )
+
+
+def _as_text(array: np.ndarray) -> np.ndarray:
+    """`array` with its bytes elements read as UTF-8 text (others as they are)."""
+    if array.dtype != object:
+        return array
+    flat = [e.decode("utf-8", "replace") if isinstance(e, bytes) else e for e in array.flat]
+    return np.array(flat, dtype=object).reshape(array.shape)

@@ -43,6 +43,8 @@ def _carry_problem(model: onnx.ModelProto) -> str | None:
                 kind = (which or "untyped value").removesuffix("_type").replace("_", " ")
                 return f"{role} {vi.name!r} is a {kind}, which a NEFF cannot carry"
             elem = vi.type.tensor_type.elem_type
+            if elem == onnx.TensorProto.STRING:  # a NEFF's string tensor (CPU nodes only)
+                continue
             try:
                 dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name
             except Exception:  # UNDEFINED and types numpy has no dtype for
