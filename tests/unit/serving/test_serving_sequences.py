@@ -82,7 +82,7 @@ def state(dims: str, initial: str = "") -> str:
         (
             f"control_input [ {CORRID_CONTROL.replace('TYPE_UINT64', 'TYPE_STRING')} ]",
             "",
-            "data_type TYPE_STRING is not supported yet",
+            "(CONTROL_SEQUENCE_CORRID): its NEFF has no input 'CORRID'",
         ),
         (
             'control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START '
@@ -269,3 +269,67 @@ def test_a_model_without_a_batch_axis(local: LocalRuntime, tmp_path: Path, strat
 def _repo(tmp_path: Path, make: Any) -> Path:
     make(tmp_path)
     return tmp_path
+
+
+# --- a string CORRID ---------------------------------------------------------------------------
+STRING_DYNA = "simple_string_dyna_sequence"
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
+def test_a_string_corrid_carries_each_sequence_s_string_id(
+    local: LocalRuntime, tmp_path: Path, strategy: str
+) -> None:
+    """Two sequences interleaved, their string ids (decimal numbers, which the model adds
+    at END) in their rows' CORRID; under `direct` the second's requests alone run beside
+    a filler row in slot 0, which a model casting the id to a number takes."""
+    write_model(tmp_path, "s", STRING_DYNA, config(STRING_DYNA, strategy))
+    serving = serve(local, tmp_path)
+    seen: list[list[object]] = []
+    infer = local.runtime.infer
+
+    def noted(model_id: int, inputs: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(np.asarray(inputs["CORRID"]).reshape(-1)))
+        return infer(model_id, inputs, *args, **kwargs)
+
+    local.runtime.infer = noted  # type: ignore[method-assign]
+    assert ask(serving, "s", 1, "300", start=True) == 1
+    assert ask(serving, "s", 2, "4000", start=True) == 2
+    assert ask(serving, "s", 3, "4000") == 5
+    assert ask(serving, "s", 10, "300") == 11
+    assert ask(serving, "s", 1, "4000", end=True) == 6 + 4000
+    assert ask(serving, "s", 1, "300", end=True) == 12 + 300
+    assert {c for row in seen for c in row} == {b"300", b"4000"}  # UTF-8 bytes, as a client's
+    if strategy.startswith("direct"):
+        assert [b"4000", b"4000"] in seen  # slot 0's filler row: a copy of the real row's
+    serving.close()
+
+
+def test_a_string_corrid_model_refuses_an_integer_id_and_vice_versa(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    write_model(tmp_path, "s", STRING_DYNA, config(STRING_DYNA))
+    write_model(tmp_path, "d", "simple_dyna_sequence", config("simple_dyna_sequence"))
+    serving = serve(local, tmp_path)
+    error = refused(lambda: ask(serving, "s", 1, 12, start=True))
+    assert error.status is Status.INVALID_ARGUMENT
+    assert (
+        "sequence batching control 'CORRID' data-type is 'UINT64', but model 's' expects 'BYTES'"
+    ) in error.message
+    error = refused(lambda: ask(serving, "d", 1, "12", start=True))
+    assert "data-type is 'BYTES', but model 'd' expects 'UINT64'" in error.message
+    error = refused(lambda: ask(serving, "s", 1, "\ud800", start=True))
+    assert "'sequence_id' is no UTF-8 text" in error.message
+    assert ask(serving, "s", 7, "1", start=True, end=True) == 8  # refusals took no slot
+    serving.close()
+
+
+def test_a_string_corrid_the_neff_types_otherwise_is_refused(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    text = config("simple_dyna_sequence").replace("TYPE_UINT64", "TYPE_STRING")
+    write_model(tmp_path, "m", "simple_dyna_sequence", text)
+    serving = serve(local, tmp_path)
+    why = refusal(serving, "m")
+    assert "(CONTROL_SEQUENCE_CORRID) is TYPE_STRING, but its NEFF's input 'CORRID' is" in why
+    assert "TYPE_UINT64" in why
+    serving.close()
