@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from sequence_models import CORRID_CONTROL, IO, config, flag, neff, write_model
 from test_serving_repository import refusal, serve
 from waiting import wait_until
 
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.runtime import LocalRuntime
 from neuron_rtd.serving import InferRequest, Serving, ServingError, Status
 from neuron_rtd.serving.sequence import sequence_flags
@@ -332,4 +334,49 @@ def test_a_string_corrid_the_neff_types_otherwise_is_refused(
     why = refusal(serving, "m")
     assert "(CONTROL_SEQUENCE_CORRID) is TYPE_STRING, but its NEFF's input 'CORRID' is" in why
     assert "TYPE_UINT64" in why
+    serving.close()
+
+
+def _string_echo(root: Path, state_extra: str = "") -> None:
+    """A model whose string state holds the request before's INPUT: OUTPUT = STATE_IN,
+    STATE_OUT = INPUT (strings, [batch, 1])."""
+    text = TensorProto.STRING
+    io = [helper.make_tensor_value_info(n, text, ["batch", 1]) for n in ("INPUT", "STATE_IN")]
+    out = [helper.make_tensor_value_info(n, text, ["batch", 1]) for n in ("OUTPUT", "STATE_OUT")]
+    nodes = [
+        helper.make_node("Identity", ["STATE_IN"], ["OUTPUT"]),
+        helper.make_node("Identity", ["INPUT"], ["STATE_OUT"]),
+    ]
+    graph = helper.make_graph(nodes, "echo", io, out)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (root / "e" / "1").mkdir(parents=True)
+    compiled = compile_model(model, dynamic_batch=bucket_ranges(1, 8), name="echo").neff
+    (root / "e" / "1" / "model.neff").write_bytes(compiled)
+    (root / "e" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nsequence_batching { state [ { input_name: "STATE_IN" '
+        f'output_name: "STATE_OUT" data_type: TYPE_STRING dims: [ 1 ] {state_extra} }} ] }}\n'
+        'input [ { name: "INPUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    )
+
+
+def test_a_string_state_starts_empty_and_is_kept(local: LocalRuntime, tmp_path: Path) -> None:
+    _string_echo(tmp_path)
+    serving = serve(local, tmp_path)
+
+    def echo(word: bytes, **flags: bool) -> object:
+        parameters = {"sequence_id": "w", **{f"sequence_{k}": v for k, v in flags.items()}}
+        inputs = {"INPUT": np.array([[word]], object)}
+        return serving.infer(InferRequest("e", inputs, parameters=parameters)).outputs["OUTPUT"][
+            0, 0
+        ]
+
+    assert [echo(b"a", start=True), echo(b"b"), echo(b"c", end=True)] == [b"", b"a", b"b"]
+    serving.close()
+
+
+def test_a_string_state_s_data_file_is_refused(local: LocalRuntime, tmp_path: Path) -> None:
+    _string_echo(tmp_path, 'initial_state { data_type: TYPE_STRING dims: [ 1 ] data_file: "x" }')
+    serving = serve(local, tmp_path)
+    assert "data_file is not read for a TYPE_STRING state; give zero_data" in refusal(serving, "e")
     serving.close()
