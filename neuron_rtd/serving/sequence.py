@@ -14,11 +14,12 @@ sequence never started is, in Triton's words. START for a live sequence goes on 
 slot, the state started afresh (Triton logs the conflict and does the same).
 
 Each request is given the control inputs the config maps (START, END, READY true,
-CORRID) and the implicit states of its sequence (their initial value at START, else the
-state outputs of the request before), and the new states are kept from its outputs; the
-client sees neither. The copies run the rows by the strategy: `direct`, each slot a row
-of its copy's batches (`neuron_rtd/serving/sequence_direct.py`), or `oldest`, the ready
-requests of a copy's sequences merged by the dynamic batcher (`Batcher`, one per copy).
+CORRID its sequence id, a string one as its UTF-8 bytes) and the implicit states of its
+sequence (their initial value at START, else the state outputs of the request before),
+and the new states are kept from its outputs; the client sees neither. The copies run
+the rows by the strategy: `direct`, each slot a row of its copy's batches
+(`neuron_rtd/serving/sequence_direct.py`), or `oldest`, the ready requests of a copy's
+sequences merged by the dynamic batcher (`Batcher`, one per copy).
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ class SequenceScheduler:
         self._execute = execute
         self._batched = max_batch_size > 0
         self._dtypes = dtypes
+        corrid = settings.corrid
+        self._string_ids = corrid is not None and corrid.dtype.hasobject  # a string CORRID
         self._model = model
         self._waits = waits
         self._lock = threading.Lock()
@@ -249,12 +252,20 @@ class SequenceScheduler:
                 f"requirements of sequence batcher (it has batch size {batch})"
             )
         corrid = self.settings.corrid
-        if corrid is not None and isinstance(key, str):
+        if corrid is not None and isinstance(key, str) != corrid.dtype.hasobject:
+            given, wanted = ("BYTES", "integers") if isinstance(key, str) else ("UINT64", "strings")
+            expected = "BYTES" if corrid.dtype.hasobject else corrid.datatype_name()[5:]
             raise _invalid(
-                f"sequence batching control '{corrid.name}' data-type is 'BYTES', but "
-                f"{self._model} expects '{corrid.datatype_name().removeprefix('TYPE_')}': "
-                "its sequence ids are unsigned integers"
+                f"sequence batching control '{corrid.name}' data-type is '{given}', but "
+                f"{self._model} expects '{expected}': its sequence ids are {wanted}"
             )
+        if isinstance(key, str) and not key.isascii():
+            try:  # a string CORRID carries it to the model, whose strings are UTF-8
+                key.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise _invalid(
+                    f"'{SEQUENCE_ID}' is no UTF-8 text ({exc.reason} at character {exc.start})"
+                ) from None
         return key, start, end
 
     # --- slots and turns (under the lock) -----------------------------------------------------
@@ -315,29 +326,42 @@ class SequenceScheduler:
     def _full(self, item: _Item, sequence: _Sequence) -> Inputs:
         """The request's inputs, its controls and its states, as the copy takes them."""
         inputs = dict(item.inputs)
-        corrid = sequence.key if isinstance(sequence.key, int) else 0
-        inputs.update(self._controls(item.start, item.end, True, corrid))
+        inputs.update(self._controls(item.start, item.end, True, sequence.key))
         for name, value in sequence.states.items():
             inputs[name] = value[np.newaxis] if self._batched else value
         return inputs
 
-    def _controls(self, start: bool, end: bool, ready: bool, corrid: int) -> Inputs:
+    def _controls(self, start: bool, end: bool, ready: bool, corrid: Key | None) -> Inputs:
+        """The control inputs of one row; CORRID the sequence id `corrid` (the model's
+        type checked in `_check`: an integer cast to its dtype, a string as its UTF-8
+        bytes), left out when None."""
         made: Inputs = {}
         rows = (1,) if self._batched else ()
         for control in self.settings.controls:
-            if control.kind == CORRID:
-                value = np.array(corrid, np.uint64).astype(control.dtype)
-            else:
+            shape = (*rows, *control.row)
+            if control.kind != CORRID:
                 flag = {START: start, END: end, READY: ready}[control.kind]
                 value = np.array(control.false_true[flag], control.dtype)
-            made[control.name] = np.full((*rows, *control.row), value, control.dtype)
+                made[control.name] = np.full(shape, value, control.dtype)
+            elif isinstance(corrid, str):
+                made[control.name] = np.full(shape, corrid.encode("utf-8"), object)
+            elif corrid is not None:
+                value = np.array(corrid, np.uint64).astype(control.dtype)
+                made[control.name] = np.full(shape, value, control.dtype)
         return made
 
     def _filler(self, model: Inputs) -> Inputs:
-        """A direct batch's row for a slot with no request ready: zeros shaped as `model`,
-        READY (and START, END) false, CORRID 0."""
-        filler = {name: np.zeros_like(array) for name, array in model.items()}
-        filler.update(self._controls(False, False, False, 0))
+        """A direct batch's row for a slot with no request ready, made like `model` (a
+        ready row of the batch): READY (and START, END) false, numbers zeros (CORRID 0),
+        strings (a string CORRID too) a copy of `model`'s. Triton gives a filler's
+        strings empty, but a model that casts a string to a number refuses an empty one,
+        failing the whole batch; a real row's strings it takes, and the filler's answer
+        is dropped, as a padded row's is (`copy_padded`)."""
+        filler = {
+            name: array.copy() if array.dtype.hasobject else np.zeros_like(array)
+            for name, array in model.items()
+        }
+        filler.update(self._controls(False, False, False, None if self._string_ids else 0))
         return filler
 
     def _rows(self, name: str, blocks: list[np.ndarray]) -> Rows:

@@ -4,10 +4,10 @@ NEFF, once at load, into the settings the sequence scheduler
 
 - the control inputs (`control_input`): START, END and READY as a pair of false/true
   values (`int32_false_true`, `fp32_false_true` or `bool_false_true`), CORRID of a
-  `data_type` (TYPE_UINT64, TYPE_INT64, TYPE_UINT32 or TYPE_INT32, as Triton takes;
-  TYPE_STRING is refused: string tensors do not reach a NEFF). Each is an input of the
-  NEFF of that dtype and of one element per batch row; the server fills it, so the
-  served config and metadata leave it out of the model's inputs, as Triton's do.
+  `data_type` (TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32, or TYPE_STRING for
+  string sequence ids, as Triton takes). Each is an input of the NEFF of that dtype and
+  of one element per batch row; the server fills it, so the served config and metadata
+  leave it out of the model's inputs, as Triton's do.
 - the implicit state (`state`): `input_name` an input of the NEFF and `output_name` an
   output, of the state's `data_type` and `dims`, kept per sequence by the server (fed
   as the input, replaced by the output after each request) and hidden from clients
@@ -60,6 +60,7 @@ _CORRID_TYPES = (
     model_config_pb.TYPE_INT64,
     model_config_pb.TYPE_UINT32,
     model_config_pb.TYPE_INT32,
+    model_config_pb.TYPE_STRING,  # the model's sequence ids are strings
 )
 
 
@@ -228,19 +229,13 @@ def _control(
     kind = _KINDS[control.kind]
     what = f"{where} control_input '{name}' (CONTROL_SEQUENCE_{kind.upper()})"
     if kind == CORRID:
-        if control.data_type == model_config_pb.TYPE_STRING:
-            raise _invalid(
-                f"{what}: data_type TYPE_STRING is not supported yet (string tensors do not "
-                "reach a NEFF); give the CORRID input TYPE_UINT64, TYPE_INT64, TYPE_UINT32 or "
-                "TYPE_INT32 (string sequence ids still work, without a CORRID input)"
-            )
         if control.data_type not in _CORRID_TYPES:
             raise _invalid(
                 f"{what}: data_type {config_type_name(control.data_type)}; a CORRID input is "
-                "TYPE_UINT64, TYPE_INT64, TYPE_UINT32 or TYPE_INT32"
+                "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
             )
         dtype = dtype_of(datatype_of_config(control.data_type))
-        pair: tuple[object, object] = (dtype.type(0), dtype.type(0))
+        pair: tuple[object, object] = (None, None)  # a CORRID is no flag
     else:
         given = [
             (field, values)
@@ -321,7 +316,7 @@ def _initial(
     entry: _Batching.State, dtype: np.dtype, dims: tuple[int, ...], what: str, model_dir: Path
 ) -> np.ndarray:
     if not entry.initial_state:
-        return np.zeros(tuple(1 if d < 0 else d for d in dims), dtype)
+        return _zeros(tuple(1 if d < 0 else d for d in dims), dtype)
     if len(entry.initial_state) > 1:
         raise _invalid(f"{what}: initial_state must have at most one element")
     initial = entry.initial_state[0]
@@ -340,13 +335,23 @@ def _initial(
         )
     choice = initial.WhichOneof("state_data")
     if choice == "zero_data":
-        return np.zeros(shape, dtype)
+        return _zeros(shape, dtype)
     if choice != "data_file":
         raise _invalid(f"{what}: initial_state needs zero_data or data_file")
+    if dtype.hasobject:
+        raise _invalid(
+            f"{what}: initial_state data_file is not read for a TYPE_STRING state; give "
+            "zero_data (empty strings)"
+        )
     path = model_dir / INITIAL_STATE_DIR / initial.data_file
     expected = math.prod(shape) * dtype.itemsize
     data = _read_exact(path, expected, what, initial.data_file)
     return np.frombuffer(data, dtype).reshape(shape).copy()
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A state of zeros; of empty strings for a string state (Triton's zero bytes)."""
+    return np.full(shape, b"", object) if dtype.hasobject else np.zeros(shape, dtype)
 
 
 def _read_exact(path: Path, expected: int, what: str, given: str) -> bytes:

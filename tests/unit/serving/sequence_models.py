@@ -7,6 +7,9 @@ Triton's names, datatypes and shapes where Triton has the model:
   OUTPUT = (INPUT + START + END * CORRID) * READY.
 - `accumulator`: implicit state STATE_IN -> STATE_OUT (INT32 [batch, 1]) and a START
   control; OUTPUT = INPUT at START, else STATE_IN + INPUT; STATE_OUT = OUTPUT.
+- `simple_string_dyna_sequence` (the examples' `-d` mode): START, END, READY INT32, a
+  string CORRID (a decimal number) and implicit state INPUT_STATE -> OUTPUT_STATE; the
+  running sum of INPUT, plus the CORRID at END, times READY; the state kept while READY.
 
 Each compiled with batch buckets 1..8 (`max_batch_size` 8), and the config.pbtxt text
 that serves it (`config`)."""
@@ -77,6 +80,35 @@ def accumulator() -> ModelProto:
     return model
 
 
+def simple_string_dyna_sequence() -> ModelProto:
+    one = helper.make_tensor("one", INT32, [], [1])
+    return _model(
+        "simple_string_dyna_sequence",
+        [
+            _io("INPUT"),
+            _io("START"),
+            _io("END"),
+            _io("READY"),
+            _io("CORRID", TensorProto.STRING),
+            _io("INPUT_STATE"),
+        ],
+        [_io("OUTPUT"), _io("OUTPUT_STATE")],
+        [
+            helper.make_node("Constant", [], ["ONE"], value=one),
+            helper.make_node("Cast", ["CORRID"], ["corrid"], to=INT32),
+            helper.make_node("Sub", ["ONE", "START"], ["going_on"]),
+            helper.make_node("Mul", ["INPUT_STATE", "going_on"], ["before"]),
+            helper.make_node("Add", ["INPUT", "before"], ["total"]),
+            helper.make_node("Mul", ["END", "corrid"], ["at_end"]),
+            helper.make_node("Add", ["total", "at_end"], ["answer"]),
+            helper.make_node("Mul", ["READY", "answer"], ["OUTPUT"]),
+            helper.make_node("Sub", ["total", "INPUT_STATE"], ["change"]),
+            helper.make_node("Mul", ["READY", "change"], ["kept_change"]),
+            helper.make_node("Add", ["INPUT_STATE", "kept_change"], ["OUTPUT_STATE"]),
+        ],
+    )
+
+
 def flag(name: str, kind: str) -> str:
     return (
         f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} '
@@ -87,6 +119,8 @@ def flag(name: str, kind: str) -> str:
 CORRID_CONTROL = (
     '{ name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }'
 )
+STRING_CORRID_CONTROL = CORRID_CONTROL.replace("TYPE_UINT64", "TYPE_STRING")
+DYNA_FLAGS = [flag("START", "START"), flag("END", "END"), flag("READY", "READY")]
 IO = (
     'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
     'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
@@ -94,22 +128,23 @@ IO = (
 
 
 def config(name: str, strategy: str = "", idle_us: int = 0, count: int = 1) -> str:
-    """The config.pbtxt of model `name` (one of the three), Triton's for the two of its
+    """The config.pbtxt of model `name` (one of the four), Triton's for those of its
     examples; `strategy` a strategy block ("direct { }", "oldest { ... }")."""
     controls = {
         "simple_sequence": [flag("START", "START"), flag("READY", "READY")],
-        "simple_dyna_sequence": [
-            flag("START", "START"),
-            flag("END", "END"),
-            flag("READY", "READY"),
-            CORRID_CONTROL,
-        ],
+        "simple_dyna_sequence": [*DYNA_FLAGS, CORRID_CONTROL],
+        "simple_string_dyna_sequence": [*DYNA_FLAGS, STRING_CORRID_CONTROL],
         "accumulator": [flag("START", "START")],
     }[name]
     state = ""
     if name == "accumulator":
         state = (
             'state [ { input_name: "STATE_IN" output_name: "STATE_OUT" '
+            "data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+        )
+    elif name == "simple_string_dyna_sequence":
+        state = (
+            'state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" '
             "data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
         )
     idle = f"max_sequence_idle_microseconds: {idle_us}\n" if idle_us else ""
@@ -125,6 +160,7 @@ BUILDERS = {
     "simple_sequence": simple_sequence,
     "simple_dyna_sequence": simple_dyna_sequence,
     "accumulator": accumulator,
+    "simple_string_dyna_sequence": simple_string_dyna_sequence,
 }
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from sequence_models import CORRID_CONTROL, IO, config, flag, neff, write_model
 from test_serving_repository import refusal, serve
 from waiting import wait_until
 
+from neuron_rtd.compiler import bucket_ranges, compile_model
 from neuron_rtd.runtime import LocalRuntime
 from neuron_rtd.serving import InferRequest, Serving, ServingError, Status
 from neuron_rtd.serving.sequence import sequence_flags
@@ -82,7 +84,7 @@ def state(dims: str, initial: str = "") -> str:
         (
             f"control_input [ {CORRID_CONTROL.replace('TYPE_UINT64', 'TYPE_STRING')} ]",
             "",
-            "data_type TYPE_STRING is not supported yet",
+            "(CONTROL_SEQUENCE_CORRID): its NEFF has no input 'CORRID'",
         ),
         (
             'control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START '
@@ -269,3 +271,112 @@ def test_a_model_without_a_batch_axis(local: LocalRuntime, tmp_path: Path, strat
 def _repo(tmp_path: Path, make: Any) -> Path:
     make(tmp_path)
     return tmp_path
+
+
+# --- a string CORRID ---------------------------------------------------------------------------
+STRING_DYNA = "simple_string_dyna_sequence"
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
+def test_a_string_corrid_carries_each_sequence_s_string_id(
+    local: LocalRuntime, tmp_path: Path, strategy: str
+) -> None:
+    """Two sequences interleaved, their string ids (decimal numbers, which the model adds
+    at END) in their rows' CORRID; under `direct` the second's requests alone run beside
+    a filler row in slot 0, which a model casting the id to a number takes."""
+    write_model(tmp_path, "s", STRING_DYNA, config(STRING_DYNA, strategy))
+    serving = serve(local, tmp_path)
+    seen: list[list[object]] = []
+    infer = local.runtime.infer
+
+    def noted(model_id: int, inputs: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(np.asarray(inputs["CORRID"]).reshape(-1)))
+        return infer(model_id, inputs, *args, **kwargs)
+
+    local.runtime.infer = noted  # type: ignore[method-assign]
+    assert ask(serving, "s", 1, "300", start=True) == 1
+    assert ask(serving, "s", 2, "4000", start=True) == 2
+    assert ask(serving, "s", 3, "4000") == 5
+    assert ask(serving, "s", 10, "300") == 11
+    assert ask(serving, "s", 1, "4000", end=True) == 6 + 4000
+    assert ask(serving, "s", 1, "300", end=True) == 12 + 300
+    assert {c for row in seen for c in row} == {b"300", b"4000"}  # UTF-8 bytes, as a client's
+    if strategy.startswith("direct"):
+        assert [b"4000", b"4000"] in seen  # slot 0's filler row: a copy of the real row's
+    serving.close()
+
+
+def test_a_string_corrid_model_refuses_an_integer_id_and_vice_versa(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    write_model(tmp_path, "s", STRING_DYNA, config(STRING_DYNA))
+    write_model(tmp_path, "d", "simple_dyna_sequence", config("simple_dyna_sequence"))
+    serving = serve(local, tmp_path)
+    error = refused(lambda: ask(serving, "s", 1, 12, start=True))
+    assert error.status is Status.INVALID_ARGUMENT
+    assert (
+        "sequence batching control 'CORRID' data-type is 'UINT64', but model 's' expects 'BYTES'"
+    ) in error.message
+    error = refused(lambda: ask(serving, "d", 1, "12", start=True))
+    assert "data-type is 'BYTES', but model 'd' expects 'UINT64'" in error.message
+    error = refused(lambda: ask(serving, "s", 1, "\ud800", start=True))
+    assert "'sequence_id' is no UTF-8 text" in error.message
+    assert ask(serving, "s", 7, "1", start=True, end=True) == 8  # refusals took no slot
+    serving.close()
+
+
+def test_a_string_corrid_the_neff_types_otherwise_is_refused(
+    local: LocalRuntime, tmp_path: Path
+) -> None:
+    text = config("simple_dyna_sequence").replace("TYPE_UINT64", "TYPE_STRING")
+    write_model(tmp_path, "m", "simple_dyna_sequence", text)
+    serving = serve(local, tmp_path)
+    why = refusal(serving, "m")
+    assert "(CONTROL_SEQUENCE_CORRID) is TYPE_STRING, but its NEFF's input 'CORRID' is" in why
+    assert "TYPE_UINT64" in why
+    serving.close()
+
+
+def _string_echo(root: Path, state_extra: str = "") -> None:
+    """A model whose string state holds the request before's INPUT: OUTPUT = STATE_IN,
+    STATE_OUT = INPUT (strings, [batch, 1])."""
+    text = TensorProto.STRING
+    io = [helper.make_tensor_value_info(n, text, ["batch", 1]) for n in ("INPUT", "STATE_IN")]
+    out = [helper.make_tensor_value_info(n, text, ["batch", 1]) for n in ("OUTPUT", "STATE_OUT")]
+    nodes = [
+        helper.make_node("Identity", ["STATE_IN"], ["OUTPUT"]),
+        helper.make_node("Identity", ["INPUT"], ["STATE_OUT"]),
+    ]
+    graph = helper.make_graph(nodes, "echo", io, out)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (root / "e" / "1").mkdir(parents=True)
+    compiled = compile_model(model, dynamic_batch=bucket_ranges(1, 8), name="echo").neff
+    (root / "e" / "1" / "model.neff").write_bytes(compiled)
+    (root / "e" / "config.pbtxt").write_text(
+        'max_batch_size: 8\nsequence_batching { state [ { input_name: "STATE_IN" '
+        f'output_name: "STATE_OUT" data_type: TYPE_STRING dims: [ 1 ] {state_extra} }} ] }}\n'
+        'input [ { name: "INPUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    )
+
+
+def test_a_string_state_starts_empty_and_is_kept(local: LocalRuntime, tmp_path: Path) -> None:
+    _string_echo(tmp_path)
+    serving = serve(local, tmp_path)
+
+    def echo(word: bytes, **flags: bool) -> object:
+        parameters = {"sequence_id": "w", **{f"sequence_{k}": v for k, v in flags.items()}}
+        inputs = {"INPUT": np.array([[word]], object)}
+        return serving.infer(InferRequest("e", inputs, parameters=parameters)).outputs["OUTPUT"][
+            0, 0
+        ]
+
+    assert [echo(b"a", start=True), echo(b"b"), echo(b"c", end=True)] == [b"", b"a", b"b"]
+    serving.close()
+
+
+def test_a_string_state_s_data_file_is_refused(local: LocalRuntime, tmp_path: Path) -> None:
+    _string_echo(tmp_path, 'initial_state { data_type: TYPE_STRING dims: [ 1 ] data_file: "x" }')
+    serving = serve(local, tmp_path)
+    assert "data_file is not read for a TYPE_STRING state; give zero_data" in refusal(serving, "e")
+    serving.close()
