@@ -15,8 +15,7 @@ input and output names and shapes). Its version folder holds `model.onnx`.
 config then names no platform: the daemon completes it from the NEFF), so the repository
 serves on a daemon that does not yet compile ONNX on load. Left as ONNX, said on the
 output: the image networks whose Triton name says ONNX (`densenet_onnx`,
-`inception_onnx`), and a model the compiler refuses, with its reason (today the string
-models: a NEFF does not carry strings).
+`inception_onnx`), and a model the compiler refuses, with its reason.
 
 Not made: `preprocess_inception_ensemble` (ensemble_image_client.py's default), whose
 first step decodes JPEG bytes with DALI, which no ONNX operator does.
