@@ -235,7 +235,12 @@ class LoadedModel:
             self._jobs.add(job)
         try:
             fill_slot(
-                variant.slots[job.slot], variant.bytes[job.slot], self._inputs, inputs, shapes
+                variant.slots[job.slot],
+                variant.bytes[job.slot],
+                self._inputs,
+                inputs,
+                shapes,
+                variant.bucket.tensors,
             )
         except BaseException:
             self.release(job)
