@@ -431,6 +431,8 @@ class LoadedModel:
         if not job.released:
             job.released = True
             self._jobs.discard(job)
+            for buffer, empty in job.variant.dynamic[job.slot]:  # its arrays let go: a
+                buffer.value = empty  # free input's may be as large as a request
             self._free.append(job.slot)
 
     def _wake(self) -> None:

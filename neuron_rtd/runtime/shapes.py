@@ -75,7 +75,9 @@ class InputShapes:
             raise BadInput(
                 f"model {self.model_id} ({self.name}) is missing input(s): "
                 + ", ".join(
-                    f"'{n}' ({describe(self.specs[n])}, {self.specs[n].nbytes} bytes)"
+                    f"'{n}' ({describe(self.specs[n])}"
+                    + ("" if n in self._free else f", {self.specs[n].nbytes} bytes")
+                    + ")"
                     for n in missing
                 )
             )

@@ -67,6 +67,16 @@ def test_an_identity_takes_any_width_and_batch(make_model: Callable[..., LoadedM
     blocks = (np.ones((2, 7), np.int32), np.full((1, 7), 5, np.int32))  # a batch's rows
     np.testing.assert_array_equal(answer(model, {"INPUT0": Rows(blocks)}), np.concatenate(blocks))
     assert model.in_flight == 0
+    held = [b.value.size for v in model.variants for slots in v.dynamic for b, _ in slots]
+    assert held and not any(held)  # every slot let go of its arrays once answered
+
+
+def test_the_bytes_of_an_output_varying_along_two_axes_need_the_batch_size() -> None:
+    (spec,) = identity(TensorProto.INT32).outputs
+    with pytest.raises(BadInput, match=r"varies along axes \[0, 1\], so its 24 bytes alone"):
+        spec.array_from(np.arange(6, dtype=np.int32).tobytes())
+    got = spec.array_from(np.arange(6, dtype=np.int32).tobytes(), {"batch": 2})
+    np.testing.assert_array_equal(got, [[0, 1, 2], [3, 4, 5]])
 
 
 def test_strings_of_any_width(make_model: Callable[..., LoadedModel]) -> None:
