@@ -234,14 +234,8 @@ class LoadedModel:
             job = Job(variant, self._free.pop(), sizes)
             self._jobs.add(job)
         try:
-            fill_slot(
-                variant.slots[job.slot],
-                variant.bytes[job.slot],
-                self._inputs,
-                inputs,
-                shapes,
-                variant.bucket.tensors,
-            )
+            slot, raw = variant.slots[job.slot], variant.bytes[job.slot]
+            fill_slot(slot, raw, self._inputs, inputs, shapes, variant.bucket.tensors)
         except BaseException:
             self.release(job)
             raise
