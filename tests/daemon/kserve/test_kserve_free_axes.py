@@ -3,8 +3,9 @@ on the real daemon from ONNX files compiled on load, driven by the unmodified tr
 over gRPC and HTTP: Triton's `custom_identity_int32` (INT32 [-1], max_batch_size 1024) and
 `simple_identity` (BYTES [-1], max_batch_size 8), and a dynamically batched identity.
 Several widths along the free axis answer in one model; requests of different widths are
-never merged into one batch; a bad shape is INVALID_ARGUMENT; a request past the
-daemon's request limits (max_message_mb, http_max_body_mb) is refused clearly."""
+never merged into one batch; system shared memory both ways; a bad shape is
+INVALID_ARGUMENT; a request past the daemon's request limits (max_message_mb,
+http_max_body_mb) is refused clearly."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
@@ -194,3 +196,33 @@ def test_different_widths_are_batched_apart(served: Served) -> None:
         (stats,) = client.get_inference_statistics("batched_identity").model_stats
     assert (stats.inference_count, stats.execution_count) == (4, 2)
     assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 2)]
+
+
+@pytest.mark.daemon
+def test_system_shared_memory_both_ways(served: Served) -> None:
+    """A free-width input read from a region, its output written to another: the
+    request's shape says the input's, the answer's the output's."""
+    for module, client in served.clients():
+        with client:
+            for rows, width in ((3, 7), (1, 40)):
+                data = np.arange(rows * width, dtype=np.int32).reshape(rows, width)
+                key = f"/free_axes_{module.__name__.rpartition('.')[2]}_{width}"
+                regions = [shm.create_shared_memory_region(n, key + n, data.nbytes) for n in "io"]
+                try:
+                    shm.set_shared_memory_region(regions[0], [data])
+                    for n in "io":
+                        client.register_system_shared_memory(n, key + n, data.nbytes)
+                    given = module.InferInput("INPUT0", [rows, width], "INT32")
+                    given.set_shared_memory("i", data.nbytes)
+                    back = module.InferRequestedOutput("OUTPUT0")
+                    back.set_shared_memory("o", data.nbytes)
+                    result = client.infer("custom_identity_int32", [given], outputs=[back])
+                    out = result.get_output("OUTPUT0")
+                    shape = list(out.shape) if module is grpcclient else out["shape"]
+                    assert shape == [rows, width]
+                    got = shm.get_contents_as_numpy(regions[1], np.int32, shape)
+                    np.testing.assert_array_equal(got, data)
+                finally:
+                    client.unregister_system_shared_memory()
+                    for region in regions:
+                        shm.destroy_shared_memory_region(region)
