@@ -1,7 +1,8 @@
 """ONNX models whose config leaves an axis free (-1), served in process as Triton serves
 them: any size there per request (with max_batch_size 0, and beside the batch axis), the
 ops on it compiled onto CPU nodes; requests of different widths never merged into one
-dynamic batch; a shape the config does not allow refused INVALID_ARGUMENT."""
+dynamic batch; sequences of different widths side by side (direct and oldest); a shape
+the config does not allow refused INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -131,4 +132,62 @@ def test_the_compiled_model_runs_on_cpu_nodes(local: LocalRuntime, tmp_path: Pat
     assert {node.kind for node in neff.all_nodes} == {NodeKind.CPU}
     (spec,) = neff.inputs
     assert (spec.shape, spec.symbols, spec.dynamic) == ((8, 0), ("batch", None), (1,))
+    serving.close()
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["direct { }", "oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 200000 }"],
+)
+def test_sequences_of_different_widths(local: LocalRuntime, tmp_path: Path, strategy: str) -> None:
+    """Three sequences at once, of widths 2, 5 and 2, through the sequence scheduler:
+    OUTPUT = (INPUT + START) * READY for each, at its own width."""
+
+    def io(name: str, width: str | int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, ["b", width])
+
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["started"]),
+        helper.make_node("Mul", ["started", "READY"], ["OUTPUT"]),
+    ]
+    inputs = [io("INPUT", "n"), io("START", 1), io("READY", 1)]
+    graph = helper.make_graph(nodes, "q", inputs, [io("OUTPUT", "n")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    flags = ", ".join(
+        f'{{ name: "{n}" control [ {{ kind: CONTROL_SEQUENCE_{n} int32_false_true: [ 0, 1 ] }} ] }}'
+        for n in ("START", "READY")
+    )
+    config = (
+        ONNX
+        + f"max_batch_size: 4\nsequence_batching {{ {strategy} control_input [ {flags} ] }}\n"
+        + 'input { name: "INPUT" data_type: TYPE_INT32 dims: [-1] }\n'
+        + 'output { name: "OUTPUT" data_type: TYPE_INT32 dims: [-1] }\n'
+    )
+    serving = serve(local, onnx_repo(tmp_path / "repo", model, config))
+    answers: dict[tuple[int, int], np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def run(sequence: int, width: int) -> None:
+        try:
+            for step in range(3):
+                given = np.full((1, width), step, np.int32)
+                flags = {"sequence_start": step == 0, "sequence_end": step == 2}
+                request = InferRequest(
+                    "m", {"INPUT": given}, parameters={"sequence_id": 100 + sequence, **flags}
+                )
+                answers[sequence, step] = serving.infer(request).outputs["OUTPUT"]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, w)) for i, w in enumerate((2, 5, 2))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for (sequence, step), got in answers.items():
+        width = (2, 5, 2)[sequence]
+        np.testing.assert_array_equal(got, np.full((1, width), step + (step == 0), np.int32))
+    assert len(answers) == 9
     serving.close()
