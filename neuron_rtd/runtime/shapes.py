@@ -45,7 +45,7 @@ class InputShapes:
         self._fixed = {
             t.name: _size_of(t, t.name in self._strings)
             for t in specs
-            if self._axis[t.name] is None
+            if self._axis[t.name] is None and not t.dynamic
         }
 
     def check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
@@ -241,14 +241,14 @@ def fill_slot(
     other bytes-like value padded into it (`copy_padded`)."""
     for name, data in inputs.items():
         target, shape = slot[name], shapes[name]
+        if type(data) is bytes and name in slot_bytes and target.shape == shape:
+            slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
+            continue
         if isinstance(target, DynamicBuffer):  # an input with free axes: an array of its own
             target.accept(_free_input(data, specs[name], shape, buckets[name]))
             continue
         if target.dtype.hasobject:  # a string input: an array of str (`DataPath`)
             copy_padded(target, data.reshape(shape))
-            continue
-        if type(data) is bytes and name in slot_bytes and target.shape == shape:
-            slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
             continue
         whole = type(data) is np.ndarray and data.shape == shape == target.shape
         if whole and data.dtype == target.dtype:  # a numpy caller's whole input, as the slot's

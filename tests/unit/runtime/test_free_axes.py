@@ -100,6 +100,9 @@ def test_bytes_take_a_free_shape_only_when_one_axis_varies(
     np.testing.assert_array_equal(got, [[0, 1, 2], [3, 4, 5]])
     with pytest.raises(BadInput, match="not a whole number"):
         single.infer({"INPUT0": np.arange(5, dtype=np.int32).tobytes()})
+    free = make_model(identity(TensorProto.INT32, batch=False, shape=(-1, -1)))
+    for shape in ((0, 5), (5, 0), (2, 3)):  # no bytes at all say no shape: the array's does
+        assert answer(free, {"INPUT0": np.zeros(shape, np.int32)}).shape == shape
 
 
 def test_a_wrong_fixed_axis_or_batch_is_refused(make_model: Callable[..., LoadedModel]) -> None:
