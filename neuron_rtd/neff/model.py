@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from neuron_rtd.errors import BadInput
 from neuron_rtd.neff.dtypes import dtype_name
 from neuron_rtd.neff.header import NeffHeader
 
@@ -67,7 +66,7 @@ class TensorSpec:
         self, data: bytes | memoryview, sizes: Mapping[str, int] | None = None
     ) -> np.ndarray:
         """The tensor held in `data`: an axis that follows a symbol of `sizes` sized so,
-        and its one other varying axis (if any) sized by the byte count (BadInput if more
+        and its one other varying axis (if any) sized by the byte count (ValueError if more
         than one is left: the bytes do not tell their sizes apart)."""
         flat = np.frombuffer(data, dtype=self.dtype)
         if not self.symbols and not self.dynamic:
@@ -84,7 +83,7 @@ class TensorSpec:
             rest = math.prod(d for axis, d in enumerate(shape) if axis != unknown[0])
             shape[unknown[0]] = flat.size // rest if rest else 0
         elif len(unknown) > 1:  # a model of free input axes: its answers carry shapes
-            raise BadInput(
+            raise ValueError(
                 f"tensor '{self.name}' ({self.describe()}) varies along axes {unknown}, so its "
                 f"{flat.nbytes} bytes alone do not tell its shape: ask the model through "
                 "the KServe front, whose answers carry their shapes"
