@@ -77,9 +77,11 @@ def declare_bucketed_output(
     results: Sequence[tuple[dict[str, int], Emitted]],
     named: tuple[Dim, ...],
     tops: Mapping[str, int],
+    free: bool = False,
 ) -> None:
     """The model output over all buckets: each axis fixed, following one symbol (cut to
-    its size), or dynamic (value-dependent)."""
+    its size), or dynamic (value-dependent). A model with input axes left free (`free`)
+    answers with arrays of their own shapes, so its outputs may vary along several axes."""
     shapes = [emitted.output_shapes[name] for _, emitted in results]
     dynamic = sorted({a for _, e in results for a in e.dynamic_outputs[name]})
     rank = len(shapes[0])
@@ -96,7 +98,7 @@ def declare_bucketed_output(
                 "not follow one dynamic dimension, so it cannot be cut to an inference's size"
             )
     varying = {a for a in dynamic} | {a for a, s in enumerate(symbols) if s}
-    if len(varying) > 1:
+    if len(varying) > 1 and not free:
         raise CompileError(
             f"model output {name!r} varies along axes {sorted(varying)}; the wire carries bytes "
             "only, so at most one may vary"

@@ -2,7 +2,10 @@
 
 1. Load and check the model (onnx checker), fix input shapes (`input_shapes`), and find
    the dynamic dimensions: symbolic input axes given ranges in `dynamic` (or axis 0 of
-   every input with `dynamic_batch`). Any other unknown input axis is an error.
+   every input with `dynamic_batch`). An axis `input_shapes` gives as -1 is left free:
+   any size per inference, with no buckets; every op on a tensor whose size follows it
+   goes to a CPU node (onnxruntime takes any shape), so the NC parts stay fixed. Any
+   other unknown input axis is an error.
 2. Per bucket (every combination of the dynamic dimensions' ranges; a single static graph
    when there are none): fix the inputs at the bucket's largest sizes, infer shapes, fold
    constants and BatchNormalization, place ops on the NC or CPU, order and cut them into
@@ -53,6 +56,7 @@ from neuron_rtd.neff.dtypes import TENSOR_DTYPES, dtype_name
 from neuron_rtd.neff.program import AUTO_CAST_MODES, AUTO_CAST_TYPES
 
 BATCH = "batch"  # the symbol --dynamic-batch gives axis 0 of every input
+FREE = "free:"  # the start of the symbol an input axis left free (-1) takes in planning
 MAX_BUCKETS = 64
 
 # Told of the compile's progress: (what is being done, steps done, steps in all). The steps
@@ -85,7 +89,8 @@ def compile_model(
 ) -> CompileResult:
     """Compile an ONNX model to NEFF bytes. `dynamic` maps a symbolic input dimension
     (its dim_param) to its bucket ranges; `dynamic_batch` does so for axis 0 of every
-    input. `num_neuroncores` splits the Neuron part into that many pipeline stages and
+    input; a -1 in `input_shapes` leaves that axis free (any size per inference, on CPU
+    nodes only). `num_neuroncores` splits the Neuron part into that many pipeline stages and
     bounds the NCs the NEFF takes (None: 1 stage, at most `nc_limit(None)` NCs).
     CompileError names what cannot be compiled; every option is checked against the model
     before any bucket is compiled."""
@@ -105,7 +110,9 @@ def compile_model(
     if dynamic_batch is not None:
         ranges[BATCH] = dynamic_batch
     axes = _fix_single_sizes(axes, ranges)
-    symbols = sorted({d for dims in axes.values() for d in dims if isinstance(d, str)})
+    symbols = sorted(
+        {d for dims in axes.values() for d in dims if isinstance(d, str) and not is_free(d)}
+    )
     for symbol in symbols:
         if symbol not in ranges:
             where = [
@@ -251,12 +258,12 @@ def _input_axes(
     for name, dims in declared.items():
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
-            if len(given) != len(dims) or any(d < 0 for d in given):
+            if len(given) != len(dims) or any(d < -1 for d in given):
                 raise CompileError(
                     f"--input-shape {name}: {list(given)} does not fit its {len(dims)} axes "
-                    "(sizes must not be negative)"
+                    "(sizes must not be negative; -1 leaves an axis free)"
                 )
-            dims = given
+            dims = tuple(f"{FREE}{name}[{axis}]" if d == -1 else d for axis, d in enumerate(given))
         if batch and dims:
             dims = (BATCH, *dims[1:])
         for axis, dim in enumerate(dims):
@@ -274,14 +281,26 @@ def _graph_for(
     sizes: Mapping[str, int],
     cast: tuple[str, str],
 ) -> Graph:
-    shapes = {name: [_size(d, sizes) for d in dims] for name, dims in axes.items()}
+    shapes: dict[str, list[int | str]] = {
+        name: [d if isinstance(d, str) and is_free(d) else _size(d, sizes) for d in dims]
+        for name, dims in axes.items()
+    }
     graph = build_graph(with_input_shapes(expand_qoperator(model), shapes))
     graph.auto_cast = cast
+    graph.free = any(is_free(d) for dims in axes.values() for d in dims)
     return graph
 
 
+def is_free(dim: Dim) -> bool:
+    """Whether `dim` is an input axis left free (-1 in `input_shapes`)."""
+    return isinstance(dim, str) and dim.startswith(FREE)
+
+
 def _size(dim: Dim, sizes: Mapping[str, int]) -> int:
-    """A fixed axis's size, or the size `sizes` gives its symbol."""
+    """A fixed axis's size, or the size `sizes` gives its symbol (0 for a free axis: it
+    has no bound)."""
+    if is_free(dim):
+        return 0
     if isinstance(dim, str):
         return sizes[dim]
     if dim is None:
@@ -387,11 +406,16 @@ def _compile_buckets(
         dtype = _input_dtype(model, name)
         shape = [_size(d, tops) for d in dims]
         builder.add_input(
-            name, dtype, shape, symbols=[d if isinstance(d, str) else None for d in dims]
+            name,
+            dtype,
+            shape,
+            symbols=[d if isinstance(d, str) and not is_free(d) else None for d in dims],
+            dynamic=[axis for axis, d in enumerate(dims) if is_free(d)],
         )
     named = symbolic_outputs(model, axes)
+    free = any(is_free(d) for dims in axes.values() for d in dims)
     for out in model.graph.output:
-        declare_bucketed_output(builder, out.name, results, named.get(out.name, ()), tops)
+        declare_bucketed_output(builder, out.name, results, named.get(out.name, ()), tops, free)
 
 
 def _input_dtype(model: onnx.ModelProto, name: str) -> np.dtype:

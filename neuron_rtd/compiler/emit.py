@@ -117,15 +117,15 @@ class Emitter:
         graph = self.graph
         for name in graph.inputs:
             dtype, shape, dynamic = self.planned(name)
-            if dynamic:
+            if dynamic and not graph.free:
                 raise CompileError(f"model input {name!r} has an unknown size: fix its shape")
-            self.builder.add_input(name, dtype, shape)
+            self.builder.add_input(name, dtype, shape, dynamic=dynamic)
         outputs: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, np.dtype] = {}
         dynamic_outputs: dict[str, tuple[int, ...]] = {}
         for name in graph.outputs:
             dtype, shape, dynamic = self.planned(name)
-            if len(dynamic) > 1:
+            if len(dynamic) > 1 and not graph.free:  # free: outputs go with their shapes
                 raise CompileError(
                     f"model output {name!r} has {len(dynamic)} axes whose size is known only "
                     "at run time; the wire carries bytes only, so at most one may vary"

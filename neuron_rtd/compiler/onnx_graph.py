@@ -51,6 +51,7 @@ class Graph:
     inputs: list[str]
     outputs: list[str]
     auto_cast: tuple[str, str] = ("none", "bf16")  # mode and type (neff.program.AUTO_CAST_*)
+    free: bool = False  # some input axis is left free: a tensor of unknown size stays on CPU
 
     @property
     def opset(self) -> int:

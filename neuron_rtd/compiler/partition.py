@@ -88,6 +88,8 @@ def nc_refusal(node: onnx.NodeProto, graph: Graph) -> str | None:
             return f"the type of {name!r} is unknown"
         if kind.shape is None:  # keep it inside a CPU node: a boundary needs a rank
             return f"shape inference cannot tell the rank of {name!r}"
+        if graph.free and not kind.static:  # the NC's slots are of fixed sizes
+            return f"{name!r} has a size chosen per inference (an input axis left free)"
         if kind.dtype.name not in ALLOWED_DTYPES:
             return f"{name!r} is {kind.dtype.name}, which the NC does not hold"
     dtypes = [graph.types[name].dtype for name in node.input if name]

@@ -66,7 +66,8 @@ class TensorSpec:
         self, data: bytes | memoryview, sizes: Mapping[str, int] | None = None
     ) -> np.ndarray:
         """The tensor held in `data`: an axis that follows a symbol of `sizes` sized so,
-        and its one other varying axis (if any) sized by the byte count."""
+        and its one other varying axis (if any) sized by the byte count (ValueError if more
+        than one is left: the bytes do not tell their sizes apart)."""
         flat = np.frombuffer(data, dtype=self.dtype)
         if not self.symbols and not self.dynamic:
             return flat.reshape(self.shape)
@@ -81,6 +82,12 @@ class TensorSpec:
         if len(unknown) == 1:
             rest = math.prod(d for axis, d in enumerate(shape) if axis != unknown[0])
             shape[unknown[0]] = flat.size // rest if rest else 0
+        elif len(unknown) > 1:  # a model of free input axes: its answers carry shapes
+            raise ValueError(
+                f"tensor '{self.name}' ({self.describe()}) varies along axes {unknown}, so its "
+                f"{flat.nbytes} bytes alone do not tell its shape: ask the model through "
+                "the KServe front, whose answers carry their shapes"
+            )
         return flat.reshape(shape)
 
     def describe(self) -> str:

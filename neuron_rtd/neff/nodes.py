@@ -1,7 +1,8 @@
 """Assembling nodes: load each stage's program and weights from the archive and check
 that the stages chain (stage j reads the node's inputs or earlier stages' outputs), and
 that only a CPU node running onnxruntime touches a string tensor (an NC, and the NC
-kernels a CPU node may run instead, hold numbers only)."""
+kernels a CPU node may run instead, hold numbers only) or reads a model input with free
+axes (a size chosen per inference: the NC's slots are of fixed sizes)."""
 
 from __future__ import annotations
 
@@ -98,17 +99,26 @@ def _check_chain(
 
 
 def _check_strings(decl: NodeDecl, stages: tuple[Stage, ...], graph: GraphDecl) -> None:
-    """A string tensor is read and written by onnxruntime's CPU nodes only."""
+    """A string tensor is read and written, a model input with free axes (`dynamic` on a
+    model input) read, by onnxruntime's CPU nodes only."""
     if decl.kind == NodeKind.CPU and is_ort_stage(stages[0]):
         return
+    free = {spec.name: spec.dynamic for spec in graph.inputs if spec.dynamic}
     for j, stage in enumerate(stages):
         for name in (*stage.inputs, *stage.outputs):
+            runs = "an NC" if decl.kind == NodeKind.NEURON else "the NC kernels on the host"
             if is_string(graph.tensors[name].dtype):
-                runs = "an NC" if decl.kind == NodeKind.NEURON else "the NC kernels on the host"
                 raise NeffInvalid(
                     f"node {decl.name!r} stage {j}: tensor {name!r} is a string tensor, and the "
                     f"node runs on {runs}, which hold numbers only: string tensors belong to "
                     "CPU nodes that run onnxruntime"
+                )
+            if name in free:
+                raise NeffInvalid(
+                    f"node {decl.name!r} stage {j}: model input {name!r} has free axes "
+                    f"{list(free[name])} (a size chosen per inference), and the node runs on "
+                    f"{runs}, whose tensors are of fixed sizes: such an input belongs to CPU "
+                    "nodes that run onnxruntime"
                 )
 
 

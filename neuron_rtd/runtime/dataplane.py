@@ -141,8 +141,8 @@ class DataPath:
             found = self._shm.find(value.path, presented, model.session_id, f"ifmap '{spec.name}'")
             value = self._shm.read(found, self._shm.size(found, what), what)
         whole = math.prod(spec.shape)
-        if spec.varying_axes:
-            return as_text(decode(value, what, most=whole), what)
+        if spec.varying_axes:  # at most its bound's (a free axis has none: 0)
+            return as_text(decode(value, what, most=whole or None), what)
         return as_text(decode(value, what, count=whole), what).reshape(spec.shape)
 
     def _answer(self, model: LoadedModel, job: Job, outputs: ShmSinks) -> InferResult:

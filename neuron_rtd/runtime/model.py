@@ -234,9 +234,8 @@ class LoadedModel:
             job = Job(variant, self._free.pop(), sizes)
             self._jobs.add(job)
         try:
-            fill_slot(
-                variant.slots[job.slot], variant.bytes[job.slot], self._inputs, inputs, shapes
-            )
+            slot, raw = variant.slots[job.slot], variant.bytes[job.slot]
+            fill_slot(slot, raw, self._inputs, inputs, shapes, variant.bucket.tensors)
         except BaseException:
             self.release(job)
             raise
@@ -426,6 +425,8 @@ class LoadedModel:
         if not job.released:
             job.released = True
             self._jobs.discard(job)
+            for buffer, empty in job.variant.dynamic[job.slot]:  # its arrays let go: a
+                buffer.value = empty  # free input's may be as large as a request
             self._free.append(job.slot)
 
     def _wake(self) -> None:

@@ -4,7 +4,12 @@ dimension, worked out from the bytes and checked across inputs), the bucket that
 its sizes (`variant_for`), and the moves between those shapes and a bucket's fixed-size
 slot: inputs copied in (`fill_slot`: bytes, arrays, or read straight in from shared
 memory or a batch's row blocks), padded with zeros up to it (a string input with copies
-of its last row), outputs cut back down."""
+of its last row), outputs cut back down.
+
+An input with free axes (`dynamic` on a model input: sizes the caller chooses, read by
+CPU nodes only) takes the shape of the array it comes as (or of a batch's row blocks);
+given as bytes, only when it has one varying axis in all, which the count tells. Its slot
+holds a new array per inference (a `DynamicBuffer`), the bucket's axes padded as above."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 from neuron_rtd.errors import BadInput
 from neuron_rtd.neff import TensorSpec
 from neuron_rtd.neff.dtypes import dtype_name, is_string
+from neuron_rtd.runtime.driver import DynamicBuffer
 from neuron_rtd.runtime.variant import Variant
 
 Shape = tuple[int, ...]
@@ -31,6 +37,7 @@ class InputShapes:
         self.model_id = model_id
         self.name = name
         self._axis = {t.name: symbol_axis(t) for t in specs}  # worked out once
+        self._free = {t.name: t.dynamic for t in specs if t.dynamic}  # free axes
         # String inputs, which come as arrays and are measured in elements, not bytes.
         self._strings = frozenset(t.name for t in specs if is_string(t.dtype))
         # Per input of fixed shape, its byte count (a spec works it out at every ask), or
@@ -38,7 +45,7 @@ class InputShapes:
         self._fixed = {
             t.name: _size_of(t, t.name in self._strings)
             for t in specs
-            if self._axis[t.name] is None
+            if self._axis[t.name] is None and not t.dynamic
         }
 
     def check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Shape], dict[str, int]]:
@@ -59,6 +66,8 @@ class InputShapes:
                 size = len(data) if type(data) is bytes else nbytes(data)
             if fixed.get(name) == size:  # the common case: a fixed shape, all its bytes
                 shapes[name] = spec.shape
+            elif name in self._free:
+                shapes[name] = self._free_shape(spec, data, size, sizes)
             else:
                 shapes[name] = self._shape(spec, size, sizes)
         if len(shapes) < len(self.specs):  # every name given is an input's: some are missing
@@ -66,7 +75,9 @@ class InputShapes:
             raise BadInput(
                 f"model {self.model_id} ({self.name}) is missing input(s): "
                 + ", ".join(
-                    f"'{n}' ({describe(self.specs[n])}, {self.specs[n].nbytes} bytes)"
+                    f"'{n}' ({describe(self.specs[n])}"
+                    + ("" if n in self._free else f", {self.specs[n].nbytes} bytes")
+                    + ")"
                     for n in missing
                 )
             )
@@ -102,6 +113,52 @@ class InputShapes:
             )
         return (*spec.shape[:axis], count, *spec.shape[axis + 1 :])
 
+    def _free_shape(self, spec: TensorSpec, data: Any, size: int, sizes: dict[str, int]) -> Shape:
+        """The shape of an input with free axes: its array's (or row blocks'), checked
+        against its spec; from bytes, only when it varies along one axis in all."""
+        shape = getattr(data, "shape", None)
+        rank = len(spec.shape)
+        if shape is None or len(shape) != rank:
+            varying = spec.varying_axes
+            if len(varying) > 1:
+                raise BadInput(
+                    f"input '{spec.name}' of model {self.model_id} ({describe(spec)}) varies "
+                    f"along axes {list(varying)}, so its {size} bytes alone do not tell its "
+                    "shape: give it as an array of its shape (the KServe front does)"
+                )
+            (axis,) = varying
+            strings = spec.name in self._strings
+            unit = "string elements" if strings else "bytes"
+            row = math.prod(d for a, d in enumerate(spec.shape) if a != axis)
+            row *= 1 if strings else spec.dtype.itemsize
+            if row == 0 or size % row:
+                raise BadInput(
+                    f"input '{spec.name}' of model {self.model_id}: {size} {unit} is not a "
+                    f"whole number of {describe(spec)} rows of {row} {unit} along axis {axis}"
+                )
+            shape = (*spec.shape[:axis], size // row, *spec.shape[axis + 1 :])
+        shape = tuple(int(d) for d in shape)
+        for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
+            symbol = spec.symbols[axis] if spec.symbols else None
+            if symbol is not None:
+                if sizes.setdefault(symbol, got) != got:
+                    raise BadInput(
+                        f"input '{spec.name}' of model {self.model_id} has {symbol}={got}, "
+                        f"another input has {symbol}={sizes[symbol]}"
+                    )
+            elif axis in spec.dynamic:
+                if want and got > want:
+                    raise BadInput(
+                        f"input '{spec.name}' of model {self.model_id} has {got} on axis "
+                        f"{axis}; it takes at most {want} there ({describe(spec)})"
+                    )
+            elif got != want:
+                raise BadInput(
+                    f"input '{spec.name}' of model {self.model_id} has shape {list(shape)}; "
+                    f"it takes {describe(spec)}"
+                )
+        return shape
+
 
 def _size_of(spec: TensorSpec, strings: bool) -> int:
     """An input's size at its declared shape: its bytes, or a string input's elements."""
@@ -121,7 +178,11 @@ def nbytes(data: Any) -> int:
 
 def describe(spec: TensorSpec) -> str:
     dims = [
-        f"{spec.symbols[a]}<={d}" if spec.symbols and spec.symbols[a] else str(d)
+        f"{spec.symbols[a]}<={d}"
+        if spec.symbols and spec.symbols[a]
+        else (f"?<={d}" if d else "?")
+        if a in spec.dynamic
+        else str(d)
         for a, d in enumerate(spec.shape)
     ]
     return f"{dtype_name(spec.dtype)}[{','.join(dims)}]"
@@ -172,6 +233,7 @@ def fill_slot(
     specs: Mapping[str, TensorSpec],
     inputs: Mapping[str, Any],
     shapes: Mapping[str, Shape],
+    buckets: Mapping[str, TensorSpec],
 ) -> None:
     """Copy an inference's checked inputs (of `shapes`) into its slot: inline bytes of a
     whole input straight into the slot's bytes; a source (shared memory, a batch's row
@@ -179,11 +241,14 @@ def fill_slot(
     other bytes-like value padded into it (`copy_padded`)."""
     for name, data in inputs.items():
         target, shape = slot[name], shapes[name]
-        if target.dtype.hasobject:  # a string input: an array of str (`DataPath`)
-            copy_padded(target, data.reshape(shape))
-            continue
         if type(data) is bytes and name in slot_bytes and target.shape == shape:
             slot_bytes[name][:] = data  # the common case: inline bytes, a whole input
+            continue
+        if isinstance(target, DynamicBuffer):  # an input with free axes: an array of its own
+            target.accept(_free_input(data, specs[name], shape, buckets[name]))
+            continue
+        if target.dtype.hasobject:  # a string input: an array of str (`DataPath`)
+            copy_padded(target, data.reshape(shape))
             continue
         whole = type(data) is np.ndarray and data.shape == shape == target.shape
         if whole and data.dtype == target.dtype:  # a numpy caller's whole input, as the slot's
@@ -197,6 +262,31 @@ def fill_slot(
             data.read_into(memoryview(buffer))
             data = buffer
         copy_padded(target, np.frombuffer(data, dtype=specs[name].dtype).reshape(shape))
+
+
+def _free_input(data: Any, spec: TensorSpec, shape: Shape, bucket: TensorSpec) -> np.ndarray:
+    """An input with free axes as its slot takes it: of `shape`, each axis that follows a
+    symbol padded up to the bucket's size (`bucket`, the bucket's own spec)."""
+    if isinstance(data, np.ndarray):
+        same = data.dtype == spec.dtype or spec.dtype.hasobject
+        array = (data if same else data.view(spec.dtype)).reshape(shape)  # a narrow type's bytes
+    elif hasattr(data, "blocks"):  # a batch's row blocks (`Rows`)
+        array = np.concatenate(data.blocks)
+    else:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            buffer = bytearray(data.nbytes)
+            data.read_into(memoryview(buffer))
+            data = buffer
+        array = np.frombuffer(data, dtype=spec.dtype).reshape(shape)
+    padded = tuple(
+        top if axis not in spec.dynamic else got
+        for axis, (got, top) in enumerate(zip(shape, bucket.shape, strict=True))
+    )
+    if padded == array.shape:
+        return np.ascontiguousarray(array)
+    target = np.empty(padded, dtype=spec.dtype)
+    copy_padded(target, array)
+    return target
 
 
 def plain_outputs(variant: Variant, names: Sequence[str]) -> list[dict[str, np.ndarray]] | None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from neuron_rtd.neff import Bucket
-from neuron_rtd.runtime.driver import HostFn, RunFn
+from neuron_rtd.runtime.driver import DynamicBuffer, HostFn, RunFn
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,12 @@ class Variant:
                 and array.flags.c_contiguous
                 and not array.dtype.hasobject  # a string tensor's elements are objects
             }
+            for slot in self.slots
+        ]
+        # Per slot, its tensors whose arrays each run makes anew, each with an empty array
+        # of its dtype: the slot lets go of those arrays once its job is answered.
+        self.dynamic = [
+            [(b, np.empty(0, b.dtype)) for b in slot.values() if isinstance(b, DynamicBuffer)]
             for slot in self.slots
         ]
 

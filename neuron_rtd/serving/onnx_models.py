@@ -5,10 +5,13 @@ served as any NEFF version is (`versions.load_version`).
 The config decides what is served, checked against the ONNX file first (a contradiction
 is refused naming the field and both values): the inputs are the config's, or the
 model's true inputs (an IR 3 file lists its weights among its graph inputs; those are
-not inputs); an axis the model leaves free must be fixed by the config's dims, but for
-the batch axis: `max_batch_size` > 0 needs every input's first axis free and compiles
-batch buckets up to it (its `dynamic_batching` preferred sizes as the buckets' bounds, else
-1, 2, 3-4, 5-8, ...); `max_batch_size` 0 compiles the whole shapes the config states.
+not inputs); an axis the model leaves free is fixed by the config's dims, or left free
+by a -1 there (any size per request, as Triton takes it: the compiler puts every op on a
+tensor of such a size on CPU nodes, whose onnxruntime takes any shape, and keeps the NC
+parts fixed); the batch axis: `max_batch_size` > 0 needs every input's first axis free
+and compiles batch buckets up to it (its `dynamic_batching` preferred sizes as the
+buckets' bounds, else 1, 2, 3-4, 5-8, ...); `max_batch_size` 0 compiles the whole shapes
+the config states.
 `reshape` is compiled into the model, as Triton applies it: the served tensor has the
 config's `dims`, the model's own the `reshape` shape (each after the batch axis when
 there is one), so the NEFF's tensors are those served and nothing after the load knows
@@ -291,16 +294,9 @@ class _Plan:
                     raise _invalid(f"{self.source}: {label}, but {self.where} has {_shown(dims)}")
                 if isinstance(want, int):
                     fed[axis] = want
-        if kind == "input" and -1 in fed:
-            free = [axis for axis, d in enumerate(fed) if d == -1]
-            raise _invalid(
-                f"{self.source}: {label} leaves axes {free} free, and neuron-rtd compiles an "
-                "ONNX model for fixed sizes (but the batch axis, max_batch_size): give their "
-                "sizes in dims"
-            )
         if reshaped:
             return _Tensor(vi.name, served, fed, True)
-        if -1 in fed:  # an output's free axis: the NEFF's own, as the compile makes it
+        if -1 in fed and kind == "output":  # its free axis: the NEFF's, as compiled
             return _Tensor(vi.name, [], [], True)
         return _Tensor(vi.name, list(fed), fed, True)
 
@@ -342,7 +338,8 @@ class _Plan:
         return bucket_ranges(1, most, scheme)
 
     def input_shapes(self) -> dict[str, list[int]]:
-        """Each input's size on every axis (1 for the batch axis: its buckets are given)."""
+        """Each input's size on every axis (1 for the batch axis: its buckets are given;
+        -1 for an axis left free)."""
         batch = [1] if self.batched else []
         return {t.name: [*batch, *t.served] for t in self.inputs}
 

@@ -133,6 +133,9 @@ class ServedVersion:
         self._input_names = {i.name for i in self._inputs}
         self._dtypes = {i.name: i.dtype for i in self._inputs}
         self._slot_dtypes = {t.name: t.dtype for t in neff.inputs}  # the NEFF's own
+        # inputs with free axes: their arrays go as they are, their shape the runtime's
+        # only word of their sizes (`runtime/shapes.py`)
+        self._shaped = frozenset(t.name for t in neff.inputs if t.dynamic)
         self._output_names = tuple(entry.name for entry in config.output)
         self._output_set = frozenset(self._output_names)
         # the runtime answers every output in the NEFF's order: when that is the config's,
@@ -256,12 +259,15 @@ class ServedVersion:
         """The inputs as the runtime takes them: an array that lies over all of a
         request's bytes (a raw input as the decoder saw it), of the slot's own dtype, as
         those bytes, which the runtime copies into the slot as it copies nmgr's; any other
-        array as it is (the runtime makes it as the slot takes it)."""
+        array as it is (the runtime makes it as the slot takes it), as is an input with
+        free axes, whose bytes would not tell its shape."""
         sent: dict[str, np.ndarray | bytes] = {}
         slot_dtypes = self._slot_dtypes
         for name, array in inputs.items():
             owner = array.base
-            if (
+            if name in self._shaped:
+                sent[name] = array
+            elif (
                 type(owner) is bytes
                 and array.dtype == slot_dtypes[name]
                 and len(owner) == array.nbytes
@@ -366,7 +372,7 @@ class ServedVersion:
             )
         start = 1 if batched else 0
         for axis in range(start, len(shape)):
-            if expected[axis] == -1 and shape[axis] > spec.bound[axis]:
+            if expected[axis] == -1 and 0 < spec.bound[axis] < shape[axis]:  # 0: free
                 raise ServingError(
                     Status.INVALID_ARGUMENT,
                     f"input '{spec.name}' has {shape[axis]} on axis {axis}; model "

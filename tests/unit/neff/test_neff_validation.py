@@ -667,3 +667,19 @@ def test_every_refusal_is_invalid_with_its_code(neff: bytes) -> None:
         read_neff(neff[:10])
     assert info.value.code == Nerr.INVALID
     assert re.search(r"\b10 bytes\b", str(info.value))
+
+
+def test_a_free_model_input_read_by_an_nc_is_refused(neff: bytes) -> None:
+    """A model input with free axes (`dynamic`: a size chosen per inference) belongs to
+    onnxruntime's CPU nodes; here the Neuron node reads it."""
+
+    def free(graph: Json) -> None:
+        graph["inputs"][0]["dynamic"] = [1]
+        graph["tensors"]["x"]["dynamic"] = [1]
+
+    refuse(
+        with_json(neff, "neff.json", free),
+        NeffInvalid,
+        "node 'neuron0' stage 0: model input 'x' has free axes [1]",
+        "runs on an NC, whose tensors are of fixed sizes",
+    )

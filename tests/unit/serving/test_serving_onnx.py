@@ -85,11 +85,6 @@ ONNX = 'platform: "onnxruntime_onnx"\n'
         ),
         (
             "N",
-            ONNX + 'input { name: "x" data_type: TYPE_FP32 dims: [-1, 4] }',
-            "input 'x' dims [-1, 4] leaves axes [0] free",
-        ),
-        (
-            "N",
             ONNX + 'output { name: "y" }',  # names a tensor: not auto-completed to batch
             "input 'x' has axes of no fixed size ([-1, 4])",
         ),
