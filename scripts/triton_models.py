@@ -123,20 +123,19 @@ class Model:
         return helper.make_tensor_value_info(tensor.name, ONNX_TYPES[tensor.dtype], dims)
 
     def neff(self) -> bytes:
-        """The model compiled: batch buckets up to `neff_batch`. A NEFF's output may vary
-        along one axis only, so a -1 axis of a batching model is fixed at 16 (what the
-        examples send); of an unbatched one, bucketed up to 16."""
+        """The model compiled: batch buckets up to `neff_batch`, a -1 axis left free (the
+        compiler puts what touches it on CPU nodes, which take any size), as the daemon
+        compiles the ONNX model on load."""
         batch = self.neff_batch or self.max_batch_size
-        dynamic: dict[str, list[tuple[int, int]]] = {}
-        if batch > 0:
-            dynamic["batch"] = bucket_ranges(1, batch)
-        else:
-            for tensor in (*self.inputs, *self.hidden_inputs):
-                for axis, d in enumerate(tensor.dims):
-                    if d < 0:
-                        dynamic[f"{tensor.name}_{axis}"] = bucket_ranges(1, 16)
-        model = self.onnx(fixed=16 if batch > 0 else 0)
-        return compile_model(model, dynamic=dynamic or None, name=self.name).neff
+        free = any(d < 0 for t in (*self.inputs, *self.hidden_inputs) for d in t.dims)
+        shapes = None
+        if free:  # each input's sizes: 1 for the batch axis (bucketed), -1 where free
+            lead = [1] if batch > 0 else []
+            shapes = {t.name: [*lead, *t.dims] for t in (*self.inputs, *self.hidden_inputs)}
+        ranges = bucket_ranges(1, batch) if batch > 0 else None
+        return compile_model(
+            self.onnx(), input_shapes=shapes, dynamic_batch=ranges, name=self.name
+        ).neff
 
 
 def node(op: str, inputs: Sequence[str], outputs: Sequence[str], **attrs: Any) -> onnx.NodeProto:
