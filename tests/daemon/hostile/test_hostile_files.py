@@ -651,12 +651,14 @@ def test_default_model_filename_names_no_file_outside_the_version(daemon: Daemon
         """,
         json.dumps(bad),
     )
+    # a load whose config is refused: Triton's INTERNAL "failed to load ..., failed to poll"
     for code, body in http_member["bad"]:
-        assert code == 400 and "is not a plain file name" in body, body
+        assert code == 500 and "is not a plain file name" in body, body
+        assert body.startswith('{"error":"failed to load \'mlp\', failed to poll'), body
     for code, details in grpc_member["bad"]:
-        assert code == "INVALID_ARGUMENT" and "is not a plain file name" in details, details
+        assert code == "INTERNAL" and "is not a plain file name" in details, details
     for code, body in stranger:
-        assert code in (400, 403), body  # refused: as any caller's, or as a stranger's
+        assert code in (500, 403), body  # refused: as any caller's, or as a stranger's
     for name in ("escape", "devlink"):
         code, body = http_member[name]
         assert code == 400 and "leads outside its version folder" in body, body
@@ -743,7 +745,7 @@ def test_dev_zero_as_a_model_file_costs_nothing(daemon: Daemon) -> None:
     for code, message, _ in answers[2:4]:
         assert code in (400, "INVALID_ARGUMENT") and "leads outside" in message, message
     for code, message, _ in answers[4:]:
-        assert code == 400 and "plain file name" in message, message
+        assert code == 500 and "plain file name" in message, message  # Triton's INTERNAL
     assert daemon.rss() - rss < 64 << 20
     daemon.legit()
     no_tracebacks(daemon)
@@ -800,11 +802,13 @@ def test_long_names_get_a_400_and_leave_nothing_behind(daemon: Daemon) -> None:
     for code, size, details in answers["grpc"]:
         assert code == "INVALID_ARGUMENT" and size < 1000 and "at most 255 bytes" in details
     (h255, b255), *over = answers["bounds"]
-    assert h255 == 404, b255  # a name like another, not in the repository: no ENAMETOOLONG
+    # a name like another, not in the repository (Triton's INTERNAL "failed to load"): no
+    # ENAMETOOLONG
+    assert h255 == 500 and "is not found" in b255 and "too long" not in b255, b255
     for code, body in over:
         assert code == 400 and "at most 255 bytes" in body, body
     (g255, d255), *over = answers["grpc bounds"]
-    assert g255 == "NOT_FOUND", d255
+    assert g255 == "INTERNAL" and "is not found" in d255 and "too long" not in d255, d255
     for code, details in over:
         assert code == "INVALID_ARGUMENT" and "at most 255 bytes" in details, details
     for _, code, body in answers["uploads"]:
