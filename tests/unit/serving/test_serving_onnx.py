@@ -365,3 +365,22 @@ def test_an_onnx_models_label_file_is_read_from_its_folder(
     best = (x @ W).argmax(axis=1)
     labels = ["zero", "one", "two"]
     assert [row[0].decode().split(":")[1:] for row in got] == [[str(i), labels[i]] for i in best]
+
+
+def test_fields_that_change_nothing_here_are_accepted(local: LocalRuntime, tmp_path: Path) -> None:
+    """What docs/kserve.md lists as accepted and not acted on: a config Triton's users
+    write with them serves."""
+    config = ONNX + (
+        "max_batch_size: 8\n"
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"
+        "optimization { graph { level: 1 } }\n"
+        'model_warmup { name: "w" batch_size: 1 }\n'
+        "response_cache { enable: true }\n"
+        'parameters { key: "k" value { string_value: "v" } }\n'
+        'metric_tags { key: "team" value: "a" }\n'
+        'instance_group { count: 1 kind: KIND_CPU rate_limiter { priority: 1 } host_policy: "h" }\n'
+    )
+    root = onnx_repo(tmp_path / "repo", linear_model(), config)
+    serving = serve(local, root, compile_cache=tmp_path / "cache")
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(serving.infer(InferRequest("m", {"x": x})).outputs["y"], x @ W)
