@@ -2,9 +2,9 @@
 by a daemon that compiles them on load, then by the same daemon started again on the
 same cache, side by side in one run.
 
-    python bench/compile_cache.py [--model resnet|bert] [--small] [--starts 2]
+    python bench/compile_cache.py [--small] [--starts 2]
 
-The repository holds one model of the project's families (`python -m neuron_rtd.models`),
+The repository holds the project's ResNet (`python -m neuron_rtd.models resnet`),
 as Triton's users ship it: `model.onnx`, `platform: "onnxruntime_onnx"`, `max_batch_size`
 8 with `dynamic_batching`, so its NEFF has batch buckets to compile. Each start is timed
 from the process's spawn to the model answering `ModelReady` over gRPC; the first on an
@@ -25,11 +25,12 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 
-def repository(root: Path, family: str, small: bool) -> Path:
+def repository(root: Path, small: bool) -> Path:
     """`root/repo/m/{config.pbtxt,1/model.onnx}`."""
     folder = root / "repo" / "m"
     (folder / "1").mkdir(parents=True)
-    build = [sys.executable, "-m", "neuron_rtd.models", family, "-o", str(folder / "1/model.onnx")]
+    onnx_file = str(folder / "1/model.onnx")
+    build = [sys.executable, "-m", "neuron_rtd.models", "resnet", "-o", onnx_file]
     subprocess.run([*build, *(["--small"] if small else [])], check=True)
     (folder / "config.pbtxt").write_text(
         'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
@@ -61,8 +62,12 @@ def start(root: Path, repo: Path, cache: Path, n: int) -> tuple[float, str]:
                     client = grpcclient.InferenceServerClient(f"unix:{sock}")
                     if client.is_model_ready("m"):
                         break
+                    index = client.get_model_repository_index().models
                 except Exception:  # not listening yet
-                    pass
+                    index = []
+                refused = [m.reason for m in index if m.state == "UNAVAILABLE"]
+                if refused:
+                    raise SystemExit(f"the model is not served: {refused[0]}")
             time.sleep(0.05)
         took = time.perf_counter() - began
     finally:
@@ -75,16 +80,15 @@ def start(root: Path, repo: Path, cache: Path, n: int) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("resnet", "bert"), default="resnet")
     parser.add_argument("--small", action="store_true", help="the family's small variant")
     parser.add_argument("--starts", type=int, default=2, help="starts on the same cache")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nrt-cache-bench-") as work:
         root = Path(work)
-        repo = repository(root, options.model, options.small)
+        repo = repository(root, options.small)
         cache = root / "cache"
         size = (repo / "m/1/model.onnx").stat().st_size
-        print(f"{options.model}{' (small)' if options.small else ''}: model.onnx {size >> 10} KiB")
+        print(f"resnet{' (small)' if options.small else ''}: model.onnx {size >> 10} KiB")
         first = None
         for n in range(options.starts):
             took, said = start(root, repo, cache, n)
