@@ -49,6 +49,7 @@ from neuron_rtd.serving.ensemble_config import (
     check_steps,
     complete_ensemble,
 )
+from neuron_rtd.serving.served import wanted_outputs
 from neuron_rtd.serving.stats import STEPS, VersionStats
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -413,17 +414,8 @@ class EnsembleVersion:
         return batch
 
     def _wanted(self, outputs: Sequence[str] | None) -> Sequence[str]:
-        if outputs is None:
-            return self._output_names
-        for name in outputs:
-            if name not in self._output_names:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"{self.model} has no output named '{name}'; its outputs: "
-                    + ", ".join(f"'{n}'" for n in self._output_names),
-                )
-        asked = set(outputs)
-        return [name for name in self._output_names if name in asked]
+        names = self._output_names
+        return wanted_outputs(outputs, names, frozenset(names), self.model)
 
 
 def _shape(shape: Sequence[int]) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model
+from neuron_rtd.compiler import CompileError, bucket_ranges, compile_model, value_type
 from neuron_rtd.errors import shown
 from neuron_rtd.proto import model_config_pb
 from neuron_rtd.serving.api import ServingError, Status
@@ -396,19 +396,10 @@ class _Plan:
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list[Dim] | None:
-    """An ONNX tensor's axes (None when its rank is not declared)."""
-    tensor = vi.type.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    dims: list[Dim] = []
-    for dim in tensor.shape.dim:
-        if dim.HasField("dim_value"):
-            dims.append(int(dim.dim_value))
-        elif dim.HasField("dim_param"):
-            dims.append(dim.dim_param)
-        else:
-            dims.append(None)
-    return dims
+    """An ONNX tensor's axes (None when its rank is not declared), as the compiler reads
+    them."""
+    found = value_type(vi)
+    return None if found is None or found.shape is None else list(found.shape)
 
 
 def _shown(dims: Sequence[Dim] | None) -> str:

@@ -396,17 +396,7 @@ class ServedVersion:
         )
 
     def _wanted(self, outputs: Sequence[str] | None) -> Sequence[str]:
-        if outputs is None:
-            return self._output_names
-        for name in outputs:
-            if name not in self._output_set:
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"model '{self.name}' has no output named '{name}'; its outputs: "
-                    + ", ".join(f"'{n}'" for n in self._output_names),
-                )
-        asked = set(outputs)
-        return [name for name in self._output_names if name in asked]
+        return wanted_outputs(outputs, self._output_names, self._output_set, self.model)
 
     # --- one execution ---------------------------------------------------------------------
     def execute(self, copy: int, inputs: Mapping[str, np.ndarray | Rows]) -> InferResult:
@@ -433,6 +423,24 @@ class ServedVersion:
         if self.sequencer is not None:
             self.sequencer.close()
         return unload_copies(self.runtime, self.model_ids)
+
+
+def wanted_outputs(
+    outputs: Sequence[str] | None, names: Sequence[str], known: frozenset[str], model: str
+) -> Sequence[str]:
+    """The outputs a request asks for (`outputs`; None: all), in the model's order
+    (`names`, as a set `known`); INVALID_ARGUMENT naming one `model` has not."""
+    if outputs is None:
+        return names
+    for name in outputs:
+        if name not in known:
+            raise ServingError(
+                Status.INVALID_ARGUMENT,
+                f"{model} has no output named '{name}'; its outputs: "
+                + ", ".join(f"'{n}'" for n in names),
+            )
+    asked = set(outputs)
+    return [name for name in names if name in asked]
 
 
 def unload_copies(runtime: Runtime, model_ids: Sequence[int]) -> list[str]:

@@ -80,6 +80,12 @@ class VersionStats:
 
     def request_done(self, ns: int, batch_size: int, queue_ns: int) -> None:
         """A request answered, `ns` after it came, `queue_ns` of which it waited."""
+        self._answered(ns, batch_size, queue_ns)
+        tally = STEPS.tally
+        if tally is not None:  # a step of an ensemble: its execution's time, from its batch's
+            _executed(tally, 1, 0, ns - queue_ns, 0)
+
+    def _answered(self, ns: int, batch_size: int, queue_ns: int) -> None:
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
             requests = self._requests
@@ -89,9 +95,6 @@ class VersionStats:
             requests[QUEUE + 1] += queue_ns
             self._inferences += batch_size
             self._last_ms = now_ms
-        tally = STEPS.tally
-        if tally is not None:  # a step of an ensemble: its execution's time, from its batch's
-            _executed(tally, 1, 0, ns - queue_ns, 0)
 
     def request_ran(
         self, ns: int, batch_size: int, queue_ns: int, infer_ns: int, output_ns: int
@@ -157,22 +160,9 @@ class VersionStats:
     def ensemble_ran(self, ns: int, batch_size: int, queue_ns: int, steps: list[int]) -> None:
         """An ensemble's request answered: a request, and one execution whose compute
         times are its steps' summed (`steps`, a compute list), as Triton counts it."""
-        now_ms = time.time_ns() // 1_000_000
         times = (steps[INPUT + 1], steps[INFER + 1], steps[OUTPUT + 1])
-        with self._lock:
-            requests = self._requests
-            requests[SUCCESS] += 1
-            requests[SUCCESS + 1] += ns
-            requests[QUEUE] += 1
-            requests[QUEUE + 1] += queue_ns
-            self._inferences += batch_size
-            self._last_ms = now_ms
-            self._executions += 1
-            per_size = self._batches.get(batch_size)
-            if per_size is None:
-                per_size = self._batches[batch_size] = [0] * 6
-            _executed(self._compute, 1, *times)
-            _executed(per_size, 1, *times)
+        self._answered(ns, batch_size, queue_ns)
+        self.execution(batch_size, *times)
         tally = STEPS.tally
         if tally is not None:  # itself a step of an ensemble: its steps' times, to that one
             _executed(tally, 1, *times)

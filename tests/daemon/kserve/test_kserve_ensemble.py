@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kserve_daemon import http_port
 from test_serving_ensemble import CHAIN, FAN, PRE, W_PRE, by_hand, ensemble, repository, step
 from tritonclient.utils import InferenceServerException
 
@@ -71,8 +72,7 @@ def client(served: DaemonProcess) -> Iterator[grpcclient.InferenceServerClient]:
 
 @pytest.fixture(scope="module")
 def http(served: DaemonProcess) -> Iterator[httpclient.InferenceServerClient]:
-    (line,) = [x for x in served.log().splitlines() if "KServe v2 HTTP listening on" in x]
-    triton = httpclient.InferenceServerClient(f"127.0.0.1:{line.rpartition(':')[2]}")
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{http_port(served)}")
     yield triton
     triton.close()
 

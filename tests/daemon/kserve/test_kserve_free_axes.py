@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from kserve_daemon import kserve_daemon
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
@@ -83,13 +84,9 @@ def served(module_work: Path) -> Iterator[Served]:
         (repo / name / "config.pbtxt").write_text(config(name))
     settings = module_work / "neuron-rtd.json"
     settings.write_text(json.dumps({"max_message_mb": LIMIT_MB, "http_max_body_mb": LIMIT_MB}))
-    args = ["-c", str(settings), "--model-repository", str(repo)]
-    args += ["--compile-cache", str(module_work / "cache"), "--http-address", "127.0.0.1:0"]
-    with DaemonProcess(sim_root=module_work / "sim", args=args, ready_timeout_s=START_S) as proc:
-        (line,) = [x for x in proc.log().splitlines() if "KServe v2 HTTP listening on" in x]
-        yield Served(proc, int(line.rpartition(":")[2]))
-        log = proc.log()
-    assert "Traceback" not in log, log
+    args = ["-c", str(settings), "--compile-cache", str(module_work / "cache")]
+    with kserve_daemon(module_work, repo, *args, ready_timeout_s=START_S) as (proc, port):
+        yield Served(proc, port)
 
 
 def infer(module: Any, client: Any, model: str, data: np.ndarray, kind: str) -> np.ndarray:

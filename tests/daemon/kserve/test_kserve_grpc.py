@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
+from kserve_daemon import http_port
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -664,8 +665,7 @@ def test_the_http_front_end_listens_where_it_is_told(module_work: Path, repo: Re
     pytest.importorskip("neuron_rtd.server.kserve_http")
     args = ["--model-repository", str(repo.path), "--http-address", "127.0.0.1:0"]
     with DaemonProcess(sim_root=module_work / "sim-http", args=args) as proc:
-        (line,) = [x for x in proc.log().splitlines() if "KServe v2 HTTP listening on" in x]
-        port = int(line.rpartition(":")[2])
+        port = http_port(proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as r:
             assert r.status == 200
         triton = grpcclient.InferenceServerClient(url=proc.address)  # gRPC as well

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kserve_daemon import kserve_daemon
 from sequence_models import config, write_model
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -67,12 +68,8 @@ def repo(module_work: Path) -> Path:
 def served(module_work: Path, repo: Path) -> Iterator[tuple[DaemonProcess, str]]:
     """The daemon over the repository, gRPC on its socket and HTTP on a port of its
     choice: (the daemon, HTTP's host:port)."""
-    args = ["--model-repository", str(repo), "--http-address", "127.0.0.1:0"]
-    with DaemonProcess(sim_root=module_work / "sim", args=args) as proc:
-        (line,) = [x for x in proc.log().splitlines() if "KServe v2 HTTP listening on" in x]
-        yield proc, f"127.0.0.1:{line.rpartition(':')[2]}"
-        log = proc.log()
-    assert "Traceback" not in log, log
+    with kserve_daemon(module_work, repo) as (proc, port):
+        yield proc, f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

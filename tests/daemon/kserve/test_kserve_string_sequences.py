@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kserve_daemon import kserve_daemon
 from sequence_models import config, write_model
+from test_kserve_sequences import value
 from tritonclient.utils import InferenceServerException
 
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -38,12 +40,8 @@ def served(module_work: Path) -> Iterator[tuple[DaemonProcess, str]]:
     write_model(repo, DIRECT, STRING_DYNA, config(STRING_DYNA, "direct { }"))
     oldest = "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 20000 }"
     write_model(repo, OLDEST, STRING_DYNA, config(STRING_DYNA, oldest))
-    args = ["--model-repository", str(repo), "--http-address", "127.0.0.1:0"]
-    with DaemonProcess(sim_root=module_work / "sim", args=args) as proc:
-        (line,) = [x for x in proc.log().splitlines() if "KServe v2 HTTP listening on" in x]
-        yield proc, f"127.0.0.1:{line.rpartition(':')[2]}"
-        log = proc.log()
-    assert "Traceback" not in log, log
+    with kserve_daemon(module_work, repo) as (proc, port):
+        yield proc, f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +56,6 @@ def http(served: tuple[DaemonProcess, str]) -> Iterator[httpclient.InferenceServ
     triton = httpclient.InferenceServerClient(url=served[1])
     yield triton
     triton.close()
-
-
-def value(client: Any, module: Any, model: str, x: int, **sequence: Any) -> int:
-    """One request of INPUT [[x]] (INT32) to `model`; its OUTPUT's value."""
-    tensor = module.InferInput("INPUT", [1, 1], "INT32")
-    tensor.set_data_from_numpy(np.array([[x]], np.int32))
-    result = client.infer(model, [tensor], **sequence)
-    return int(result.as_numpy("OUTPUT")[0][0])
 
 
 def expected(sid: str, xs: list[int]) -> list[int]:
