@@ -107,6 +107,8 @@ class DaemonConfig:
     server_threads: int = 16  # gRPC unary call threads at most (server/pool.py)
     stream_threads: int = 64  # stream requests worked on at once, each kind (loads; infers)
     http_threads: int = 16  # the HTTP front's workers (requests running at once)
+    metrics_threads: int = 2  # the metrics address's workers (scrapes answered at once)
+    ensemble_threads: int = 16  # ensembles' steps run at once beside their requests' own
     peer_lanes: int = 256  # fast lanes on the peer socket, a thread each
     peer_lanes_per_user: int = 64  # of them, one user's
     session_end_threads: int = 2  # ended sessions released at once (models unloaded, NCGs)
@@ -223,8 +225,8 @@ def validate(config: DaemonConfig, where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: nc_engine: {exc}") from None
     if config.server_threads < 2:
         raise ConfigError(f"{where}: server_threads must be at least 2")
-    pools = ("stream_threads", "http_threads", "peer_lanes", "peer_lanes_per_user")
-    for pool in (*pools, "session_end_threads"):
+    pools = ("stream_threads", "http_threads", "metrics_threads", "ensemble_threads")
+    for pool in (*pools, "peer_lanes", "peer_lanes_per_user", "session_end_threads"):
         if getattr(config, pool) < 1:
             raise ConfigError(f"{where}: {pool} must be at least 1")
     if not 0 <= config.shm_read_threads <= 64:

@@ -72,7 +72,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nrtd.NRTD")
 
 DRAIN_GRACE_S = 5.0
-METRICS_THREADS = 2  # scrapes answered at once (each renders in well under a millisecond)
 
 
 class Daemon:
@@ -301,6 +300,7 @@ class Daemon:
             load_models=config.load_models,
             poll_s=float(config.repository_poll_secs),
             compile_cache=compile_cache_dir(config),
+            step_threads=config.ensemble_threads,
         )
         self.serving = serving  # closed by run() should what follows fail
         if repository is not None:
@@ -345,7 +345,7 @@ class Daemon:
             group=socket_gid(self.config),
             header_timeout_s=float(self.config.http_header_timeout_secs),
             max_connections_per_user=self.config.http_max_connections_per_user,
-            threads=METRICS_THREADS,
+            threads=self.config.metrics_threads,
         )
         app = MetricsApp(Metrics(serving, runtime))
         metrics = HttpServer(serving, address, options, app=app, compute_gate=runtime.compute_gate)

@@ -32,7 +32,7 @@ from neuron_rtd.serving.config import (
     read_config,
     select_versions,
 )
-from neuron_rtd.serving.ensemble import EnsembleVersion, StepPool, load_ensemble
+from neuron_rtd.serving.ensemble import STEP_THREADS, EnsembleVersion, StepPool, load_ensemble
 from neuron_rtd.serving.ensemble_config import is_ensemble
 from neuron_rtd.serving.ensemble_loading import load_composing, recheck_ensembles
 from neuron_rtd.serving.names import NameLocks, is_model_dir
@@ -84,6 +84,7 @@ class Loader:
         repository: Path | None,
         unknown_model: Callable[[str], str],
         compile_cache: Path | None = None,
+        step_threads: int = STEP_THREADS,
     ) -> None:
         self.runtime = runtime
         self.repository = repository
@@ -96,7 +97,7 @@ class Loader:
         self.lock = threading.Lock()  # guards models and progress
         self.name_locks = NameLocks()
         self.closed = threading.Event()
-        self.steps = StepPool()  # the threads of ensembles' steps
+        self.steps = StepPool(step_threads)  # the threads of ensembles' steps
 
     def in_repository(self, name: str) -> bool:
         return self.repository is not None and is_model_dir(self.repository, name)

@@ -43,6 +43,7 @@ from neuron_rtd.serving.api import (
 )
 from neuron_rtd.serving.classification import check_classification, classify
 from neuron_rtd.serving.config import PLATFORM
+from neuron_rtd.serving.ensemble import STEP_THREADS
 from neuron_rtd.serving.loading import (
     Loader,
     Served,
@@ -85,6 +86,7 @@ class Serving:
         load_models: Sequence[str] = (),
         poll_s: float = 15.0,
         compile_cache: Path | None = None,
+        step_threads: int = STEP_THREADS,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(
@@ -98,8 +100,9 @@ class Serving:
         self.load_models = tuple(load_models)
         self.poll_s = poll_s
         self.regions = SystemSharedMemory(runtime, limit=runtime.options.session_max_shm_maps)
-        # compile_cache: where ONNX models' NEFFs are kept (None: a temporary folder)
-        self._loader = Loader(runtime, repository, self._unknown_model, compile_cache)
+        # compile_cache: where ONNX models' NEFFs are kept (None: a temporary folder);
+        # step_threads: ensembles' steps run at once beside their requests' own
+        self._loader = Loader(runtime, repository, self._unknown_model, compile_cache, step_threads)
         self._models = self._loader.models  # under self._lock
         self._lock = self._loader.lock
         self._name_locks = self._loader.name_locks
