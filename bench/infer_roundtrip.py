@@ -179,7 +179,10 @@ def main() -> int:
         f"get_version/bare protobuf call {p50_v / p50_p:.2f}x; infer/bare protobuf call "
         f"{p50_i / p50_p:.2f}x"
     )
-    print(f"ratio infer/echo (server CPU per call): {cpu['infer'] / cpu['echo']:.2f}x")
+    if cpu["echo"] > 0:
+        print(f"ratio infer/echo (server CPU per call): {cpu['infer'] / cpu['echo']:.2f}x")
+    else:  # a short run: the echo's CPU time below the process clock's tick
+        print("ratio infer/echo (server CPU per call): n/a (the echo used no measurable CPU)")
     print(
         f"Client infer on the fast lane / gRPC echo (p50): {p50_l / p50_e:.2f}x; "
         f"/ unix-socket echo: {p50_l / statistics.median(t_sock):.2f}x"

@@ -12,7 +12,10 @@ runs it; `tests/project/test_house_rules.py` runs it and proves each rule can fa
 - `citations`: every repository file a comment or docstring names (a page under `docs/`,
   `neuron_rtd/runtime/shm.py:Name`, `ARCHITECTURE.md`) exists, in the `.py` files of
   `CITING`, resolved against the repository's root (a path starting `../` is outside it
-  on purpose and is not checked).
+  on purpose and is not checked);
+- `test-names`: no two Python files under `tests/` of one file name: pytest imports a
+  test module (and the helper modules of the folders on its `pythonpath`) by its file
+  name alone, so the second of two is "import file mismatch", an error that stops it.
 
 Usage: `python scripts/house_rules.py [--root DIR]`; exit 1 with one line per violation.
 """
@@ -198,11 +201,28 @@ def check_citations(root: Path) -> list[str]:
     return found
 
 
+def check_test_names(root: Path) -> list[str]:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    tests = root / "tests"
+    if tests.is_dir():
+        for path in sorted(tests.rglob("*.py")):
+            # (pytest names each conftest.py by its folder)
+            if path.name not in ("__init__.py", "conftest.py") and "__pycache__" not in path.parts:
+                by_name[path.name].append(path.relative_to(root).as_posix())
+    return [
+        f"{name} is the name of {len(places)} test files: {', '.join(places)}; pytest "
+        "imports them by file name, so give each its own"
+        for name, places in sorted(by_name.items())
+        if len(places) > 1
+    ]
+
+
 RULES = {
     "long": check_long,
     "classes": check_classes,
     "contracts": check_contracts,
     "citations": check_citations,
+    "test-names": check_test_names,
 }
 
 

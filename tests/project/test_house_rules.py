@@ -120,6 +120,16 @@ def test_two_classes_of_one_name_fail_private_ones_too(tmp_path: Path) -> None:
     assert "neuron_rtd/top/a.py:1" in found and "driver_sim/b.py:2" in found
 
 
+def test_two_test_files_of_one_name_fail(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {"tests/unit/a/test_axes.py": "", "tests/unit/b/test_axes.py": "", "tests/x.py": ""},
+    )
+    (found,) = rules.check_test_names(root)
+    assert "test_axes.py" in found and "tests/unit/a/test_axes.py" in found, found
+    assert "tests/unit/b/test_axes.py" in found
+
+
 def test_a_module_no_contract_covers_fails(tmp_path: Path) -> None:
     (found,) = rules.check_contracts(tree(tmp_path, {"neuron_rtd/stray.py": ""}))
     assert found.startswith("neuron_rtd.stray: in no import contract")

@@ -1,10 +1,14 @@
 """The daemon as the KServe tests start it: over a model repository, gRPC on its socket and
 the HTTP front on a loopback port of its own choice, its log free of tracebacks when it
-stops (no request, however malformed, broke anything)."""
+stops (no request, however malformed, broke anything); and Triton's perf_analyzer, which
+the tests drive it with."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import runpy
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,3 +32,19 @@ def kserve_daemon(
         yield proc, http_port(proc)
         log = proc.log()
     assert "Traceback" not in log, log
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def perf_analyzer() -> Path:
+    """Triton's perf_analyzer 2.51 in this environment (`make perf-analyzer`, which
+    scripts/perf_analyzer.py does), installed when it is not there yet: under a lock, as
+    the suite's workers may ask for it at once."""
+    lock = Path(sys.prefix) / "lib" / ".perf_analyzer.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        install = runpy.run_path(str(ROOT / "scripts" / "perf_analyzer.py"))["install"]
+        binary: Path = install(Path(sys.prefix))
+        return binary

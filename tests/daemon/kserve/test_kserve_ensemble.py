@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kserve_daemon import http_port
+from kserve_daemon import http_port, perf_analyzer
 from test_serving_ensemble import CHAIN, FAN, PRE, W_PRE, by_hand, ensemble, repository, step
 from tritonclient.utils import InferenceServerException
 
@@ -208,9 +207,7 @@ def test_perf_analyzer_drives_the_ensemble_and_reports_its_composing_models(
 ) -> None:
     """Triton's load generator reads the ensemble's config and asks each composing
     model's statistics, as it does of Triton (`make perf-analyzer` installs it)."""
-    tool = Path(sys.executable).parent / "perf_analyzer"
-    if not tool.exists():
-        pytest.skip(f"{tool} is not installed (make perf-analyzer)")
+    tool = perf_analyzer()
     url = served.address.replace("unix:", "unix://", 1)
     args = ["-m", "fan", "-i", "grpc", "-u", url, "-b", "2", "--concurrency-range", "2"]
     args += ["--measurement-interval", "1000"]

@@ -9,7 +9,6 @@ the stream handing a sequence's requests on in the order they came."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kserve_daemon import kserve_daemon
+from kserve_daemon import kserve_daemon, perf_analyzer
 from sequence_models import config, write_model
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -364,9 +363,7 @@ def test_parameters_of_the_wrong_type_are_refused(served: tuple[DaemonProcess, s
 def test_perf_analyzer_runs_sequences_clean(
     served: tuple[DaemonProcess, str], protocol: str
 ) -> None:
-    binary = Path(sys.prefix) / "bin" / "perf_analyzer"  # where `make perf-analyzer` puts it
-    if not binary.exists():
-        pytest.skip("perf_analyzer is not installed (make perf-analyzer)")
+    binary = perf_analyzer()
     url = f"unix://{served[0].socket_path}" if protocol == "grpc" else served[1]
     # -s 1000: any throughput counts as stable; this asks that it runs clean, not how fast
     done = subprocess.run(

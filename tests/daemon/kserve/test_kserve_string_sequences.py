@@ -9,7 +9,6 @@ words, and perf_analyzer, whose ids are uint64, is told so."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kserve_daemon import kserve_daemon
+from kserve_daemon import kserve_daemon, perf_analyzer
 from sequence_models import config, write_model
 from test_kserve_sequences import value
 from tritonclient.utils import InferenceServerException
@@ -228,9 +227,7 @@ def test_perf_analyzer_s_integer_ids_are_refused_clearly(
     """perf_analyzer 2.51 sends uint64 sequence ids only (it has no option for string
     ids), so a string-CORRID model refuses them, as Triton does: it stops with that
     reason, no hang."""
-    binary = Path(sys.prefix) / "bin" / "perf_analyzer"  # where `make perf-analyzer` puts it
-    if not binary.exists():
-        pytest.skip("perf_analyzer is not installed (make perf-analyzer)")
+    binary = perf_analyzer()
     url = f"unix://{served[0].socket_path}"
     done = subprocess.run(
         [

@@ -11,9 +11,7 @@ OUTPUT1 = their difference (max_batch_size 8, its NEFF's batch buckets 1..16).""
 from __future__ import annotations
 
 import json
-import runpy
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +25,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from kserve_daemon import perf_analyzer
 from onnx import ModelProto, TensorProto, helper
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -277,8 +276,7 @@ def test_perf_analyzer_with_system_shared_memory(
     """Triton's perf_analyzer (2.51, `make perf-analyzer`) with its inputs and outputs in
     system shared memory: over HTTP it read an output's parameters as binary data's and
     exited 99; over gRPC it could not unregister CUDA shared memory. A short run."""
-    install = runpy.run_path(str(ROOT / "scripts" / "perf_analyzer.py"))["install"]
-    binary = install(Path(sys.prefix))
+    binary = perf_analyzer()
     url = f"127.0.0.1:{served[1]}" if protocol == "http" else f"unix://{served[0].socket_path}"
     command = [
         str(binary), "-m", SIMPLE, "-i", protocol, "-u", url, "--shared-memory", "system",
