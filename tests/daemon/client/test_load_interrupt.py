@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from interrupts import as_from_a_terminal
 from waiting import wait_until
 
 from neuron_rtd.cli.spawn import DaemonProcess
@@ -110,12 +111,10 @@ def neuron_cli_load(daemon: DaemonProcess, *args: str | Path) -> subprocess.Pope
         [str(script)] if script.exists() else [sys.executable, "-m", "neuron_rtd.cli.neuron_cli"]
     )
     return subprocess.Popen(
-        [*command, "load", *map(str, args), "-a", daemon.address],
+        as_from_a_terminal([*command, "load", *map(str, args), "-a", daemon.address]),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # a shell's background job (`make test &`) ignores SIGINT, and its children would
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from interrupts import as_from_a_terminal
 from terminal import on_a_terminal
 from waiting import wait_until
 
@@ -206,12 +207,9 @@ def test_a_killed_run_resumes_to_exactly_the_full_output(
     inject.write_text("nc_delay_ms=40\n")  # slow enough to be killed mid-run
     try:
         run = subprocess.Popen(
-            batch_cmd(daemon, neff, *args),
+            as_from_a_terminal(batch_cmd(daemon, neff, *args)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            # as from a terminal: a test run in the background has SIGINT ignored, and
-            # its children would inherit that
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         checkpoint = out / ".checkpoint.json"
         deadline = time.monotonic() + 120
