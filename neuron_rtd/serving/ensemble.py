@@ -49,7 +49,7 @@ from neuron_rtd.serving.ensemble_config import (
     check_steps,
     complete_ensemble,
 )
-from neuron_rtd.serving.served import wanted_outputs
+from neuron_rtd.serving.served import check_shape, wanted_outputs
 from neuron_rtd.serving.stats import STEPS, VersionStats
 
 log = logging.getLogger("nrtd.KSERVE")
@@ -397,17 +397,7 @@ class EnsembleVersion:
                     f"takes {spec.datatype}",
                 )
             shape = array.shape
-            fits = len(shape) == len(expected) and all(
-                got == want or (want == -1 and got >= (1 if axis == 0 and batched else 0))
-                for axis, (got, want) in enumerate(zip(shape, expected, strict=True))
-            )
-            if not fits:
-                limit = f" (max_batch_size {self.config.max_batch_size})" if batched else ""
-                raise ServingError(
-                    Status.INVALID_ARGUMENT,
-                    f"input '{name}' has shape {_shape(shape)}; {self.model} takes "
-                    f"{_shape(expected)}{limit}",
-                )
+            check_shape(name, shape, expected, self.model, self.config.max_batch_size)
             if batched:
                 rows = batch_rows(name, shape, self.model, self.config.max_batch_size)
                 batch, first = same_batch(name, rows, first, batch)

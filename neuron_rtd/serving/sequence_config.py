@@ -254,14 +254,7 @@ def _control(
         field, values = given[0]
         dtype = np.dtype({"int32": "<i4", "fp32": "<f4", "bool": "?"}[field.split("_")[0]])
         pair = (dtype.type(values[0]), dtype.type(values[1]))
-    spec = inputs.get(name)
-    if spec is None:
-        raise _invalid(f"{what}: its NEFF has no input '{name}' ({', '.join(inputs)})")
-    if spec.dtype != dtype:
-        raise _invalid(
-            f"{what} is {config_type_name(_config_type(dtype))}, but its NEFF's input '{name}' "
-            f"is {config_type_name(_config_type(spec.dtype))}"
-        )
+    spec = _neff_tensor(what, inputs, name, "input", _config_type(dtype), dtype)
     row = spec.shape[1:] if batched else spec.shape
     if math.prod(row) != 1:
         raise _invalid(
@@ -269,6 +262,27 @@ def _control(
             "one value per batch row: [batch, 1] (or [1] without a batch axis)"
         )
     return Control(name, kind, dtype, pair, tuple(row))
+
+
+def _neff_tensor(
+    what: str,
+    specs: dict[str, TensorSpec],
+    name: str,
+    kind: str,
+    data_type: int,
+    dtype: np.dtype,
+) -> TensorSpec:
+    """The NEFF's `kind` ("input", "output") `name`, of `dtype` (the config's `data_type`)
+    as `what` (a control, a state) says; INVALID_ARGUMENT otherwise."""
+    spec = specs.get(name)
+    if spec is None:
+        raise _invalid(f"{what}: its NEFF has no {kind} '{name}' ({', '.join(specs)})")
+    if spec.dtype != dtype:
+        raise _invalid(
+            f"{what} is {config_type_name(data_type)}, but its NEFF's {kind} '{name}' "
+            f"is {config_type_name(_config_type(spec.dtype))}"
+        )
+    return spec
 
 
 def _state(
@@ -288,14 +302,7 @@ def _state(
         (entry.input_name, inputs, "input"),
         (entry.output_name, outputs, "output"),
     ):
-        spec = specs.get(name)
-        if spec is None:
-            raise _invalid(f"{what}: its NEFF has no {kind} '{name}' ({', '.join(specs)})")
-        if spec.dtype != dtype:
-            raise _invalid(
-                f"{what} is {config_type_name(entry.data_type)}, but its NEFF's {kind} "
-                f"'{name}' is {config_type_name(_config_type(spec.dtype))}"
-            )
+        spec = _neff_tensor(what, specs, name, kind, entry.data_type, dtype)
         varying = set(spec.varying_axes)
         neff_dims = [-1 if axis in varying else size for axis, size in enumerate(spec.shape)]
         neff_dims = neff_dims[1:] if batched else neff_dims

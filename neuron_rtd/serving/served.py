@@ -354,17 +354,7 @@ class ServedVersion:
         if shape == expected:  # a fixed shape, as the model takes it
             return 1
         batched = self.max_batch_size > 0
-        fits = len(shape) == len(expected) and all(
-            got == want or (want == -1 and got >= (1 if axis == 0 and batched else 0))
-            for axis, (got, want) in enumerate(zip(shape, expected, strict=True))
-        )
-        if not fits:
-            limit = f" (max_batch_size {self.max_batch_size})" if batched else ""
-            raise ServingError(
-                Status.INVALID_ARGUMENT,
-                f"input '{spec.name}' has shape {_shape(shape)}; model '{self.name}' takes "
-                f"{_shape(expected)}{limit}",
-            )
+        check_shape(spec.name, shape, expected, self.model, self.max_batch_size)
         rows = 1
         if batched:
             rows = batch_rows(
@@ -423,6 +413,24 @@ class ServedVersion:
         if self.sequencer is not None:
             self.sequencer.close()
         return unload_copies(self.runtime, self.model_ids)
+
+
+def check_shape(
+    name: str, shape: Sequence[int], expected: Sequence[int], model: str, max_batch_size: int
+) -> None:
+    """INVALID_ARGUMENT unless input `name`'s `shape` fits `expected` (-1: any size; a
+    batch axis, when `max_batch_size` > 0, at least 1 row) of `model` ("model 'm'")."""
+    batched = max_batch_size > 0
+    fits = len(shape) == len(expected) and all(
+        got == want or (want == -1 and got >= (1 if axis == 0 and batched else 0))
+        for axis, (got, want) in enumerate(zip(shape, expected, strict=True))
+    )
+    if not fits:
+        limit = f" (max_batch_size {max_batch_size})" if batched else ""
+        raise ServingError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' has shape {_shape(shape)}; {model} takes {_shape(expected)}{limit}",
+        )
 
 
 def wanted_outputs(
