@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import statistics
 import threading
 import time
 import weakref
@@ -102,10 +103,22 @@ ONE_THREAD_SLACK_NS = 20_000
 # One thread, once chosen, is tried again against all threads after RETRY_FIRST_NS of the
 # program's runs, then after twice as long each time it wins, up to RETRY_LONGEST_NS: a
 # trial run while the host was busy (another process, or other NCs, on the other cores)
-# finds all threads no faster, and that choice must not outlive the load. A choice of all
-# threads stands (the other threads cost CPU, not time).
+# finds all threads no faster, and that choice must not outlive the load by much. A retry
+# costs its runs on all threads (no more than a run on one thread when the host is quiet).
 RETRY_FIRST_NS = 2_000_000_000
-RETRY_LONGEST_NS = 64_000_000_000
+RETRY_LONGEST_NS = 8_000_000_000
+# A choice of all threads (tried, or kept untried for long runs) is watched: when
+# BUSY_RUNS runs in a row take over BUSY_SLOWER times the fastest all-threads run of the
+# trials, the host has got busy, and the runs are tried again, long ones too (then no
+# sooner than the back-off above). On 2 cores beside a busy loop on one, onnxruntime's
+# threads wait for each other's time slices: ResNet-18 took 31-37 ms a run on both
+# threads, 8-9 quiet, and about 14 on one thread.
+BUSY_SLOWER = 1.5
+BUSY_RUNS = 8
+# A trial run on all threads whose process took less CPU than STARVED_SHARE of its threads'
+# whole time waited for cores (its threads spin, or compute, from its start to its end): the
+# host is busy, and the trial tries long runs too.
+STARVED_SHARE = 0.8
 
 
 class _Threads:
@@ -120,9 +133,11 @@ class _Threads:
     progress): once settled (TRIAL_SETTLE_NS, the first trial only, and TRIAL_WARMUP
     runs), TRIAL_RUNS on all threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS
     on one (on a session of one thread, made in the background meanwhile); and it
-    compares the fastest run of each way (the host's noise only ever adds time). A
+    compares the fastest run of each way (the host's noise only ever adds time), or when
+    the trial's threads waited for cores (STARVED_SHARE), the median run of each way. A
     program of weights over TRIAL_MOST_WEIGHTS keeps all threads untried. One thread,
-    once chosen, is tried again later (RETRY_FIRST_NS)."""
+    once chosen, is tried again later (RETRY_FIRST_NS); all threads, once chosen, are
+    tried again when their runs slow down (BUSY_SLOWER: the host got busy)."""
 
     def __init__(self) -> None:
         self.one: bool | None = None  # the choice, once made
@@ -130,8 +145,12 @@ class _Threads:
         self._first = 0  # when the first trial run ended (monotonic ns)
         self._seen = 0  # trial runs on all threads so far, settling ones too
         self._settle = TRIAL_SETTLE_NS  # the first trial's; a later one's is none
-        self._again = 0  # when one thread, chosen, is tried again (monotonic ns)
-        self._retry = RETRY_FIRST_NS  # how long after choosing one thread that is
+        self._again = 0  # when a choice may be tried again (monotonic ns)
+        self._retry = RETRY_FIRST_NS  # the back-off after the next choice
+        self._fastest = 0  # the fastest all-threads run of the trials so far (ns)
+        self._slow = 0  # runs in a row, on all threads chosen, over BUSY_SLOWER * _fastest
+        self._long = False  # this trial tries long runs too (the host is busy)
+        self._trials = 0  # choices made
 
     def pick(self, most: int) -> int:
         """The threads of a run that may take `most` (> 1)."""
@@ -143,8 +162,9 @@ class _Threads:
             return most
         return 1 if one else most
 
-    def took(self, threads: int, ns: int) -> None:
-        """A trial run on `threads` took `ns`."""
+    def took(self, threads: int, ns: int, starved: bool = False) -> None:
+        """A trial run on `threads` took `ns`; `starved`: its threads waited for cores
+        (another process had them), so long runs are tried too."""
         every, one = self._took
         if threads == 1:
             one.append(ns)
@@ -154,20 +174,42 @@ class _Threads:
             self._seen += 1
             if self._seen > TRIAL_WARMUP and now - self._first >= self._settle:
                 every.append(ns)
-            if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS:
-                self.one = False
+                self._long = self._long or starved
+            if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS and not self._long:
+                self._chose(one=False)
         if len(one) >= TRIAL_RUNS:
-            alone, together = min(one), min(every)
-            self.one = (
+            # the host busy, all threads' runs are not slowed alike: some find the cores
+            # free (ResNet-18 beside a busy loop: 10-26 ms on both threads, 16-17 on one)
+            typical = statistics.median if self._long else min
+            alone, together = typical(one), typical(every)
+            self._chose(
                 alone <= together * ONE_THREAD_SLACK or alone - together <= ONE_THREAD_SLACK_NS
             )
-            if self.one:
-                self._again = time.monotonic_ns() + self._retry
-                self._retry = min(2 * self._retry, RETRY_LONGEST_NS)
+
+    def watch(self, ns: int) -> None:
+        """A run on all threads, chosen, took `ns`: BUSY_RUNS of them in a row over
+        BUSY_SLOWER times the fastest (the back-off past) start another trial, of long
+        runs too: the host got busy."""
+        self._fastest = min(self._fastest, ns)
+        self._slow = self._slow + 1 if ns > self._fastest * BUSY_SLOWER else 0
+        if self._slow >= BUSY_RUNS and time.monotonic_ns() >= self._again:
+            self._try_again()
+            self._long = True
+
+    def _chose(self, one: bool) -> None:
+        """The trial's choice. One thread is tried again after the back-off; so is all
+        threads chosen again (by a trial after the first), should its runs slow down."""
+        every = self._took[0]
+        self._fastest = min(self._fastest or every[0], *every)
+        self.one, self._slow, self._long = one, 0, False
+        self._trials += 1
+        if one or self._trials > 1:
+            self._again = time.monotonic_ns() + self._retry
+            self._retry = min(2 * self._retry, RETRY_LONGEST_NS)
 
     def _try_again(self) -> None:
-        """Start another trial of this choice of one thread (the sessions of both kinds
-        are there, and warm)."""
+        """Start another trial of this choice (the sessions of all threads are there and
+        warm; one thread's too, or made in the background meanwhile)."""
         self._took = ([], [])
         self._first = self._seen = self._settle = 0
         self.one = None
@@ -272,12 +314,18 @@ class FastProgram:
             key = (*kind, *arrays)
             bound = self._bound.get(key)
             if bound is not None:
-                if chooser is None or chooser.one is not None or most < self.threads:
+                if chooser is None or chooser.one or most < self.threads:
                     _run(bound.run)
-                else:  # a trial run, the engine to itself
+                elif chooser.one is False:  # all threads chosen: watched
                     began = time.perf_counter_ns()
                     _run(bound.run)
-                    chooser.took(threads, time.perf_counter_ns() - began)
+                    chooser.watch(time.perf_counter_ns() - began)
+                else:  # a trial run, the engine to itself
+                    began, cpu = time.perf_counter_ns(), time.process_time_ns()
+                    _run(bound.run)
+                    took, cpu = time.perf_counter_ns() - began, time.process_time_ns() - cpu
+                    starved = threads > 1 and cpu < took * threads * STARVED_SHARE
+                    chooser.took(threads, took, starved)
                     if chooser.one is False:
                         self._drop_one_thread_sessions()
                 return bound.key
