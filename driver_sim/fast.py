@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import resource
 import statistics
 import threading
 import time
@@ -115,10 +116,13 @@ RETRY_LONGEST_NS = 8_000_000_000
 # threads, 8-9 quiet, and about 14 on one thread.
 BUSY_SLOWER = 1.5
 BUSY_RUNS = 8
-# A trial run on all threads whose process took less CPU than STARVED_SHARE of its threads'
-# whole time waited for cores (its threads spin, or compute, from its start to its end): the
-# host is busy, and the trial tries long runs too.
-STARVED_SHARE = 0.8
+# A trial run on all threads during which the process's threads were preempted
+# (getrusage's involuntary context switches) waited for cores another process had: when
+# half the trial's runs on all threads did, the host is busy, and the trial tries long runs
+# too. (Beside a busy loop, ResNet-18's runs were preempted several times each; on a quiet
+# host next to never. The CPU a run took is no sign: a pool's threads sleep through the
+# graph's sequential stretches.)
+STARVED_RUNS = TRIAL_RUNS // 2
 
 
 class _Threads:
@@ -134,7 +138,7 @@ class _Threads:
     runs), TRIAL_RUNS on all threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS
     on one (on a session of one thread, made in the background meanwhile); and it
     compares the fastest run of each way (the host's noise only ever adds time), or when
-    the trial's threads waited for cores (STARVED_SHARE), the median run of each way. A
+    the trial's threads waited for cores (STARVED_RUNS), the median run of each way. A
     program of weights over TRIAL_MOST_WEIGHTS keeps all threads untried. One thread,
     once chosen, is tried again later (RETRY_FIRST_NS); all threads, once chosen, are
     tried again when their runs slow down (BUSY_SLOWER: the host got busy)."""
@@ -150,6 +154,7 @@ class _Threads:
         self._fastest = 0  # the fastest all-threads run of the trials so far (ns)
         self._slow = 0  # runs in a row, on all threads chosen, over BUSY_SLOWER * _fastest
         self._long = False  # this trial tries long runs too (the host is busy)
+        self._starved = 0  # this trial's runs on all threads that waited for cores
         self._trials = 0  # choices made
 
     def pick(self, most: int) -> int:
@@ -174,7 +179,8 @@ class _Threads:
             self._seen += 1
             if self._seen > TRIAL_WARMUP and now - self._first >= self._settle:
                 every.append(ns)
-                self._long = self._long or starved
+                self._starved += starved
+                self._long = self._long or self._starved >= STARVED_RUNS
             if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS and not self._long:
                 self._chose(one=False)
         if len(one) >= TRIAL_RUNS:
@@ -211,7 +217,7 @@ class _Threads:
         """Start another trial of this choice (the sessions of all threads are there and
         warm; one thread's too, or made in the background meanwhile)."""
         self._took = ([], [])
-        self._first = self._seen = self._settle = 0
+        self._first = self._seen = self._settle = self._starved = 0
         self.one = None
 
 
@@ -321,11 +327,10 @@ class FastProgram:
                     _run(bound.run)
                     chooser.watch(time.perf_counter_ns() - began)
                 else:  # a trial run, the engine to itself
-                    began, cpu = time.perf_counter_ns(), time.process_time_ns()
+                    began, preempted = time.perf_counter_ns(), _preempted()
                     _run(bound.run)
-                    took, cpu = time.perf_counter_ns() - began, time.process_time_ns() - cpu
-                    starved = threads > 1 and cpu < took * threads * STARVED_SHARE
-                    chooser.took(threads, took, starved)
+                    took = time.perf_counter_ns() - began
+                    chooser.took(threads, took, threads > 1 and _preempted() > preempted)
                     if chooser.one is False:
                         self._drop_one_thread_sessions()
                 return bound.key
@@ -440,6 +445,12 @@ class FastProgram:
             )
         except Exception:  # onnxruntime refuses the graph: the reference kernels run it
             return None
+
+
+def _preempted() -> int:
+    """How many times this process's threads have been preempted (involuntary context
+    switches: another thread wanted their core)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
 def _give_back_freed_memory() -> None:
