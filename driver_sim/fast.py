@@ -24,6 +24,8 @@ call with spinning after every run, 0.76 ms without, 0.62-0.78 ms for one model 
 The engine's threads go only where they pay: each set of input shapes of a program whose
 runs are short is run on all of them and on one over its first runs, and keeps one unless
 all are clearly faster (a graph too small or too sequential to split; see `_Threads`).
+On a busy host (another process on a core) long runs are tried too, and a choice of all
+threads whose runs slow down is tried again: there one thread often beats all of them.
 
 A program runs on the reference kernels when its shapes cannot be told from its input
 shapes (an op whose output shape depends on values computed from the inputs, such as
@@ -109,20 +111,21 @@ ONE_THREAD_SLACK_NS = 20_000
 RETRY_FIRST_NS = 2_000_000_000
 RETRY_LONGEST_NS = 8_000_000_000
 # A choice of all threads (tried, or kept untried for long runs) is watched: when
-# BUSY_RUNS runs in a row take over BUSY_SLOWER times the fastest all-threads run of the
-# trials, the host has got busy, and the runs are tried again, long ones too (then no
-# sooner than the back-off above). On 2 cores beside a busy loop on one, onnxruntime's
+# BUSY_RUNS runs in a row take over BUSY_SLOWER times the fastest all-threads run, most of
+# them preempted (PREEMPTED_PER_RUN, below), the host has got busy, and the runs are tried
+# again, long ones too (after a trial that chose all threads again, no sooner than the
+# back-off above). On 2 cores beside a busy loop on one, onnxruntime's
 # threads wait for each other's time slices: ResNet-18 took 31-37 ms a run on both
 # threads, 8-9 quiet, and about 14 on one thread.
 BUSY_SLOWER = 1.5
 BUSY_RUNS = 8
-# A trial run on all threads during which the process's threads were preempted
-# (getrusage's involuntary context switches) waited for cores another process had: when
-# half the trial's runs on all threads did, the host is busy, and the trial tries long runs
-# too. (Beside a busy loop, ResNet-18's runs were preempted several times each; on a quiet
-# host next to never. The CPU a run took is no sign: a pool's threads sleep through the
-# graph's sequential stretches.)
-STARVED_RUNS = TRIAL_RUNS // 2
+# Runs on all threads whose process's threads were preempted (getrusage's involuntary
+# context switches) PREEMPTED_PER_RUN times a run or more, on average over a trial's timed
+# runs, waited for cores another process had: the host is busy, and the trial tries long
+# runs too. Measured on 2 cores, a trial's runs of MobileNetV2 and EfficientNet-B0: 0-1
+# preemptions a run quiet (0-3 right after loading), 1-6 beside a busy loop. (The CPU a
+# run took is no sign: a pool's threads sleep through the graph's sequential stretches.)
+PREEMPTED_PER_RUN = 2
 
 
 class _Threads:
@@ -138,7 +141,7 @@ class _Threads:
     runs), TRIAL_RUNS on all threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS
     on one (on a session of one thread, made in the background meanwhile); and it
     compares the fastest run of each way (the host's noise only ever adds time), or when
-    the trial's threads waited for cores (STARVED_RUNS), the median run of each way. A
+    the trial's threads waited for cores (PREEMPTED_PER_RUN), the median run of each way. A
     program of weights over TRIAL_MOST_WEIGHTS keeps all threads untried. One thread,
     once chosen, is tried again later (RETRY_FIRST_NS); all threads, once chosen, are
     tried again when their runs slow down (BUSY_SLOWER: the host got busy)."""
@@ -154,7 +157,7 @@ class _Threads:
         self._fastest = 0  # the fastest all-threads run of the trials so far (ns)
         self._slow = 0  # runs in a row, on all threads chosen, over BUSY_SLOWER * _fastest
         self._long = False  # this trial tries long runs too (the host is busy)
-        self._starved = 0  # this trial's runs on all threads that waited for cores
+        self._starved = 0  # preemptions in the trial's timed runs, or in a slow streak's
         self._trials = 0  # choices made
 
     def pick(self, most: int) -> int:
@@ -167,9 +170,9 @@ class _Threads:
             return most
         return 1 if one else most
 
-    def took(self, threads: int, ns: int, starved: bool = False) -> None:
-        """A trial run on `threads` took `ns`; `starved`: its threads waited for cores
-        (another process had them), so long runs are tried too."""
+    def took(self, threads: int, ns: int, preempted: int = 0) -> None:
+        """A trial run on `threads` took `ns`, its threads `preempted` that many times
+        (often: another process had the cores, and long runs are tried too)."""
         every, one = self._took
         if threads == 1:
             one.append(ns)
@@ -179,8 +182,8 @@ class _Threads:
             self._seen += 1
             if self._seen > TRIAL_WARMUP and now - self._first >= self._settle:
                 every.append(ns)
-                self._starved += starved
-                self._long = self._long or self._starved >= STARVED_RUNS
+                self._starved += preempted
+                self._long = self._long or self._starved >= PREEMPTED_PER_RUN * TRIAL_RUNS
             if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS and not self._long:
                 self._chose(one=False)
         if len(one) >= TRIAL_RUNS:
@@ -192,13 +195,30 @@ class _Threads:
                 alone <= together * ONE_THREAD_SLACK or alone - together <= ONE_THREAD_SLACK_NS
             )
 
-    def watch(self, ns: int) -> None:
-        """A run on all threads, chosen, took `ns`: BUSY_RUNS of them in a row over
-        BUSY_SLOWER times the fastest (the back-off past) start another trial, of long
-        runs too: the host got busy."""
-        self._fastest = min(self._fastest, ns)
-        self._slow = self._slow + 1 if ns > self._fastest * BUSY_SLOWER else 0
-        if self._slow >= BUSY_RUNS and time.monotonic_ns() >= self._again:
+    @property
+    def slowing(self) -> bool:
+        """Whether runs on all threads, chosen, have begun to slow down (the next ones'
+        preemptions are counted)."""
+        return self._slow > 0
+
+    def watch(self, ns: int, preempted: int = 0) -> None:
+        """A run on all threads, chosen, took `ns` (its threads `preempted` that many
+        times, counted only while `slowing`). BUSY_RUNS in a row over BUSY_SLOWER times the
+        fastest, preempted as often as a busy host does, start another trial (the back-off
+        past), of long runs too: the
+        host got busy. Runs slowed alike on any threads (the machine's clock, a virtual
+        machine's neighbours: seen here, 3.7 then 5.5 ms for minutes) are not preempted."""
+        if ns <= self._fastest * BUSY_SLOWER:
+            self._fastest = min(self._fastest, ns)
+            self._slow = self._starved = 0
+            return
+        self._slow += 1
+        self._starved += preempted
+        if (
+            self._slow >= BUSY_RUNS
+            and self._starved >= PREEMPTED_PER_RUN * (self._slow - 1)  # the first, uncounted
+            and time.monotonic_ns() >= self._again
+        ):
             self._try_again()
             self._long = True
 
@@ -207,7 +227,7 @@ class _Threads:
         threads chosen again (by a trial after the first), should its runs slow down."""
         every = self._took[0]
         self._fastest = min(self._fastest or every[0], *every)
-        self.one, self._slow, self._long = one, 0, False
+        self.one, self._slow, self._starved, self._long = one, 0, 0, False
         self._trials += 1
         if one or self._trials > 1:
             self._again = time.monotonic_ns() + self._retry
@@ -323,14 +343,17 @@ class FastProgram:
                 if chooser is None or chooser.one or most < self.threads:
                     _run(bound.run)
                 elif chooser.one is False:  # all threads chosen: watched
+                    slowing = chooser.slowing
+                    preempted = _preempted() if slowing else 0
                     began = time.perf_counter_ns()
                     _run(bound.run)
-                    chooser.watch(time.perf_counter_ns() - began)
+                    took = time.perf_counter_ns() - began
+                    chooser.watch(took, _preempted() - preempted if slowing else 0)
                 else:  # a trial run, the engine to itself
                     began, preempted = time.perf_counter_ns(), _preempted()
                     _run(bound.run)
                     took = time.perf_counter_ns() - began
-                    chooser.took(threads, took, threads > 1 and _preempted() > preempted)
+                    chooser.took(threads, took, _preempted() - preempted)
                     if chooser.one is False:
                         self._drop_one_thread_sessions()
                 return bound.key

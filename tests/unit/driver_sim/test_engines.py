@@ -301,14 +301,15 @@ def test_a_trial_on_a_busy_host_tries_long_runs_and_compares_typical_runs(
     monkeypatch.setattr("driver_sim.fast.TRIAL_SETTLE_NS", 0)
     ms = 1_000_000
     assert 10 * ms > TRIAL_LONGEST_NS
-    for starved, chosen in ((True, True), (False, False)):
+    # preempted a run, alternately: a busy host, a quiet one (however busy the warm-up)
+    for preempted, chosen in (((2, 3), True), ((0, 1), False)):
         choice = _Threads()
         for _ in range(TRIAL_WARMUP):
-            choice.took(2, 30 * ms, starved)
+            choice.took(2, 30 * ms, 5)
         for n in range(TRIAL_RUNS):  # one lucky run of 10 ms, the others 16-26
             assert choice.pick(2) == 2 and choice.one is None
-            choice.took(2, 10 * ms if n == 0 else (16 + n) * ms, starved)
-        if not starved:  # a quiet host: long runs keep all threads untried
+            choice.took(2, 10 * ms if n == 0 else (16 + n) * ms, preempted[n % 2])
+        if not chosen:  # a quiet host: long runs keep all threads untried
             assert choice.one is False and choice.pick(2) == 2
             continue
         for n in range(TRIAL_RUNS):
@@ -321,11 +322,13 @@ def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A choice of all threads is watched: BUSY_RUNS runs in a row over BUSY_SLOWER times
-    the fastest start another trial, long runs tried too; one slow run does not, and once
-    all threads win again the next such trial waits for the back-off."""
+    the fastest, preempted, start another trial, long runs tried too; one slow run does
+    not, nor runs slowed without preemption, and once all threads win again the next such
+    trial waits for the back-off."""
     from driver_sim.fast import (
         BUSY_RUNS,
         BUSY_SLOWER,
+        PREEMPTED_PER_RUN,
         RETRY_FIRST_NS,
         TRIAL_LONGEST_NS,
         TRIAL_RUNS,
@@ -343,16 +346,18 @@ def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
         choice.took(2, fast)
     assert choice.one is False
 
-    def slowed(runs: int) -> None:
+    def slowed(runs: int, preempted: int = PREEMPTED_PER_RUN) -> None:
         for _ in range(runs):
             assert choice.pick(2) == 2
-            choice.watch(slow)
+            choice.watch(slow, preempted if choice.slowing else 0)
 
     slowed(BUSY_RUNS - 1)
     choice.watch(fast)  # the host's noise: one slow run, or a few, change nothing
+    slowed(4 * BUSY_RUNS, preempted=PREEMPTED_PER_RUN - 1)  # slowed alike (the clock)
+    choice.watch(fast)
     slowed(BUSY_RUNS - 1)
     assert choice.one is False
-    slowed(1)  # BUSY_RUNS in a row: the host got busy, a trial of long runs too
+    slowed(1)  # BUSY_RUNS in a row, preempted: the host got busy, a trial of long runs too
     assert choice.one is None
     for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
         assert choice.pick(2) == 2
@@ -364,7 +369,7 @@ def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
     slowed(4 * BUSY_RUNS)
     assert choice.one is False  # within the back-off: no trial
     clock[0] += RETRY_FIRST_NS
-    choice.watch(slow)  # slow still, the back-off past: tried again
+    choice.watch(slow, PREEMPTED_PER_RUN)  # slow still, the back-off past: tried again
     assert choice.one is None
 
 
