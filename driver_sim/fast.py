@@ -106,25 +106,18 @@ ONE_THREAD_SLACK_NS = 20_000
 # One thread, once chosen, is tried again against all threads after RETRY_FIRST_NS of the
 # program's runs, then after twice as long each time it wins, up to RETRY_LONGEST_NS: a
 # trial run while the host was busy (another process, or other NCs, on the other cores)
-# finds all threads no faster, and that choice must not outlive the load by much. A retry
-# costs its runs on all threads (no more than a run on one thread when the host is quiet).
+# finds all threads no faster, and that choice must not outlive the load by much.
 RETRY_FIRST_NS = 2_000_000_000
 RETRY_LONGEST_NS = 8_000_000_000
-# A choice of all threads (tried, or kept untried for long runs) is watched: when
-# BUSY_RUNS runs in a row take over BUSY_SLOWER times the fastest all-threads run, most of
-# them preempted (PREEMPTED_PER_RUN, below), the host has got busy, and the runs are tried
-# again, long ones too (after a trial that chose all threads again, no sooner than the
-# back-off above). On 2 cores beside a busy loop on one, onnxruntime's
-# threads wait for each other's time slices: ResNet-18 took 31-37 ms a run on both
-# threads, 8-9 quiet, and about 14 on one thread.
+# All threads, chosen (or kept untried), are tried again when BUSY_RUNS runs in a row take
+# over BUSY_SLOWER times their fastest, preempted as often as on a busy host (below). Beside
+# a busy loop on one of 2 cores, threads wait for each other's time slices: ResNet-18 took
+# 10-26 ms a run on both threads (8-9 quiet), 16-17 on one.
 BUSY_SLOWER = 1.5
 BUSY_RUNS = 8
-# Runs on all threads whose process's threads were preempted (getrusage's involuntary
-# context switches) PREEMPTED_PER_RUN times a run or more, on average over a trial's timed
-# runs, waited for cores another process had: the host is busy, and the trial tries long
-# runs too. Measured on 2 cores, a trial's runs of MobileNetV2 and EfficientNet-B0: 0-1
-# preemptions a run quiet (0-3 right after loading), 1-6 beside a busy loop. (The CPU a
-# run took is no sign: a pool's threads sleep through the graph's sequential stretches.)
+# Runs on all threads preempted (getrusage's involuntary context switches) this often on
+# average waited for cores another process had: the host is busy. On 2 cores, MobileNetV2's
+# and EfficientNet-B0's trial runs: 0-1 preemptions a run quiet, 1-6 beside a busy loop.
 PREEMPTED_PER_RUN = 2
 
 
@@ -154,11 +147,10 @@ class _Threads:
         self._settle = TRIAL_SETTLE_NS  # the first trial's; a later one's is none
         self._again = 0  # when a choice may be tried again (monotonic ns)
         self._retry = RETRY_FIRST_NS  # the back-off after the next choice
-        self._fastest = 0  # the fastest all-threads run of the trials so far (ns)
+        self._fastest = 0  # the fastest all-threads run timed so far (ns)
         self._slow = 0  # runs in a row, on all threads chosen, over BUSY_SLOWER * _fastest
         self._long = False  # this trial tries long runs too (the host is busy)
-        self._starved = 0  # preemptions in the trial's timed runs, or in a slow streak's
-        self._trials = 0  # choices made
+        self._starved = self._trials = 0  # preemptions (a trial's, slow runs'); choices made
 
     def pick(self, most: int) -> int:
         """The threads of a run that may take `most` (> 1)."""
@@ -187,8 +179,7 @@ class _Threads:
             if len(every) == TRIAL_RUNS and min(every) > TRIAL_LONGEST_NS and not self._long:
                 self._chose(one=False)
         if len(one) >= TRIAL_RUNS:
-            # the host busy, all threads' runs are not slowed alike: some find the cores
-            # free (ResNet-18 beside a busy loop: 10-26 ms on both threads, 16-17 on one)
+            # a busy host slows runs on all threads unevenly: some find the cores free
             typical = statistics.median if self._long else min
             alone, together = typical(one), typical(every)
             self._chose(
@@ -196,18 +187,13 @@ class _Threads:
             )
 
     @property
-    def slowing(self) -> bool:
-        """Whether runs on all threads, chosen, have begun to slow down (the next ones'
-        preemptions are counted)."""
+    def slowing(self) -> bool:  # runs on all threads, chosen, have begun to slow down
         return self._slow > 0
 
     def watch(self, ns: int, preempted: int = 0) -> None:
-        """A run on all threads, chosen, took `ns` (its threads `preempted` that many
-        times, counted only while `slowing`). BUSY_RUNS in a row over BUSY_SLOWER times the
-        fastest, preempted as often as a busy host does, start another trial (the back-off
-        past), of long runs too: the
-        host got busy. Runs slowed alike on any threads (the machine's clock, a virtual
-        machine's neighbours: seen here, 3.7 then 5.5 ms for minutes) are not preempted."""
+        """A run on all threads, chosen, took `ns`, preempted that often (counted while
+        `slowing`). Runs slowed alike on any threads (the machine's own clock: every side
+        here from 3.7 to 5.5 ms a run for a while) are not preempted: no trial."""
         if ns <= self._fastest * BUSY_SLOWER:
             self._fastest = min(self._fastest, ns)
             self._slow = self._starved = 0
@@ -216,15 +202,15 @@ class _Threads:
         self._starved += preempted
         if (
             self._slow >= BUSY_RUNS
-            and self._starved >= PREEMPTED_PER_RUN * (self._slow - 1)  # the first, uncounted
+            and self._starved >= PREEMPTED_PER_RUN * (self._slow - 1)  # the first uncounted
             and time.monotonic_ns() >= self._again
         ):
             self._try_again()
             self._long = True
 
     def _chose(self, one: bool) -> None:
-        """The trial's choice. One thread is tried again after the back-off; so is all
-        threads chosen again (by a trial after the first), should its runs slow down."""
+        """The trial's choice; after the back-off, one thread (or all, chosen again) is
+        tried again."""
         every = self._took[0]
         self._fastest = min(self._fastest or every[0], *every)
         self.one, self._slow, self._starved, self._long = one, 0, 0, False
@@ -234,8 +220,7 @@ class _Threads:
             self._retry = min(2 * self._retry, RETRY_LONGEST_NS)
 
     def _try_again(self) -> None:
-        """Start another trial of this choice (the sessions of all threads are there and
-        warm; one thread's too, or made in the background meanwhile)."""
+        """Start another trial of this choice (a dropped one-thread session is rebuilt)."""
         self._took = ([], [])
         self._first = self._seen = self._settle = self._starved = 0
         self.one = None
@@ -471,8 +456,7 @@ class FastProgram:
 
 
 def _preempted() -> int:
-    """How many times this process's threads have been preempted (involuntary context
-    switches: another thread wanted their core)."""
+    """Times this process's threads were preempted (involuntary context switches)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
