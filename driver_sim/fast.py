@@ -149,7 +149,7 @@ class _Threads:
         self._retry = RETRY_FIRST_NS  # the back-off after the next choice
         self._fastest = 0  # the fastest all-threads run timed so far (ns)
         self._slow = 0  # runs in a row, on all threads chosen, over BUSY_SLOWER * _fastest
-        self._long = False  # this trial tries long runs too (the host is busy)
+        self._long = False  # this trial tries long runs too, by the median (busy host, retry)
         self._starved = self._trials = 0  # preemptions (a trial's, slow runs'); choices made
 
     def pick(self, most: int) -> int:
@@ -206,7 +206,6 @@ class _Threads:
             and time.monotonic_ns() >= self._again
         ):
             self._try_again()
-            self._long = True
 
     def _chose(self, one: bool) -> None:
         """The trial's choice; after the back-off, one thread (or all, chosen again) is
@@ -220,10 +219,11 @@ class _Threads:
             self._retry = min(2 * self._retry, RETRY_LONGEST_NS)
 
     def _try_again(self) -> None:
-        """Start another trial of this choice (a dropped one-thread session is rebuilt)."""
+        """Start another trial of this choice, of long runs too, by the median run (the
+        host was or is busy; a dropped one-thread session is rebuilt)."""
         self._took = ([], [])
         self._first = self._seen = self._settle = self._starved = 0
-        self.one = None
+        self.one, self._long = None, True
 
 
 @dataclass(frozen=True)
