@@ -5,7 +5,7 @@ millisecond) through the daemon, in process and on onnxruntime, side by side in 
 
     python bench/real_models.py [--cases resnet18,lstm,...] [--rounds 3] [--budget 0.5]
                                 [--quick] [--threads N] [--engine fast|reference]
-                                [--cache DIR] [--json FILE]
+                                [--cache DIR] [--json FILE] [--repeat N] [--busy]
 
 Each net (bench/torch_nets.py: the published layers, widths and strides, random weights,
 seed 0) is exported once with `torch.onnx.export(..., dynamo=False, opset_version=17)`
@@ -39,6 +39,11 @@ Models stay loaded until the end; then, all of them idle, the daemon's CPU time 
 `LocalRuntime` models still loaded) tell what the runtime's thread policy costs at rest,
 as percent of one core. A last line per acceptance names the worst ratios. The runtime's
 CPU nodes run with NEURON_RTD_HOST_THREADS = `--threads` (here and in the daemon).
+
+`--repeat N` makes N full runs (a new daemon each, the models compiled once) and ends with
+each model's ratio daemon / (onnxruntime + floor) in every run, its worst and its median:
+a user gets any run, not the best. `--busy` runs a busy loop pinned to one core throughout
+(bench/real_models_host.py), every side under the same load.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ import gc
 import importlib.metadata
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -63,16 +67,23 @@ from typing import Any
 import grpc
 import numpy as np
 import onnx
-import onnxruntime as ort
 from echo import ECHO_METHOD, serve_echo  # bench/echo.py (a script's folder is on its path)
-from infer_roundtrip import cpu_seconds
+from real_models_host import OthersMeter, busy_core, idle_cost  # bench/real_models_host.py
+from real_models_report import (  # bench/real_models_report.py
+    OPSET,
+    SIDES,
+    across_runs,
+    json_report,
+    print_across_runs,
+    print_figures,
+    print_header,
+    print_summary,
+)
 from timing import percentile  # bench/timing.py (a script's folder is on its path)
 from vs_onnxruntime import (
     INFER_TIMEOUT_S,
-    blas_threads,
     compare,
     instance_for,
-    print_row,
     settle,
 )
 
@@ -84,10 +95,7 @@ from neuron_rtd.onnxrt import session as ort_session
 from neuron_rtd.proto import CHANNEL_OPTIONS
 from neuron_rtd.runtime import NC_ENGINES, LocalRuntime
 
-SIDES = ("onnxruntime", "in-process", "daemon", "floor")
 ECHO_PAYLOAD = bytes(64)  # the floor's small message
-IDLE_S = 3.0
-OPSET = 17
 SEED = 0
 TOKENS = 100  # integer inputs are ids below this: valid for any vocabulary at least as large
 
@@ -263,38 +271,6 @@ def floor_call(echo: Callable[[bytes], bytes], in_bytes: int, out_bytes: int) ->
     return call
 
 
-def machine_busy_s() -> tuple[float, float]:
-    """CPU seconds all processes of the machine have used since boot, and the seconds the
-    hypervisor ran something else on its virtual CPUs (steal) (/proc/stat)."""
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(
-        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    )
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq) / tick, steal / tick
-
-
-class OthersMeter:
-    """What others take while the bench runs, as percent of one core: the machine's other
-    processes (its busy CPU time less this process's and its servers', `pids`), and on a
-    virtual machine the host (the time its CPUs were stolen). Calls on a loaded machine are
-    slower, those on more than one thread most of all: a stolen CPU leaves a two-thread run
-    waiting for its second half."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self.pids = [os.getpid(), *pids]
-        self.start = self._sample()
-
-    def _sample(self) -> tuple[float, float, float, float]:
-        ours = sum(cpu_seconds(pid) for pid in self.pids)
-        return (time.perf_counter(), *machine_busy_s(), ours)
-
-    def shares(self) -> tuple[float, float]:
-        """Since the start: the other processes' share, and the host's (steal)."""
-        (t0, busy0, steal0, ours0), (t1, busy1, steal1, ours1) = self.start, self._sample()
-        others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0) * 100
-        return others, (steal1 - steal0) / (t1 - t0) * 100
-
-
 @dataclasses.dataclass
 class Bench:
     """What every case shares: the runtime here, the daemon's client, the echo."""
@@ -353,92 +329,6 @@ class Bench:
         return Figures(compiled.name, compiled, rounds, check, io_bytes, *others.shares())
 
 
-# --- reports ----------------------------------------------------------------------------
-def print_figures(fig: Figures) -> None:
-    in_b, out_b = fig.io_bytes
-    print(f"  {'side':<34}{'p50 ms':>10}{'p99 ms':>10}{'calls':>8}")
-    for side in SIDES:
-        label = side
-        if side == "floor":
-            label = f"floor (echo + copy {in_b + out_b:,} B)"
-        print(
-            f"  {label:<34}{fig.p50(side) * 1e3:>10.3f}{fig.p99(side) * 1e3:>10.3f}"
-            f"{fig.calls(side):>8}"
-        )
-    c = fig.check
-    print(
-        f"  daemon / (onnxruntime + floor) {fig.daemon_ratio():.2f}x, "
-        f"in-process / onnxruntime {fig.local_ratio():.2f}x"
-    )
-    print(
-        f"  check vs onnxruntime: daemon cosine {c['daemon_cosine']:.7f} max|err| "
-        f"{c['daemon_max_abs_err']:.3g}; in-process cosine {c['in_process_cosine']:.7f} "
-        f"max|err| {c['in_process_max_abs_err']:.3g}"
-    )
-    print(
-        f"  other processes on the machine: {fig.others_pct:.0f}% of a core; "
-        f"stolen by the host: {fig.stolen_pct:.0f}%",
-        flush=True,
-    )
-
-
-def print_overview(results: list[Figures]) -> None:
-    columns = (
-        ("model", 16),
-        ("NC/CPU ops", 12),
-        ("ort p50", 10),
-        ("in-proc p50", 13),
-        ("daemon p50", 12),
-        ("floor p50", 11),
-        ("dmn/(ort+fl)", 14),
-        ("in-proc/ort", 13),
-        ("cosine", 11),
-        ("others", 8),
-        ("stolen", 8),
-    )
-    print_row([title for title, _ in columns], columns)
-    for fig in results:
-        cells = (
-            fig.name,
-            f"{fig.compiled.nc_ops}/{fig.compiled.cpu_ops}",
-            *(f"{fig.p50(side) * 1e3:.3f}" for side in SIDES),
-            f"{fig.daemon_ratio():.2f}x",
-            f"{fig.local_ratio():.2f}x",
-            f"{fig.check['daemon_cosine']:.7f}",
-            f"{fig.others_pct:.0f}%",
-            f"{fig.stolen_pct:.0f}%",
-        )
-        print_row(cells, columns)
-    print(
-        "(p50 in ms: the best round's median; others: the CPU the machine's other processes "
-        "took during the model's rounds, stolen: the CPU time the host took from this virtual "
-        "machine meanwhile, both in % of one core)"
-    )
-
-
-def thread_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def idle_cost(daemon_pid: int) -> dict[str, float]:
-    """CPU time of the daemon and of this process over IDLE_S seconds of rest, as percent
-    of one core, and their thread counts."""
-    settle()
-    me = os.getpid()
-    before = (cpu_seconds(daemon_pid), cpu_seconds(me))
-    t0 = time.perf_counter()
-    time.sleep(IDLE_S)
-    wall = time.perf_counter() - t0
-    after = (cpu_seconds(daemon_pid), cpu_seconds(me))
-    return {
-        "seconds": wall,
-        "daemon_pct": (after[0] - before[0]) / wall * 100,
-        "in_process_pct": (after[1] - before[1]) / wall * 100,
-        "daemon_threads": thread_count(daemon_pid),
-        "in_process_threads": thread_count(me),
-    }
-
-
 # --- the run ----------------------------------------------------------------------------
 @contextmanager
 def echo_server(work: Path) -> Iterator[tuple[Callable[[bytes], bytes], int]]:
@@ -460,19 +350,6 @@ def echo_server(work: Path) -> Iterator[tuple[Callable[[bytes], bytes], int]]:
     finally:
         proc.terminate()
         proc.wait()
-
-
-def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0))
-    return f"{os.cpu_count()} CPUs ({usable} usable by this process){', ' + model if model else ''}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -500,6 +377,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, help="keep the exported ONNX models in DIR")
     parser.add_argument("--json", type=Path, help="write every figure to FILE as JSON")
     parser.add_argument("--quick", action="store_true", help="one short round per model")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="full runs of the comparison (default 1)"
+    )
+    parser.add_argument(
+        "--busy", action="store_true", help="a busy loop on one core for the whole comparison"
+    )
     parser.add_argument("--serve-echo", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo:
@@ -512,29 +395,9 @@ def parse_args() -> argparse.Namespace:
     unknown = [n for n in args.names if n not in CASES]
     if unknown or not args.names:
         parser.error(f"unknown cases {unknown}; known: {','.join(CASES)}")
-    if min(args.rounds, args.budget, args.min_calls, args.threads) <= 0:
-        parser.error("--rounds, --budget, --min-calls and --threads must be positive")
+    if min(args.rounds, args.budget, args.min_calls, args.threads, args.repeat) <= 0:
+        parser.error("--rounds, --budget, --min-calls, --threads and --repeat must be positive")
     return args
-
-
-def print_header(args: argparse.Namespace) -> None:
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(
-        f"onnxruntime {ort.__version__}: default session, CPUExecutionProvider, "
-        f"intra_op_num_threads {args.threads}, inter_op_num_threads 1; "
-        f"torch {importlib.metadata.version('torch')} export, opset {OPSET}"
-    )
-    print(
-        f"runtime (in-process and daemon): NC engine {args.engine}, CPU nodes with "
-        f"NEURON_RTD_HOST_THREADS={args.threads}, numpy BLAS threads {blas_threads(None)}"
-    )
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"machine: {machine()}; load average {load}")
-    print(
-        f"{args.rounds} round(s) per model, ~{args.budget:g} s per side per round "
-        f"(at least {args.min_calls} calls)",
-        flush=True,
-    )
 
 
 def compile_all(names: list[str], cache: Path, failed: dict[str, str]) -> list[Compiled]:
@@ -596,43 +459,6 @@ def run_all(
     return results, run
 
 
-def print_summary(results: list[Figures], run: dict[str, Any]) -> dict[str, Any]:
-    """The overview table, the idle cost and the worst ratios; the summary as data."""
-    idle = run["idle"]
-    print()
-    if results:
-        print_overview(results)
-    print(
-        f"idle, every model loaded, over {idle['seconds']:.1f} s: daemon "
-        f"{idle['daemon_pct']:.1f}% of a core ({idle['daemon_threads']:.0f} threads), "
-        f"this process with its LocalRuntime {idle['in_process_pct']:.1f}% "
-        f"({idle['in_process_threads']:.0f} threads)"
-    )
-    print(
-        f"other processes on the machine during the rounds: "
-        f"{run['other_processes_cpu_pct']:.0f}% of a core; stolen by the host: "
-        f"{run['stolen_cpu_pct']:.0f}%"
-    )
-    if not results:
-        return {}
-    worst_daemon = max(results, key=Figures.daemon_ratio)
-    worst_local = max(results, key=Figures.local_ratio)
-    summary = {
-        "worst_daemon_ratio": worst_daemon.daemon_ratio(),
-        "worst_daemon_model": worst_daemon.name,
-        "worst_in_process_ratio": worst_local.local_ratio(),
-        "worst_in_process_model": worst_local.name,
-        "worst_cosine": min(f.check["daemon_cosine"] for f in results),
-    }
-    print(
-        f"worst daemon / (onnxruntime + floor): {summary['worst_daemon_ratio']:.2f}x "
-        f"({worst_daemon.name}); worst in-process / onnxruntime: "
-        f"{summary['worst_in_process_ratio']:.2f}x ({worst_local.name}); "
-        f"worst cosine {summary['worst_cosine']:.7f}"
-    )
-    return summary
-
-
 def main() -> int:
     args = parse_args()
     if args.serve_echo:
@@ -642,39 +468,31 @@ def main() -> int:
     os.environ["NEURON_RTD_HOST_THREADS"] = str(args.threads)  # the in-process CPU nodes
     print_header(args)
     failed: dict[str, str] = {}
-    results: list[Figures] = []
-    run: dict[str, Any] = {}
+    runs: list[tuple[list[Figures], dict[str, Any]]] = []  # each run's figures and its own
     with tempfile.TemporaryDirectory(prefix="nrt-real-") as tmp:
         work = Path(tmp)
         cache = args.cache or work / "onnx"
         cache.mkdir(parents=True, exist_ok=True)
         compiled = compile_all(args.names, cache, failed)
-        if compiled:
-            results, run = run_all(args, compiled, work, failed)
-    summary = print_summary(results, run) if run else {}
+        with busy_core(args.busy) as busy:
+            if busy:
+                print(f"--busy: {busy}", flush=True)
+            for n in range(args.repeat if compiled else 0):
+                if args.repeat > 1:
+                    print(f"\n=== run {n + 1} of {args.repeat} ===", flush=True)
+                results, run = run_all(args, compiled, work, failed)
+                run["summary"] = print_summary(results, run)
+                runs.append((results, run))
+    across = across_runs([results for results, _ in runs])
+    if args.repeat > 1:
+        print_across_runs(across, len(runs), busy)
     for name, why in failed.items():
         print(f"FAILED {name}: {why}")
     elapsed = time.perf_counter() - started
     print(f"bench took {elapsed:.0f} s")
     if args.json:
-        report = {
-            "command": [sys.executable, *sys.argv],
-            "threads": args.threads,
-            "engine": args.engine,
-            "cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)),
-            "onnxruntime": ort.__version__,
-            "torch": importlib.metadata.version("torch"),
-            "rounds": args.rounds,
-            "budget_s": args.budget,
-            "min_calls": args.min_calls,
-            "models": {f.name: f.as_json() for f in results},
-            "failed": failed,
-            **run,
-            "summary": summary,
-            "seconds": elapsed,
-        }
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        report = json_report(args, runs, across, failed, busy)
+        args.json.write_text(json.dumps(report | {"seconds": elapsed}, indent=2) + "\n")
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """bench/real_models.py, its quickest run: the smallest model exported from PyTorch,
 compiled, and timed on the four sides (onnxruntime, in-process, the daemon, the transport
-floor); the daemon's outputs agree with onnxruntime's. About 15 s."""
+floor); the daemon's outputs agree with onnxruntime's; twice (`--repeat 2`), beside a busy
+loop (`--busy`), with the ratios across the runs. About 25 s."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def test_the_quick_run_prints_every_side_and_the_outputs_agree(tmp_path: Path) -
     report = tmp_path / "report.json"
     command = [sys.executable, str(BENCH / "real_models.py"), "--quick", "--budget", "0.05"]
     command += ["--cases", "tiny_mlp", "--cache", str(tmp_path / "onnx"), "--json", str(report)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    command += ["--repeat", "2", "--busy"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "tiny_mlp: Linear 16-16" in out and "ops on the NC" in out
@@ -44,6 +46,17 @@ def test_the_quick_run_prints_every_side_and_the_outputs_agree(tmp_path: Path) -
     assert figures["failed"] == {} and figures["idle"]["daemon_pct"] >= 0
     assert model["stolen_cpu_pct"] >= 0 and figures["stolen_cpu_pct"] >= 0
     assert list(tmp_path.joinpath("onnx").glob("tiny_mlp-opset17-*.onnx"))  # --cache kept it
+
+    assert out.count("=== run ") == 2 and re.search(r"^--busy: a busy loop \(pid \d+\)", out, re.M)
+    assert figures["busy"] and figures["repeat"] == 2 and len(figures["runs"]) == 2
+    ratios = [run["models"]["tiny_mlp"]["daemon_over_ort_plus_floor"] for run in figures["runs"]]
+    across = figures["across_runs"]["tiny_mlp"]
+    assert across["daemon_ratios"] == ratios and across["worst"] == max(ratios)
+    assert across["best"] == min(ratios) and min(ratios) <= across["median"] <= max(ratios)
+    row = rf"^tiny_mlp +[0-9.]+ +[0-9.]+ +{max(ratios):.2f}x +[0-9.]+x +{min(ratios):.2f}x "
+    assert re.search(row, out, re.M), out
+    # the busy loop ran beside the comparison: the other processes took about a core
+    assert all(run["other_processes_cpu_pct"] > 50 for run in figures["runs"])
 
 
 def test_every_case_of_the_bench_is_a_net_it_can_export(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -290,6 +290,89 @@ def test_one_thread_is_tried_again_later_and_gives_way_when_all_threads_win(
     assert choice.pick(2) == 2 and choice.one is False  # all threads stand
 
 
+def test_a_trial_on_a_busy_host_tries_long_runs_and_compares_typical_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the trial's runs on all threads waited for cores (starved: another process had
+    them), long runs are tried on one thread too, and the median run of each way decides:
+    beside a busy loop some runs on all threads find the cores free, most do not."""
+    from driver_sim.fast import TRIAL_LONGEST_NS, TRIAL_RUNS, TRIAL_WARMUP, _Threads
+
+    monkeypatch.setattr("driver_sim.fast.TRIAL_SETTLE_NS", 0)
+    ms = 1_000_000
+    assert 10 * ms > TRIAL_LONGEST_NS
+    # preempted a run, alternately: a busy host, a quiet one (however busy the warm-up)
+    for preempted, chosen in (((2, 3), True), ((0, 1), False)):
+        choice = _Threads()
+        for _ in range(TRIAL_WARMUP):
+            choice.took(2, 30 * ms, 5)
+        for n in range(TRIAL_RUNS):  # one lucky run of 10 ms, the others 16-26
+            assert choice.pick(2) == 2 and choice.one is None
+            choice.took(2, 10 * ms if n == 0 else (16 + n) * ms, preempted[n % 2])
+        if not chosen:  # a quiet host: long runs keep all threads untried
+            assert choice.one is False and choice.pick(2) == 2
+            continue
+        for n in range(TRIAL_RUNS):
+            assert choice.pick(2) == 1 and choice.one is None
+            choice.took(1, 16 * ms + n * 1000)
+        assert choice.one is chosen  # by the fastest run, all threads would have won
+
+
+def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A choice of all threads is watched: BUSY_RUNS runs in a row over BUSY_SLOWER times
+    the fastest, preempted, start another trial, long runs tried too; one slow run does
+    not, nor runs slowed without preemption, and once all threads win again the next such
+    trial waits for the back-off."""
+    from driver_sim.fast import (
+        BUSY_RUNS,
+        BUSY_SLOWER,
+        PREEMPTED_PER_RUN,
+        RETRY_FIRST_NS,
+        TRIAL_LONGEST_NS,
+        TRIAL_RUNS,
+        TRIAL_WARMUP,
+        _Threads,
+    )
+
+    monkeypatch.setattr("driver_sim.fast.TRIAL_SETTLE_NS", 0)
+    clock = [10**12]
+    monkeypatch.setattr("driver_sim.fast.time.monotonic_ns", lambda: clock[0])
+    fast = 2 * TRIAL_LONGEST_NS  # long runs: all threads kept untried
+    slow = int(fast * BUSY_SLOWER) + 1
+    choice = _Threads()
+    for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
+        choice.took(2, fast)
+    assert choice.one is False
+
+    def slowed(runs: int, preempted: int = PREEMPTED_PER_RUN) -> None:
+        for _ in range(runs):
+            assert choice.pick(2) == 2
+            choice.watch(slow, preempted if choice.slowing else 0)
+
+    slowed(BUSY_RUNS - 1)
+    choice.watch(fast)  # the host's noise: one slow run, or a few, change nothing
+    slowed(4 * BUSY_RUNS, preempted=PREEMPTED_PER_RUN - 1)  # slowed alike (the clock)
+    choice.watch(fast)
+    slowed(BUSY_RUNS - 1)
+    assert choice.one is False
+    slowed(1)  # BUSY_RUNS in a row, preempted: the host got busy, a trial of long runs too
+    assert choice.one is None
+    for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
+        assert choice.pick(2) == 2
+        choice.took(2, slow)
+    assert choice.one is None and choice.pick(2) == 1  # tried on one thread, though long
+    for _ in range(TRIAL_RUNS):
+        choice.took(1, 2 * slow)
+    assert choice.one is False  # all threads still win, slowed as they are
+    slowed(4 * BUSY_RUNS)
+    assert choice.one is False  # within the back-off: no trial
+    clock[0] += RETRY_FIRST_NS
+    choice.watch(slow, PREEMPTED_PER_RUN)  # slow still, the back-off past: tried again
+    assert choice.one is None
+
+
 def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> None:
     """Through the trial (all threads, then one, on a session made in the background) to
     the choice: every run writes the same bits, and the runs after the choice are bound
