@@ -4,9 +4,9 @@ WinogradConv, the compiler's GELU) as their ONNX equivalents, its weights as ini
 
 The model computes what the NC defines, not what onnxruntime happens to: under auto-cast
 the fp32 inputs of the ops cast are rounded to the 16-bit type first, as the reference
-kernels round them; uint8 x int8 products are recast as uint8 x uint8 (exact on every
-CPU); and an op whose onnxruntime kernel gives other numbers is refused (ValueError), so
-the program runs on the reference kernels instead.
+kernels round them; the int8 products are rewritten to give the exact integer sums on
+every CPU (`driver_sim/int8_graph.py`); and an op whose onnxruntime kernel gives other
+numbers is refused (ValueError), so the program runs on the reference kernels instead.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from driver_sim import autocast
+from driver_sim.int8_graph import exact_int8, quantized
 from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from driver_sim.ops.registry import KERNELS, tensor_attr
 from driver_sim.program import Instr, LoadedProgram
@@ -61,8 +62,12 @@ def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
     if program.auto_cast != "none":
         floats = _fp32_tensors(model(nodes, extra))
         nodes, extra = _nodes(program, weights, opset, _Rounding(floats, program.auto_cast_type))
-    if any(node.op_type in _INT8_PRODUCTS for node in nodes):
-        nodes = _exact_products(nodes, weights, extra, _tensor_types(model(nodes, extra)))
+    if quantized(nodes):
+        elements = _tensor_types(model(nodes, extra))
+        constants = {**weights, **extra}
+        boundary = {value.name for value in [*inputs, *outputs]}
+        nodes = exact_int8(nodes, constants, elements, boundary)
+        extra.update({k: v for k, v in constants.items() if k not in weights})
     return model(nodes, extra)
 
 
@@ -135,73 +140,6 @@ def _nodes(
             typed = {name: _attr(schema, name, value) for name, value in attrs.items()}
             nodes.append(helper.make_node(instr.op, ins, outs, **typed))
     return nodes, extra
-
-
-# The int8 products onnxruntime's kernels compute otherwise on some CPUs: uint8 A times
-# int8 B. On x86 CPUs without VNNI or AMX they multiply with vpmaddubsw, which saturates
-# each pair of products to int16 (255 * 127 * 2 > 32767), so a QLinearConv's output there
-# is one or two steps off the spec's, a MatMulInteger's far off (measured under QEMU as a
-# Haswell: 69 of 288 outputs of a QLinearConv, 64 of 64 of a MatMulInteger); its
-# session.x64quantprecision option misses QLinearMatMul-21 and refuses int8 A with it. Its
-# uint8 x uint8 and int8 x int8 kernels sum exactly everywhere, so the fast engine gives
-# such an op B + 128 as uint8 with its zero point + 128 (the same differences, the NC's
-# exact int32 sums on any CPU). Per op: the indexes of A, B and B's zero point.
-_INT8_PRODUCTS: Mapping[str, tuple[int, int, int]] = {
-    "QLinearConv": (0, 3, 5),
-    "QLinearMatMul": (0, 3, 5),
-    "QGemm": (0, 3, 5),
-    "MatMulInteger": (0, 1, 3),
-}
-_SHIFT = 128  # int8 + 128 is the same value as uint8, the same difference from its zero point
-
-
-def _exact_products(
-    nodes: list[Any],
-    weights: Mapping[str, np.ndarray],
-    extra: dict[str, np.ndarray],
-    types: Mapping[str, int],
-) -> list[Any]:
-    """`nodes` with the int8 B of each uint8 x int8 product (`_INT8_PRODUCTS`) as uint8
-    B + 128 and its zero point + 128: a weight's shifted copy joins `extra`, a computed B
-    is shifted by nodes before its op."""
-    from onnx import TensorProto, helper
-
-    out: list[Any] = []
-    made: dict[str, str] = {}
-
-    def shifted(name: str, index: int) -> str:
-        if name in made:
-            return made[name]
-        new = f"{name}/u8"
-        value = weights.get(name, extra.get(name))
-        if value is not None:
-            extra[new] = (np.asarray(value, dtype=np.int16) + _SHIFT).astype(np.uint8)
-        else:
-            wide, plus, shift = f"{name}/i32", f"{name}/i32+{_SHIFT}", f"{name}/shift{index}"
-            extra[shift] = np.array(_SHIFT, dtype=np.int32)
-            out.append(helper.make_node("Cast", [name], [wide], to=TensorProto.INT32))
-            out.append(helper.make_node("Add", [wide, shift], [plus]))
-            out.append(helper.make_node("Cast", [plus], [new], to=TensorProto.UINT8))
-        made[name] = new
-        return new
-
-    for index, node in enumerate(nodes):
-        spec = _INT8_PRODUCTS.get(node.op_type)
-        ins = list(node.input)
-        if spec is not None:
-            a, b, b_zero = spec
-            if types.get(ins[a]) == TensorProto.UINT8 and types.get(ins[b]) == TensorProto.INT8:
-                ins[b] = shifted(ins[b], index)
-                ins += [""] * (b_zero + 1 - len(ins))
-                if ins[b_zero]:
-                    ins[b_zero] = shifted(ins[b_zero], index)
-                else:  # absent: 0, shifted
-                    ins[b_zero] = f"{ins[b]}/zero{index}"
-                    extra[ins[b_zero]] = np.array(_SHIFT, dtype=np.uint8)
-                del node.input[:]
-                node.input.extend(ins)
-        out.append(node)
-    return out
 
 
 def _tensor_types(model: Any) -> dict[str, int]:

@@ -1,0 +1,286 @@
+"""The int8 part of the fast engine's graph (`driver_sim/onnx_graph.py`): the NC's exact
+integer products, on onnxruntime's fast uint8 x int8 kernels, the same numbers on every
+x86-64 CPU by construction.
+
+onnxruntime picks its int8 kernels by CPU feature. Without VNNI or AMX, a uint8 x int8
+product goes through vpmaddubsw, which saturates each pair of products to int16
+(2 * 255 * 127 > 32767): a QLinearConv's outputs there come out steps off the exact
+sums (measured under `qemu-x86_64 -cpu Haswell`: 3969 of 4096 outputs of a 3x3 conv on
+uint8 near 255 and int8 near +-127). Its int8 x int8 kernels are the slow ones (60 ms for
+ResNet-18 against 7.6 for uint8 x int8 here), and its uint8 x uint8 kernels widen to 16
+bits: exact, and 2-3x slower than uint8 x int8. Two rewrites make every product both exact
+and fast:
+
+1. **int8 activations as uint8.** Every int8 tensor the program computes is carried as
+   uint8, value + 128, with its zero point + 128: the same differences from the zero point,
+   the same saturation bounds shifted, so every op that reads or writes a tensor together
+   with its zero point (`_ZERO_POINTS`) and every op that only moves values (`_MOVES`)
+   computes the same numbers on it. A tensor that leaves or enters that set of ops (a
+   graph input or output, any other op) is converted at that edge (+-128 through int32).
+2. **Weights within [-64, 64].** Each uint8 x int8 product with constant weights B takes
+   B minus its zero point cut into n parts, each within [-64, 64]
+   (n = ceil(max|B - zB| / 64), 2 for int8 weights of a full range), side by side along
+   the summed axis, and A repeated n times along it: the same sums, and no pair of products
+   that can saturate (2 * 255 * 64 = 32640), whichever instruction the kernel uses. A
+   grouped convolution (a depthwise one's summed axis is one channel's window: repeating it
+   loses onnxruntime's depthwise kernel), ConvInteger and any product with computed B take
+   B as uint8 (B + 128) instead: x86 has no instruction that multiplies uint8 by uint8 with
+   saturation, so every such kernel sums exactly.
+
+The requantization after the sums (float32(acc) * multiplier, rounded half to even) is
+onnxruntime's and the NC's alike, as for every op of the fast engine's graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_SHIFT = 128  # int8 + 128 is uint8 with the same difference from its zero point (+ 128)
+_PART = 64  # uint8 x int8 pairs cannot saturate int16 when |int8| <= 64: 2 * 255 * 64 < 32767
+
+# Per op: its (tensor, zero point) input pairs and the input holding its output's zero point.
+_ZERO_POINTS: Mapping[str, tuple[tuple[tuple[int, int], ...], int | None]] = {
+    "QuantizeLinear": ((), 2),
+    "DequantizeLinear": (((0, 2),), None),
+    "QLinearConv": (((0, 2), (3, 5)), 7),
+    "QLinearMatMul": (((0, 2), (3, 5)), 7),
+    "QGemm": (((0, 2), (3, 5)), 8),
+    "MatMulInteger": (((0, 2), (1, 3)), None),
+    "ConvInteger": (((0, 2), (1, 3)), None),
+    "QLinearAdd": (((0, 2), (3, 5)), 7),
+    "QLinearMul": (((0, 2), (3, 5)), 7),
+    "QLinearGlobalAveragePool": (((0, 2),), 4),
+    "QLinearAveragePool": (((0, 2),), 4),
+    "QLinearSigmoid": (((0, 2),), 4),
+    "QLinearLeakyRelu": (((0, 2),), 4),
+}
+# Ops that only move values (their outputs are some of their data inputs' values): per op,
+# the data inputs (None: all of them).
+_MOVES: Mapping[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(
+        ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"), (0,)
+    ),
+    **dict.fromkeys(("Slice", "Split", "Gather", "Expand", "Tile"), (0,)),
+    **dict.fromkeys(("DepthToSpace", "SpaceToDepth"), (0,)),
+    "Concat": None,
+}
+# The products and the input index of their B.
+PRODUCTS = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3, "MatMulInteger": 1, "ConvInteger": 1}
+
+
+def quantized(nodes: Sequence[Any]) -> bool:
+    """Whether `nodes` hold an op of quantized tensors (what `exact_int8` rewrites)."""
+    return any(n.op_type in _ZERO_POINTS or n.op_type == "QLinearConcat" for n in nodes)
+
+
+def exact_int8(
+    nodes: list[Any],
+    constants: dict[str, np.ndarray],
+    types: Mapping[str, int],
+    boundary: set[str],
+) -> list[Any]:
+    """`nodes` with both rewrites (see the module): int8 activations as uint8, and each
+    product's B within [-64, 64] (or uint8). `constants` are the graph's initializers (new
+    ones join it), `types` the tensors' element types (TensorProto's), `boundary` the
+    graph's input and output names."""
+    from onnx import TensorProto
+
+    int8 = {name for name, kind in types.items() if kind == TensorProto.INT8}
+    rewrite = _Rewrite(constants, int8 - set(constants), boundary)
+    for node in nodes:
+        rewrite.node(node)
+    return rewrite.finish()
+
+
+class _Rewrite:
+    """One pass over the nodes, in order (they are topologically sorted)."""
+
+    def __init__(
+        self, constants: dict[str, np.ndarray], activations: set[str], boundary: set[str]
+    ) -> None:
+        from onnx import helper
+
+        self.make = helper.make_node
+        self.constants = constants
+        self.activations = activations  # int8 tensors computed or fed: carried as uint8
+        self.boundary = boundary
+        self.out: list[Any] = []
+        self.twins: dict[str, str] = {}  # an int8 activation -> its uint8 twin
+        self.int8: set[str] = activations & boundary  # those that exist as int8 too
+        self.back: dict[str, str] = {}  # an int8 activation -> its int8 copy made from its twin
+        for name in sorted(self.int8):  # fed as int8: its twin made at the start
+            self._twin(name)
+
+    # ---- tensors ----------------------------------------------------------------------
+
+    def _twin(self, name: str) -> str:
+        """The uint8 twin of int8 activation `name`, made from it where it is not yet."""
+        if name not in self.twins:
+            self.twins[name] = f"{name}/u8"
+            self._convert(name, self.twins[name], _SHIFT)
+        return self.twins[name]
+
+    def _output(self, name: str) -> str:
+        """What a node that writes uint8 twins writes for its output `name`."""
+        if name not in self.activations:
+            return name
+        self.twins[name] = f"{name}/u8"
+        return self.twins[name]
+
+    def _as_int8(self, name: str) -> str:
+        """What a node that takes int8 as it is reads for `name`: the tensor itself, or an
+        int8 copy made from its twin where only the twin is computed."""
+        if name not in self.activations or name in self.int8:
+            return name
+        if name not in self.back:
+            self.back[name] = f"{name}/i8"
+            self._convert(self.twins[name], self.back[name], -_SHIFT)
+        return self.back[name]
+
+    def _convert(self, source: str, target: str, shift: int) -> None:
+        """Nodes computing `target` = `source` + `shift` through int32 (int8 <-> uint8)."""
+        from onnx import TensorProto
+
+        wide, moved, amount = f"{target}/i32", f"{target}/i32+", f"{target}/shift"
+        self.constants[amount] = np.array(shift, dtype=np.int32)
+        to = TensorProto.UINT8 if shift > 0 else TensorProto.INT8
+        self.out.append(self.make("Cast", [source], [wide], to=TensorProto.INT32))
+        self.out.append(self.make("Add", [wide, amount], [moved]))
+        self.out.append(self.make("Cast", [moved], [target], to=to))
+
+    def _shifted_constant(self, name: str) -> str:
+        """A constant int8 tensor (or zero point) + 128 as uint8; "" (absent: 0) as 128."""
+        new = f"{name}/u8" if name else "int8-zero/u8"
+        if new not in self.constants:
+            value = self.constants[name] if name else np.zeros((), np.int8)
+            self.constants[new] = (np.asarray(value, dtype=np.int16) + _SHIFT).astype(np.uint8)
+        return new
+
+    def _int8_constant(self, name: str) -> bool:
+        return name in self.constants and self.constants[name].dtype == np.int8
+
+    # ---- nodes ------------------------------------------------------------------------
+
+    def node(self, node: Any) -> None:
+        ins, outs = list(node.input), list(node.output)
+        op, standard = node.op_type, node.domain in ("", "ai.onnx")
+        if self._takes_zero_points(node):
+            self._zero_pointed(node, ins)
+            outs = [self._output(outs[0]), *outs[1:]] if self._out_zero(node) is not None else outs
+        elif op in _MOVES and standard:
+            data = _MOVES[op]
+            for k in range(len(ins)) if data is None else data:
+                if k < len(ins) and ins[k] in self.activations:
+                    ins[k] = self._twin(ins[k])
+            outs = [self._output(name) for name in outs]
+        else:  # any other op reads and writes int8 as it is
+            if op in PRODUCTS and any(self._int8_constant(n) or n in self.activations for n in ins):
+                raise ValueError(f"{op} with computed zero points: no exact fast form")
+            ins = [self._as_int8(name) for name in ins]
+            _set(node, ins, outs)
+            self.out.append(node)
+            for name in outs:
+                if name in self.activations:
+                    self.int8.add(name)
+                    self._twin(name)
+            return
+        _set(node, ins, outs)
+        self.out.append(node)
+
+    def _pairs(self, node: Any) -> tuple[tuple[int, int], ...]:
+        """`node`'s (tensor, zero point) input pairs."""
+        if node.op_type == "QLinearConcat":
+            return tuple((k, k + 2) for k in range(2, len(node.input), 3))
+        return _ZERO_POINTS[node.op_type][0]
+
+    def _out_zero(self, node: Any) -> int | None:
+        """The input holding `node`'s output's zero point (None: its output is not int8)."""
+        return 1 if node.op_type == "QLinearConcat" else _ZERO_POINTS[node.op_type][1]
+
+    def _takes_zero_points(self, node: Any) -> bool:
+        """Whether `node` reads and writes its quantized tensors with constant zero points
+        (a computed zero point, or QuantizeLinear's output_dtype, leave it as it is)."""
+        if node.op_type not in _ZERO_POINTS and node.op_type != "QLinearConcat":
+            return False
+        if any(a.name == "output_dtype" for a in node.attribute):
+            return False
+        out_zero = self._out_zero(node)
+        indexes = [z for _, z in self._pairs(node)] + ([] if out_zero is None else [out_zero])
+        given = [node.input[k] for k in indexes if k < len(node.input) and node.input[k]]
+        return all(name in self.constants for name in given)
+
+    def _zero_pointed(self, node: Any, ins: list[str]) -> None:
+        """`ins` of a node that takes zero points: its int8 tensors as uint8 twins (or
+        shifted constants) with their zero points + 128; a product's constant B made exact."""
+        product_b = PRODUCTS.get(node.op_type)
+        for k, zero in self._pairs(node):
+            name = ins[k] if k < len(ins) else ""
+            if k == product_b and name in self.constants:
+                continue  # a product's weights: _weights below
+            if name in self.activations or self._int8_constant(name):
+                ins[k] = (
+                    self._twin(name) if name in self.activations else self._shifted_constant(name)
+                )
+                ins += [""] * (zero + 1 - len(ins))
+                ins[zero] = self._shifted_constant(ins[zero])
+        out_zero = self._out_zero(node)
+        if out_zero is not None and node.output[0] in self.activations:
+            ins += [""] * (out_zero + 1 - len(ins))
+            ins[out_zero] = self._shifted_constant(ins[out_zero])
+        if product_b is not None and self._int8_constant(ins[product_b]):
+            self._weights(node, ins, product_b)
+
+    def finish(self) -> list[Any]:
+        """The nodes, and each graph output that is an int8 activation made from its twin."""
+        for name in sorted((self.activations & self.boundary) - self.int8):
+            self._convert(self.twins[name], name, -_SHIFT)
+        return self.out
+
+    # ---- a product's weights ----------------------------------------------------------
+
+    def _weights(self, node: Any, ins: list[str], b: int) -> None:
+        """A product's constant int8 B as parts within [-64, 64] (A repeated), or as uint8
+        (a grouped convolution, ConvInteger)."""
+        zero = b + 2
+        ins += [""] * (zero + 1 - len(ins))
+        attrs = {a.name: a.i for a in node.attribute}
+        if node.op_type == "ConvInteger" or attrs.get("group", 1) != 1:
+            ins[b], ins[zero] = self._shifted_constant(ins[b]), self._shifted_constant(ins[zero])
+            return
+        weights = np.asarray(self.constants[ins[b]], dtype=np.int16)
+        zeros = np.asarray(self.constants[ins[zero]] if ins[zero] else 0, dtype=np.int16)
+        if node.op_type == "QLinearConv" or (node.op_type == "QGemm" and attrs.get("transB")):
+            per_row = zeros.reshape(-1, *[1] * (weights.ndim - 1))  # per output channel
+            zeros = per_row if zeros.size > 1 else zeros
+        centred = weights - zeros
+        parts = max(1, math.ceil(int(np.abs(centred).max(initial=0)) / _PART))
+        b_axis, a_axis = _summed_axes(node.op_type, attrs, weights.ndim)
+        split = np.concatenate([(centred + k) // parts for k in range(parts)], axis=b_axis)
+        new_b, new_zero = f"{ins[b]}/parts{parts}", f"{ins[b]}/parts-zero"
+        self.constants[new_b] = split.astype(np.int8)
+        self.constants[new_zero] = np.zeros(np.shape(self.constants.get(ins[zero], 0)), np.int8)
+        ins[b], ins[zero] = new_b, new_zero
+        if parts > 1:
+            repeated = f"{ins[0]}/x{parts}/{a_axis}"
+            if repeated not in self.constants and not any(repeated in n.output for n in self.out):
+                self.out.append(self.make("Concat", [ins[0]] * parts, [repeated], axis=a_axis))
+            ins[0] = repeated
+
+
+def _set(node: Any, ins: Sequence[str], outs: Sequence[str]) -> None:
+    del node.input[:], node.output[:]
+    node.input.extend(ins)
+    node.output.extend(outs)
+
+
+def _summed_axes(op: str, attrs: Mapping[str, int], rank: int) -> tuple[int, int]:
+    """The summed axis of a product's B and of its A."""
+    if op == "QLinearConv":
+        return 1, 1
+    if op == "QGemm":
+        return (1 if attrs.get("transB") else 0), (0 if attrs.get("transA") else 1)
+    return max(rank - 2, 0), -1
