@@ -81,16 +81,17 @@ def exact_int8(
     nodes: list[Any],
     constants: dict[str, np.ndarray],
     types: Mapping[str, int],
-    boundary: set[str],
+    inputs: set[str],
+    outputs: set[str],
 ) -> list[Any]:
     """`nodes` with both rewrites (see the module): int8 activations as uint8, and each
     product's B within [-64, 64] (or uint8). `constants` are the graph's initializers (new
-    ones join it), `types` the tensors' element types (TensorProto's), `boundary` the
-    graph's input and output names."""
+    ones join it), `types` the tensors' element types (TensorProto's), `inputs` and
+    `outputs` the graph's input and output names."""
     from onnx import TensorProto
 
     int8 = {name for name, kind in types.items() if kind == TensorProto.INT8}
-    rewrite = _Rewrite(constants, int8 - set(constants), boundary)
+    rewrite = _Rewrite(constants, int8 - set(constants), inputs, outputs)
     for node in nodes:
         rewrite.node(node)
     return rewrite.finish()
@@ -100,17 +101,21 @@ class _Rewrite:
     """One pass over the nodes, in order (they are topologically sorted)."""
 
     def __init__(
-        self, constants: dict[str, np.ndarray], activations: set[str], boundary: set[str]
+        self,
+        constants: dict[str, np.ndarray],
+        activations: set[str],
+        inputs: set[str],
+        outputs: set[str],
     ) -> None:
         from onnx import helper
 
         self.make = helper.make_node
         self.constants = constants
         self.activations = activations  # int8 tensors computed or fed: carried as uint8
-        self.boundary = boundary
+        self.outputs = outputs
         self.out: list[Any] = []
         self.twins: dict[str, str] = {}  # an int8 activation -> its uint8 twin
-        self.int8: set[str] = activations & boundary  # those that exist as int8 too
+        self.int8: set[str] = activations & inputs  # those that exist as int8 too
         self.back: dict[str, str] = {}  # an int8 activation -> its int8 copy made from its twin
         for name in sorted(self.int8):  # fed as int8: its twin made at the start
             self._twin(name)
@@ -236,7 +241,7 @@ class _Rewrite:
 
     def finish(self) -> list[Any]:
         """The nodes, and each graph output that is an int8 activation made from its twin."""
-        for name in sorted((self.activations & self.boundary) - self.int8):
+        for name in sorted((self.activations & self.outputs) - self.int8):
             self._convert(self.twins[name], name, -_SHIFT)
         return self.out
 

@@ -65,8 +65,8 @@ def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
     if quantized(nodes):
         elements = _tensor_types(model(nodes, extra))
         constants = {**weights, **extra}
-        boundary = {value.name for value in [*inputs, *outputs]}
-        nodes = exact_int8(nodes, constants, elements, boundary)
+        names = {v.name for v in inputs}, {v.name for v in outputs}
+        nodes = exact_int8(nodes, constants, elements, *names)
         extra.update({k: v for k, v in constants.items() if k not in weights})
     return model(nodes, extra)
 

@@ -5,7 +5,8 @@
 #    libsystemd-dev and gcc (systemd-python is compiled against libsystemd), systemd
 #    (systemd-analyze, for the units' tests), python3-venv and python3-dev of /usr/bin/python3
 #    (make deb builds the package's environment on the system's Python), dpkg (dpkg-deb),
-#    acl (setfacl, for the trust tests) and prometheus, without its recommends (it scrapes
+#    acl (setfacl, for the trust tests), qemu-user (qemu-x86_64 -cpu Haswell: the int8 test on
+#    a CPU without VNNI) and prometheus, without its recommends (it scrapes
 #    neuron-monitor-prometheus in that exporter's test);
 # 2. the virtual environment .venv, on $PYTHON (default python3, 3.11+);
 # 3. into it with pip: pip itself upgraded, the project editable with its test tools
@@ -42,6 +43,7 @@ if [ -x /usr/bin/python3 ]; then
 fi
 command -v dpkg-deb >/dev/null 2>&1 || want dpkg "dpkg-deb, for make deb"
 command -v setfacl >/dev/null 2>&1 || want acl "setfacl: the trust tests share an object by ACL"
+command -v qemu-x86_64 >/dev/null 2>&1 || want qemu-user "runs the int8 test as a CPU without VNNI"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 quiet=()

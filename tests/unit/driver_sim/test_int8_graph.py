@@ -1,0 +1,262 @@
+"""The fast engine's int8 graph (driver_sim/int8_graph.py) gives the NC's exact integers on
+inputs that make saturating int16 pair sums differ: uint8 activations near 255 (int8 near
+127 with zero point -128) times int8 weights at +-127 and -128, whose pairs reach
+2 * 255 * 128 = 65280. Checked here on this CPU, and on a CPU without VNNI or AMX
+(`qemu-x86_64 -cpu Haswell`, where onnxruntime's uint8 x int8 kernels use vpmaddubsw and
+the same products written plainly come out wrong): the arithmetic is the rewrite's, not
+the CPU's.
+
+Run as a script (`python test_int8_graph.py`), it prints each case's count of outputs that
+differ from the reference kernels, and the plain product's, as JSON: what the qemu test
+reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import driver_sim
+from driver_sim.int8_graph import PRODUCTS
+from driver_sim.onnx_graph import to_onnx
+
+Instr = driver_sim.Instr
+_RNG = np.random.default_rng(11)
+
+
+def _weights(*shape: int) -> np.ndarray:
+    return _RNG.choice(np.array([-128, -127, 127, 126], np.int8), size=shape)
+
+
+def _near_top(*shape: int, dtype: Any = np.int8) -> np.ndarray:
+    top = 127 if dtype == np.int8 else 255
+    return _RNG.integers(top - 6, top + 1, size=shape).astype(dtype)
+
+
+def _scalars(**values: tuple[float | int, Any]) -> dict[str, np.ndarray]:
+    return {name: np.array(value, dtype) for name, (value, dtype) in values.items()}
+
+
+_CONV_Q = _scalars(
+    xs=(0.02, np.float32), xz=(-128, np.int8), ws=(0.01, np.float32), wz=(0, np.int8),
+    ys=(3.0, np.float32), yz=(-10, np.int8),
+)  # fmt: skip
+
+
+def _conv(group: int) -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
+    """int8 X in, QLinearConv (3x3, pad 1), MaxPool, int8 out: the graph's edges convert."""
+    channels = 16
+    weights = {**_CONV_Q, "w": _weights(channels, channels // group, 3, 3)}
+    program = driver_sim.NcProgram(
+        [
+            Instr(
+                "QLinearConv",
+                ("x", "xs", "xz", "w", "ws", "wz", "ys", "yz"),
+                ("c",),
+                {"pads": [1, 1, 1, 1], "group": group},
+            ),
+            Instr("MaxPool", ("c",), ("y",), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ],
+        weights,
+        ["x"],
+        ["y", "c"],
+    )
+    return program, {"x": _near_top(1, channels, 6, 6)}
+
+
+def _quantized_chain() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
+    """float in: QuantizeLinear, QLinearConv, QLinearAdd with its input, Flatten, QGemm
+    (B transposed, per output column), DequantizeLinear: float out."""
+    q = {**_CONV_Q, "gs": np.array(0.5, np.float32), "gz": np.array(3, np.int8)}
+    weights = {
+        **q,
+        "w": _weights(8, 8, 3, 3),
+        "b": _weights(5, 8 * 4 * 4),
+        "bs": np.full(5, 0.01, np.float32),
+        "bz": np.zeros(5, np.int8),
+    }
+    program = driver_sim.NcProgram(
+        [
+            Instr("QuantizeLinear", ("x", "xs", "xz"), ("q",)),
+            Instr(
+                "QLinearConv",
+                ("q", "xs", "xz", "w", "ws", "wz", "ys", "yz"),
+                ("c",),
+                {"pads": [1, 1, 1, 1]},
+            ),
+            Instr("QLinearAdd", ("c", "ys", "yz", "q", "xs", "xz", "ys", "yz"), ("s",)),
+            Instr("Flatten", ("s",), ("f",)),
+            Instr(
+                "QGemm", ("f", "ys", "yz", "b", "bs", "bz", "", "gs", "gz"), ("g",), {"transB": 1}
+            ),
+            Instr("DequantizeLinear", ("g", "gs", "gz"), ("y",)),
+        ],
+        weights,
+        ["x"],
+        ["y"],
+    )
+    x = _near_top(2, 8, 4, 4).astype(np.float32) * np.float32(0.02) + np.float32(2.5)
+    return program, {"x": x}
+
+
+def _matmuls() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
+    """uint8 A by constant int8 B (QLinearMatMul, per column, and MatMulInteger), and int8
+    A by int8 B computed (B from a second input)."""
+    q = _scalars(
+        s=(0.02, np.float32), z=(0, np.uint8), ys=(40.0, np.float32), yz=(128, np.uint8),
+        iz=(-128, np.int8), iys=(20000.0, np.float32), iyz=(0, np.int8),
+    )  # fmt: skip
+    weights = {**q, "w": _weights(36, 8), "ws": np.full(8, 0.02, np.float32)}
+    weights["wz"] = np.zeros(8, np.int8)
+    program = driver_sim.NcProgram(
+        [
+            Instr("QLinearMatMul", ("a", "s", "z", "w", "ws", "wz", "ys", "yz"), ("y",)),
+            Instr("MatMulInteger", ("a", "w", "z"), ("sums",)),
+            Instr("QLinearMatMul", ("i", "s", "iz", "j", "s", "iz", "iys", "iyz"), ("p",)),
+        ],
+        weights,
+        ["a", "i", "j"],
+        ["y", "sums", "p"],
+    )
+    feeds = {
+        "a": _near_top(4, 36, dtype=np.uint8),
+        "i": _near_top(4, 36),
+        "j": _RNG.choice(np.array([-128, 127], np.int8), size=(36, 8)),
+    }
+    return program, feeds
+
+
+CASES: dict[str, Callable[[], tuple[driver_sim.NcProgram, dict[str, np.ndarray]]]] = {
+    "conv": lambda: _conv(1),
+    "grouped conv": lambda: _conv(4),
+    "depthwise conv": lambda: _conv(16),
+    "quantized chain": _quantized_chain,
+    "matmuls": _matmuls,
+}
+
+
+def _fast_model(program: driver_sim.NcProgram, feeds: dict[str, np.ndarray]) -> Any:
+    loaded = driver_sim.load_program("test", program)
+    types = tuple((str(feeds[name].dtype), feeds[name].ndim) for name in program.inputs)
+    return loaded, to_onnx(loaded, types, 17)
+
+
+def differences(name: str) -> int:
+    """How many outputs of case `name` the fast engine's graph, run on onnxruntime, gives
+    otherwise than the reference kernels."""
+    program, feeds = CASES[name]()
+    loaded, model = _fast_model(program, feeds)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    fast = dict(zip(program.outputs, session.run(list(program.outputs), feeds), strict=True))
+    want = {name: np.empty_like(value) for name, value in fast.items()}
+    driver_sim.execute_program(loaded, feeds, want)
+    for out, value in fast.items():
+        assert value.dtype == want[out].dtype, (name, out, value.dtype, want[out].dtype)
+    return sum(int(np.sum(fast[out] != want[out])) for out in fast)
+
+
+def plain_differences() -> int:
+    """How many outputs of the conv case's QLinearConv, written as it is (uint8 X near 255,
+    full-range int8 W) and run on onnxruntime, differ from the exact integers: the
+    saturating kernels' mark, 0 where the CPU sums uint8 x int8 exactly (VNNI, AMX)."""
+    program, feeds = _conv(1)
+    w = program.weights
+    x = (feeds["x"].astype(np.int16) + 128).astype(np.uint8)
+    inits = {**w, "xz": np.array(0, np.uint8), "yz": np.array(118, np.uint8)}
+    names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    graph = helper.make_graph(
+        [helper.make_node("QLinearConv", names, ["y"], pads=[1, 1, 1, 1])],
+        "plain",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+        [numpy_helper.from_array(inits[n], n) for n in names[1:]],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    got = session.run(None, {"x": x})[0]
+    want = np.empty((1, 16, 6, 6), np.int8)
+    conv_only = driver_sim.NcProgram([program.instructions[0]], w, ["x"], ["c"])
+    driver_sim.execute_program(driver_sim.load_program("test", conv_only), feeds, {"c": want})
+    return int(np.sum(got != (want.astype(np.int16) + 128).astype(np.uint8)))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_fast_graph_gives_the_exact_integers(name: str) -> None:
+    assert differences(name) == 0
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_product_is_uint8_by_int8_within_64_or_by_uint8(name: str) -> None:
+    """The construction, read off the graph: no product is left whose pairs can saturate."""
+    import onnx
+
+    program, feeds = CASES[name]()
+    _, model = _fast_model(program, feeds)
+    inferred = onnx.shape_inference.infer_shapes(_standard_only(model)).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.input, *inferred.value_info]}
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    products = [n for n in model.graph.node if n.op_type in PRODUCTS]
+    assert products
+    for node in products:
+        b = PRODUCTS[node.op_type]
+        a_type = types.get(node.input[0]) or inits[node.input[0]].dtype
+        assert a_type in (TensorProto.UINT8, np.uint8), (node.op_type, a_type)
+        if node.input[b] in inits and inits[node.input[b]].dtype == np.int8:
+            assert np.abs(inits[node.input[b]].astype(np.int16)).max() <= 64
+            assert not np.any(inits[node.input[b + 2]]), "split weights have zero point 0"
+        else:
+            b_type = types.get(node.input[b]) or inits[node.input[b]].dtype
+            assert b_type in (TensorProto.UINT8, np.uint8), (node.op_type, b_type)
+
+
+def _standard_only(model: Any) -> Any:
+    """`model` with onnxruntime's own ops as Identity, for ONNX's type inference."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.domain == "com.microsoft":
+            node.op_type, node.domain = "Identity", ""
+            del node.input[1:], node.attribute[:]
+    return copy
+
+
+def test_on_a_cpu_without_vnni_the_fast_graph_is_exact_where_plain_products_saturate() -> None:
+    """Under qemu as a Haswell (AVX2, no VNNI or AMX), the plain uint8 x int8 product of
+    these values comes out wrong (its pairs saturate) and every case of the fast graph
+    exact."""
+    qemu = shutil.which("qemu-x86_64")
+    assert qemu, "qemu-user is installed by scripts/bootstrap.sh"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [qemu, "-cpu", "Haswell", sys.executable, __file__],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts.pop("plain product") > 0, "the values must make saturating pairs differ"
+    assert counts == dict.fromkeys(CASES, 0)
+
+
+if __name__ == "__main__":
+    found = {name: differences(name) for name in CASES}
+    print(json.dumps({**found, "plain product": plain_differences()}))
