@@ -59,7 +59,10 @@ def models(net: str, cache: Path) -> dict[str, Path]:
     if not float_path.exists():
         export(net, str(float_path))
     if not prepared.exists():
-        quantization.quant_pre_process(str(float_path), str(prepared))
+        try:
+            quantization.quant_pre_process(str(float_path), str(prepared))
+        except Exception:  # its symbolic shape inference fails on some exports (a Reshape's)
+            quantization.quant_pre_process(str(float_path), str(prepared), skip_symbolic_shape=True)
     graph_input = onnx.load(str(float_path)).graph.input[0]
     shape = tuple(d.dim_value for d in graph_input.type.tensor_type.shape.dim)
     made = {"float": float_path}

@@ -181,6 +181,8 @@ class _Rewrite:
             for k in range(len(ins)) if data is None else data:
                 if k < len(ins) and ins[k] in self.activations:
                     ins[k] = self._twin(ins[k])
+                elif k < len(ins) and self._int8_constant(ins[k]):  # a table Gather reads
+                    ins[k] = self._shifted_constant(ins[k])
             outs = [self._output(name) for name in outs]
         else:  # any other op reads and writes int8 as it is
             if op in PRODUCTS and any(self._int8_constant(n) or n in self.activations for n in ins):
@@ -289,3 +291,90 @@ def _summed_axes(op: str, attrs: Mapping[str, int], rank: int) -> tuple[int, int
     if op == "QGemm":
         return (1 if attrs.get("transB") else 0), (0 if attrs.get("transA") else 1)
     return max(rank - 2, 0), -1
+
+
+# ---- the NC's exact functions of int8 tensors (driver_sim/ops/qfunctions.py) -------------
+
+FUNCTIONS = frozenset({"QuantizedLookup", "QuantizedSoftmax", "QuantizedLayerNorm"})
+
+
+def function_nodes(
+    op: str,
+    ins: Sequence[str],
+    outs: Sequence[str],
+    attrs: Mapping[str, Any],
+    weights: Mapping[str, np.ndarray],
+    constants: dict[str, np.ndarray],
+    opset: int,
+) -> list[Any]:
+    """The ONNX nodes of one of `FUNCTIONS`, the same steps as its kernel: integers made
+    float exactly by a DequantizeLinear of scale 1, exact sums, tables, one IEEE operation
+    at a time. Scales are read from `weights`, new constants join `constants`; ValueError
+    where a scale is not constant or an axis is counted from the front (the compiler
+    counts them from the end)."""
+    from onnx import TensorProto, helper
+
+    from driver_sim.ops import qfunctions
+
+    nodes: list[Any] = []
+    out = outs[0]
+
+    def add(node_op: str, inputs: Sequence[str], **kwargs: Any) -> str:
+        name = f"{out}/{len(nodes)}{node_op}"
+        nodes.append(helper.make_node(node_op, list(inputs), [name], **kwargs))
+        return name
+
+    def constant(tag: str, value: Any) -> str:
+        constants[f"{out}/{tag}"] = np.asarray(value)
+        return f"{out}/{tag}"
+
+    def reduce(node_op: str, x: str, axes: Sequence[int]) -> str:
+        since = {"ReduceSum": 13, "ReduceMax": 18, "ReduceProd": 18}[node_op]
+        if opset >= since:
+            return add(node_op, [x, constant(f"axes{len(nodes)}", np.array(axes, np.int64))])
+        return add(node_op, [x], axes=list(axes))
+
+    def scale(name: str) -> np.ndarray:
+        if name not in weights:
+            raise ValueError(f"{op}'s scale {name!r} is computed, not constant")
+        return weights[name]
+
+    one = constant("one", np.float32(1.0))
+    if op == "QuantizedLookup":
+        index = add("Cast", [add("DequantizeLinear", [ins[0], one])], to=TensorProto.INT64)
+        nodes.append(helper.make_node("Gather", [ins[1], index], [out]))  # negative: from the end
+        return nodes
+    axis = int(attrs.get("axis", -1))
+    if axis >= 0:
+        raise ValueError(f"{op}'s axis is counted from the front")
+    if op == "QuantizedSoftmax":
+        x = add("DequantizeLinear", [ins[0], one])
+        distance = add(
+            "Cast", [add("Sub", [reduce("ReduceMax", x, [axis]), x])], to=TensorProto.INT64
+        )
+        table = constant("table", qfunctions.softmax_table(scale(ins[1])))
+        powers = add("Gather", [table, distance])
+        shares = add("Div", [powers, reduce("ReduceSum", powers, [axis])])
+        narrow = add("Cast", [shares], to=TensorProto.FLOAT)
+        nodes.append(helper.make_node("QuantizeLinear", [narrow, ins[2], ins[3]], [out]))
+        return nodes
+    axes = list(range(axis, 0))
+    exact = add("DequantizeLinear", [ins[0], one, ins[2]])
+    d = add("Cast", [exact], to=TensorProto.DOUBLE)
+    big = np.iinfo(np.int64).max
+    dims = add("Slice", [add("Shape", [d]), constant("from", [axis]), constant("to", [big])])
+    count = add("Cast", [reduce("ReduceProd", dims, [0])], to=TensorProto.DOUBLE)
+    mean = add("Div", [reduce("ReduceSum", d, axes), count])
+    squares = add("Div", [reduce("ReduceSum", add("Mul", [d, d]), axes), count])
+    variance = add("Sub", [squares, add("Mul", [mean, mean])])
+    epsilon = qfunctions.layer_norm_epsilon(float(attrs.get("epsilon", 1e-5)), scale(ins[1]))
+    spread = add("Sqrt", [add("Add", [variance, constant("epsilon", np.float64(epsilon))])])
+    normal = add("Cast", [add("Div", [add("Sub", [d, mean]), spread])], to=TensorProto.FLOAT)
+    y = add("Mul", [normal, ins[3]])
+    if len(ins) > 4 and ins[4]:
+        y = add("Add", [y, ins[4]])
+    if len(ins) > 6 and ins[5]:
+        nodes.append(helper.make_node("QuantizeLinear", [y, ins[5], ins[6]], [out]))
+    else:
+        nodes.append(helper.make_node("Identity", [y], [out]))
+    return nodes

@@ -10,7 +10,9 @@ RotaryEmbedding), loss, scatter (indexed reads and writes), grid (GridSample,
 AffineGrid), signal (windows, DFT, STFT), detection (NonMaxSuppression, RoiAlign),
 bits (bitwise ops, shifts, Mod, BitCast), quant (int8 arithmetic: QuantizeLinear...),
 qproducts (the int8 products: MatMulInteger, QLinearConv, QGemm...), qlinear
-(onnxruntime's quantized element-wise and pooling ops, computed through float).
+(onnxruntime's quantized element-wise and pooling ops, computed through float),
+qfunctions (float functions of int8 tensors computed exactly: QuantizedLookup,
+QuantizedSoftmax, QuantizedLayerNorm).
 `window` holds the sliding-window geometry that conv and pool share, `sequence` the
 recurrent layers' (time-major inputs, sequence lengths, the scan over steps).
 """
@@ -30,6 +32,7 @@ from driver_sim.ops import (  # noqa: F401 (imported to register their kernels)
     loss,
     norm,
     pool,
+    qfunctions,
     qlinear,
     qproducts,
     quant,

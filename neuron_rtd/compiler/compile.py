@@ -48,6 +48,7 @@ from neuron_rtd.compiler.partition import (
     nc_refusal,
     place,
 )
+from neuron_rtd.compiler.qfunctions import fuse_quantized_functions
 from neuron_rtd.compiler.qoperator import expand_qoperator
 from neuron_rtd.compiler.summary import Summary
 from neuron_rtd.errors import NrtError
@@ -324,6 +325,7 @@ def nc_limit(num_neuroncores: int | None) -> int:
 def _emit(graph: Graph, builder: NeffBuilder, num_nc: int | None, prefix: str) -> Emitted:
     _add_output_copies(graph)
     fuse(graph, lambda node: nc_refusal(node, graph) is None)
+    fuse_quantized_functions(graph, lambda node: nc_refusal(node, graph) is None)
     refusals = place(graph)
     emitter = Emitter(graph, builder, refusals, prefix)
     limit = nc_limit(num_nc)

@@ -63,10 +63,10 @@ class _Quantized(NamedTuple):
 
 def fuse(graph: Graph, nc_can_run: Callable[[onnx.NodeProto], bool]) -> None:
     """Apply every fusion to `graph` in place."""
-    _Fuser(graph, nc_can_run).run()
+    Fuser(graph, nc_can_run).run()
 
 
-class _Fuser:
+class Fuser:
     def __init__(self, graph: Graph, nc_can_run: Callable[[onnx.NodeProto], bool]) -> None:
         self.graph = graph
         self.nc_can_run = nc_can_run
@@ -87,6 +87,11 @@ class _Fuser:
                 self._qdq(node)
             if node.op_type == "MatMul" and id(node) not in self.replaced:
                 self._matmul_bias(node)
+        self.finish()
+
+    def finish(self) -> None:
+        """The graph's nodes with the fused ones in place, the DequantizeLinear nodes no
+        one reads any more gone."""
         nodes: list[onnx.NodeProto] = []
         for node in self.graph.nodes:
             new = self.replaced.get(id(node), node)

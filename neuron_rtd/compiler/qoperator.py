@@ -1,7 +1,8 @@
 """onnxruntime's QOperator form of a quantized model (its contrib ops: QLinearAdd,
-QLinearConcat, QGemm...) written as QDQ (DequantizeLinear -> float op -> QuantizeLinear),
-before shape inference, which does not know those ops: QDQ fusion (`fuse.py`) makes them
-again once the types are known, so both formats take one path through the compiler."""
+QLinearConcat, QGemm, QLinearSoftmax...) written as QDQ (DequantizeLinear -> float op ->
+QuantizeLinear), before shape inference, which does not know those ops: QDQ fusion
+(`fuse.py`, `qfunctions.py`) makes them again once the types are known, so both formats
+take one path through the compiler."""
 
 from __future__ import annotations
 
@@ -31,12 +32,13 @@ def expand_qoperator(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(node.domain == CONTRIB_DOMAIN for node in model.graph.node):
         return model
     consts = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes: list[onnx.NodeProto] = []
     extra: list[onnx.TensorProto] = []
     for node in model.graph.node:
-        made = _as_qdq(node, consts, extra) if node.domain == CONTRIB_DOMAIN else None
+        made = _as_qdq(node, consts, extra, opset) if node.domain == CONTRIB_DOMAIN else None
         nodes.extend(made if made is not None else [node])
     del out.graph.node[:]
     out.graph.node.extend(nodes)
@@ -45,7 +47,10 @@ def expand_qoperator(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _as_qdq(
-    node: onnx.NodeProto, consts: dict[str, np.ndarray], extra: list[onnx.TensorProto]
+    node: onnx.NodeProto,
+    consts: dict[str, np.ndarray],
+    extra: list[onnx.TensorProto],
+    opset: int,
 ) -> list[onnx.NodeProto] | None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.pop("channels_last", 0):
@@ -66,6 +71,10 @@ def _as_qdq(
         op, operands = _QOPERATOR[node.op_type]
         scale_at = operands[-1] + 3
         reals = [dq(k) for k in operands]
+    elif node.op_type == "QLinearSoftmax":  # its opset attribute: which Softmax it is
+        if (attrs.pop("opset", 0) >= 13) != (opset >= 13):
+            return None
+        op, scale_at, reals = "Softmax", 3, [dq(0)]
     elif node.op_type == "QLinearConcat":
         op, scale_at = "Concat", 0
         reals = [dq(k) for k in range(2, len(ins), 3)]

@@ -1,0 +1,188 @@
+"""What a quantized model leaves in float between a DequantizeLinear and a QuantizeLinear,
+fused into the NC's exact functions of int8 tensors (`driver_sim/ops/qfunctions.py`), so
+the whole of an int8 model computes in integers and exact steps, the same bits on both
+engines:
+
+- an element-wise op whose only computed input is quantized per tensor, its output
+  quantized (GELU, Tanh, HardSwish, a Mul or Add of a constant scalar...: `_ELEMENTWISE`)
+  becomes a QuantizedLookup, its table the op's result for each of the 256 inputs,
+  computed here by the NC's own kernel of the op;
+- Softmax of a quantized input, its output quantized: QuantizedSoftmax;
+- LayerNormalization of a quantized input: QuantizedLayerNorm, its output quantized or
+  float.
+
+This pass runs after `fuse` (whose GELU it sees), with its helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from driver_sim.ops.quant import dequantize, quantize
+from driver_sim.ops.registry import KERNELS
+from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN, Fuser, _Quantized
+from neuron_rtd.compiler.onnx_attrs import UnsupportedAttr, node_attrs
+from neuron_rtd.compiler.onnx_graph import Graph
+
+# Element-wise ops: the output's element is a function of the input's element alone
+# (their other inputs, where they have any, constants of one element).
+_ELEMENTWISE = frozenset(
+    {
+        *("Gelu", "Tanh", "Erf", "Relu", "Clip", "HardSigmoid", "HardSwish", "Softplus"),
+        *("Softsign", "Elu", "Selu", "Celu", "Mish", "ThresholdedRelu", "Shrink", "Exp"),
+        *("Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Sin", "Cos", "Floor", "Ceil", "Round"),
+        *("Sign", "Add", "Sub", "Mul", "Div", "Pow"),
+    }
+)
+_STANDARD = ("", "ai.onnx")
+
+
+def fuse_quantized_functions(graph: Graph, nc_can_run: Callable[[onnx.NodeProto], bool]) -> None:
+    """Fuse every quantized float island of `graph` in place."""
+    _Functions(graph, nc_can_run).run()
+
+
+class _Functions(Fuser):
+    def run(self) -> None:
+        for node in list(self.graph.nodes):
+            if id(node) in self.replaced or len([o for o in node.output if o]) != 1:
+                continue
+            standard = node.domain in _STANDARD
+            if node.op_type == "Softmax" and standard:
+                self._softmax(node)
+            elif node.op_type == "LayerNormalization" and standard:
+                self._layer_norm(node)
+            elif node.op_type in _ELEMENTWISE and (standard or node.domain == INTERNAL_DOMAIN):
+                self._lookup(node)
+        self.finish()
+
+    def _negative_axis(self, node: onnx.NodeProto, name: str, default: int) -> int | None:
+        """`node`'s axis attribute counted from the end of `name`'s shape."""
+        kind = self.graph.types.get(name)
+        if kind is None or kind.shape is None:
+            return None
+        rank = len(kind.shape)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), default)
+        if not -rank <= axis < rank:
+            return None
+        return axis - rank if axis >= 0 else axis
+
+    def _softmax(self, node: onnx.NodeProto) -> None:
+        x = self.dequantized(node.input[0])
+        tail = self._quantize_after(node)
+        axis = self._negative_axis(node, node.input[0], -1 if self.graph.opset >= 13 else 1)
+        if x is None or tail is None or axis is None:
+            return
+        if self.graph.opset < 13 and axis != -1:  # Softmax-1/11: the input coerced to 2-D
+            return
+        chain, out = tail
+        fused = helper.make_node(
+            "QuantizedSoftmax",
+            [x.tensor, x.scale, out.scale, out.zero_point],
+            [out.tensor],
+            name=f"{node.name}.int8",
+            domain=INTERNAL_DOMAIN,
+            axis=axis,
+        )
+        self.commit([node, *chain], fused)
+
+    def _layer_norm(self, node: onnx.NodeProto) -> None:
+        x = self.dequantized(node.input[0])
+        axis = self._negative_axis(node, node.input[0], -1)
+        params = [self._float_constant(name) for name in node.input[1:3]]
+        if x is None or axis is None or None in params:
+            return
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("stash_type", 1) != 1:
+            return
+        ins = [*x, params[0] or "", params[1] if len(params) > 1 and params[1] else ""]
+        chain: list[onnx.NodeProto] = []
+        out_name = node.output[0]
+        tail = self._quantize_after(node)
+        if tail is not None:
+            chain, out = tail
+            ins += [out.scale, out.zero_point]
+            out_name = out.tensor
+        fused = helper.make_node(
+            "QuantizedLayerNorm",
+            ins,
+            [out_name],
+            name=f"{node.name}.int8",
+            domain=INTERNAL_DOMAIN,
+            axis=axis,
+            epsilon=float(attrs.get("epsilon", 1e-5)),
+        )
+        self.commit([node, *chain], fused)
+
+    def _float_constant(self, name: str) -> str | None:
+        """A constant float32 tensor holding `name`'s value: itself, or the value of the
+        DequantizeLinear of constants that computes it (the quantizer's LayerNorm weights);
+        "" for "", None if it is computed otherwise."""
+        if not name or name in self.graph.consts:
+            return name if not name or self.graph.consts[name].dtype == np.float32 else None
+        dq = self.producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        if not all(n in self.graph.consts for n in dq.input if n):
+            return None
+        try:
+            attrs = KERNELS["DequantizeLinear"].parse_attrs(node_attrs(dq))
+            ins = [self.graph.consts[n] if n else None for n in dq.input]
+            value = np.asarray(KERNELS["DequantizeLinear"].compute(*ins, **attrs))
+        except (UnsupportedAttr, ValueError, TypeError):
+            return None
+        return self.constant(f"{name}.value", value) if value.dtype == np.float32 else None
+
+    def _lookup(self, node: onnx.NodeProto) -> None:
+        computed = [n for n in node.input if n and n not in self.graph.consts]
+        constants = [n for n in node.input if n and n in self.graph.consts]
+        if len(computed) != 1 or any(self.graph.consts[n].size != 1 for n in constants):
+            return
+        x = self.dequantized(computed[0])
+        tail = self._quantize_after(node)
+        if x is None or tail is None:
+            return
+        chain, out = tail
+        table = self._table(node, computed[0], x, out)
+        if table is None:
+            return
+        name = self.constant(f"{node.name}.table", table)
+        fused = helper.make_node(
+            "QuantizedLookup",
+            [x.tensor, name],
+            [out.tensor],
+            name=f"{node.name}.int8",
+            domain=INTERNAL_DOMAIN,
+        )
+        self.commit([node, *chain], fused)
+
+    def _table(
+        self, node: onnx.NodeProto, computed: str, x: _Quantized, out: _Quantized
+    ) -> np.ndarray | None:
+        """The op's quantized result for each byte of x (table[x mod 256], the layout
+        QuantizedLookup reads), by the NC's kernel of the op; None if it has none."""
+        kern = KERNELS.get(node.op_type)
+        x_type = self.graph.types[x.tensor].dtype
+        if kern is None or x_type not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            return None
+        try:
+            attrs = kern.parse_attrs(node_attrs(node))
+        except (UnsupportedAttr, ValueError):
+            return None
+        values = np.arange(256).astype(np.uint8).view(x_type)  # byte b holds b's value
+        consts = self.graph.consts
+        real = dequantize(values, consts[x.scale], consts[x.zero_point])
+        inputs = [real if n == computed else consts[n] if n else None for n in node.input]
+        try:
+            result = kern.compute(*inputs, **attrs)
+        except (ValueError, TypeError, ArithmeticError):
+            return None
+        if isinstance(result, tuple) or np.shape(result) != (256,):
+            return None
+        y_zero = consts[out.zero_point]
+        with np.errstate(all="ignore"):
+            return quantize(result, consts[out.scale], y_zero, y_zero.dtype)
