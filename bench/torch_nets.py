@@ -321,6 +321,15 @@ def transformer_encoder() -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
 
 
+def bert_encoder() -> nn.TransformerEncoder:
+    """BERT's encoder at BERT-mini's size (4 layers, hidden 256, 4 heads, GELU, feed-forward
+    1024), over embeddings of 128 tokens."""
+    layer = nn.TransformerEncoderLayer(
+        d_model=256, nhead=4, dim_feedforward=1024, activation="gelu", batch_first=True
+    )
+    return nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+
+
 # --- other families: layer norm and GELU, channel shuffles, concatenation, a decoder ----
 class LayerNorm2d(nn.Module):
     """LayerNorm over the channels of an NCHW tensor (ConvNeXt's, as PyTorch users write it:
@@ -549,6 +558,7 @@ NETS = {
     "efficientnet_b0": (EfficientNetB0, ((1, 3, 224, 224),), ["image"], ["logits"]),
     "deeplabv3_mnv3": (DeepLabV3MobileNetV3Large, ((1, 3, 224, 224),), ["image"], ["masks"]),
     "transformer": (transformer_encoder, ((1, 64, 256),), ["x"], ["y"]),
+    "bert": (bert_encoder, ((1, 128, 256),), ["embeddings"], ["hidden"]),
     "lstm": (
         lambda: nn.LSTM(64, 128, num_layers=2, batch_first=True),
         ((1, 20, 64),),

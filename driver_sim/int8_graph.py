@@ -57,6 +57,7 @@ _ZERO_POINTS: Mapping[str, tuple[tuple[tuple[int, int], ...], int | None]] = {
     "QLinearAveragePool": (((0, 2),), 4),
     "QLinearSigmoid": (((0, 2),), 4),
     "QLinearLeakyRelu": (((0, 2),), 4),
+    "QLinearSoftmax": (((0, 2),), 4),
 }
 # Ops that only move values (their outputs are some of their data inputs' values): per op,
 # the data inputs (None: all of them).
@@ -296,6 +297,10 @@ def _summed_axes(op: str, attrs: Mapping[str, int], rank: int) -> tuple[int, int
 # ---- the NC's exact functions of int8 tensors (driver_sim/ops/qfunctions.py) -------------
 
 FUNCTIONS = frozenset({"QuantizedLookup", "QuantizedSoftmax", "QuantizedLayerNorm"})
+# onnxruntime's quantized Add and Mul, whose kernels (MLAS's, picked by CPU feature) round
+# otherwise than the NC in rare cases (7 of 655360 QLinearAdd outputs here): written as the
+# NC's steps instead.
+BINARY = frozenset({"QLinearAdd", "QLinearMul"})
 
 
 def function_nodes(
@@ -307,7 +312,7 @@ def function_nodes(
     constants: dict[str, np.ndarray],
     opset: int,
 ) -> list[Any]:
-    """The ONNX nodes of one of `FUNCTIONS`, the same steps as its kernel: integers made
+    """The ONNX nodes of one of `FUNCTIONS` or `BINARY`, the same steps as its kernel: integers made
     float exactly by a DequantizeLinear of scale 1, exact sums, tables, one IEEE operation
     at a time. Scales are read from `weights`, new constants join `constants`; ValueError
     where a scale is not constant or an axis is counted from the front (the compiler
@@ -315,6 +320,7 @@ def function_nodes(
     from onnx import TensorProto, helper
 
     from driver_sim.ops import qfunctions
+    from driver_sim.ops.quant import requant_multiplier
 
     nodes: list[Any] = []
     out = outs[0]
@@ -329,7 +335,7 @@ def function_nodes(
         return f"{out}/{tag}"
 
     def reduce(node_op: str, x: str, axes: Sequence[int]) -> str:
-        since = {"ReduceSum": 13, "ReduceMax": 18, "ReduceProd": 18}[node_op]
+        since = {"ReduceSum": 13, "ReduceSumSquare": 18, "ReduceProd": 18}[node_op]
         if opset >= since:
             return add(node_op, [x, constant(f"axes{len(nodes)}", np.array(axes, np.int64))])
         return add(node_op, [x], axes=list(axes))
@@ -340,38 +346,59 @@ def function_nodes(
         return weights[name]
 
     one = constant("one", np.float32(1.0))
+    if op in BINARY:
+        if len(ins) < 8 or not ins[7]:
+            raise ValueError(f"{op} without C's zero point")
+        a_scale, b_scale, c_scale = (scale(ins[k]).astype(np.float32) for k in (1, 4, 6))
+        if op == "QLinearAdd":  # (A - za) * (sa / sc) + (B - zb) * (sb / sc), rounded
+            ratios = [constant(f"ratio{k}", s / c_scale) for k, s in ((0, a_scale), (1, b_scale))]
+            a = add("DequantizeLinear", [ins[0], ratios[0], ins[2]])
+            b = add("DequantizeLinear", [ins[3], ratios[1], ins[5]])
+            total = add("Add", [a, b])
+        else:  # (A - za) * (B - zb) * (sa * sb / sc), rounded
+            a = add("DequantizeLinear", [ins[0], one, ins[2]])
+            b = add("DequantizeLinear", [ins[3], one, ins[5]])
+            multiplier = constant("multiplier", requant_multiplier(a_scale, b_scale, c_scale))
+            total = add("Mul", [add("Mul", [a, b]), multiplier])
+        nodes.append(helper.make_node("QuantizeLinear", [total, one, ins[7]], [out]))
+        return nodes
     if op == "QuantizedLookup":
-        index = add("Cast", [add("DequantizeLinear", [ins[0], one])], to=TensorProto.INT64)
+        index = add("Cast", [add("DequantizeLinear", [ins[0], one])], to=TensorProto.INT32)
         nodes.append(helper.make_node("Gather", [ins[1], index], [out]))  # negative: from the end
         return nodes
     axis = int(attrs.get("axis", -1))
     if axis >= 0:
         raise ValueError(f"{op}'s axis is counted from the front")
-    if op == "QuantizedSoftmax":
-        x = add("DequantizeLinear", [ins[0], one])
-        distance = add(
-            "Cast", [add("Sub", [reduce("ReduceMax", x, [axis]), x])], to=TensorProto.INT64
+    if op == "QuantizedSoftmax":  # onnxruntime's QLinearSoftmax on uint8 (int8 made uint8)
+        zero = constant("x_zero", np.uint8(0))
+        nodes.append(
+            helper.make_node(
+                "QLinearSoftmax",
+                [ins[0], ins[1], zero, ins[2], ins[3]],
+                [out],
+                domain="com.microsoft",
+                axis=axis,
+                opset=13,
+            )
         )
-        table = constant("table", qfunctions.softmax_table(scale(ins[1])))
-        powers = add("Gather", [table, distance])
-        shares = add("Div", [powers, reduce("ReduceSum", powers, [axis])])
-        narrow = add("Cast", [shares], to=TensorProto.FLOAT)
-        nodes.append(helper.make_node("QuantizeLinear", [narrow, ins[2], ins[3]], [out]))
         return nodes
+    if opset < 15:
+        raise ValueError("QuantizedLayerNorm's graph needs opset 15 (Shape's start)")
     axes = list(range(axis, 0))
-    exact = add("DequantizeLinear", [ins[0], one, ins[2]])
-    d = add("Cast", [exact], to=TensorProto.DOUBLE)
-    big = np.iinfo(np.int64).max
-    dims = add("Slice", [add("Shape", [d]), constant("from", [axis]), constant("to", [big])])
-    count = add("Cast", [reduce("ReduceProd", dims, [0])], to=TensorProto.DOUBLE)
-    mean = add("Div", [reduce("ReduceSum", d, axes), count])
-    squares = add("Div", [reduce("ReduceSum", add("Mul", [d, d]), axes), count])
-    variance = add("Sub", [squares, add("Mul", [mean, mean])])
+    d = add("DequantizeLinear", [ins[0], one, ins[2]])  # exact integers, float32
+    wide = TensorProto.DOUBLE
+    count = add("Cast", [reduce("ReduceProd", add("Shape", [d], start=axis), [0])], to=wide)
+    total = add("Cast", [reduce("ReduceSum", d, axes)], to=wide)  # exact: |sum| < 2^24
+    whole = add("Cast", [d], to=TensorProto.INT32)
+    squares = add("Cast", [reduce("ReduceSumSquare", whole, axes)], to=wide)  # < 2^31
+    mean = add("Div", [total, count])
+    variance = add("Sub", [add("Div", [squares, count]), add("Mul", [mean, mean])])
     epsilon = qfunctions.layer_norm_epsilon(float(attrs.get("epsilon", 1e-5)), scale(ins[1]))
     spread = add("Sqrt", [add("Add", [variance, constant("epsilon", np.float64(epsilon))])])
-    normal = add("Cast", [add("Div", [add("Sub", [d, mean]), spread])], to=TensorProto.FLOAT)
-    y = add("Mul", [normal, ins[3]])
-    if len(ins) > 4 and ins[4]:
+    inverse = add("Div", [constant("unit", np.float64(1.0)), spread])
+    narrow = [add("Cast", [name], to=TensorProto.FLOAT) for name in (mean, inverse)]
+    y = add("Mul", [add("Mul", [add("Sub", [d, narrow[0]]), narrow[1]]), ins[3]])
+    if ins[4:5] and ins[4]:
         y = add("Add", [y, ins[4]])
     if len(ins) > 6 and ins[5]:
         nodes.append(helper.make_node("QuantizeLinear", [y, ins[5], ins[6]], [out]))

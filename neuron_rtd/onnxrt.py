@@ -74,10 +74,13 @@ def session(
     spinning: Spinning = ALWAYS,
     log_severity: int = LOG_ERRORS,
     optimize: bool = True,
+    fuse_qdq: bool = True,
 ) -> Any:
     """An onnxruntime `InferenceSession` of `model` (a ModelProto, its serialized bytes,
     or a file path). `threads`: intra-op threads (None: onnxruntime's default, the
-    machine's cores). onnxruntime's own exceptions pass through: callers name the model."""
+    machine's cores). `fuse_qdq=False` keeps onnxruntime from fusing DequantizeLinear ->
+    op -> QuantizeLinear into its own quantized kernels (whose rounding is its own).
+    onnxruntime's own exceptions pass through: callers name the model."""
     import onnxruntime as ort
 
     check_spinning(spinning)
@@ -97,6 +100,8 @@ def session(
     options.log_severity_level = log_severity
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not fuse_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     if isinstance(model, onnx.ModelProto):
         data: bytes | str = model.SerializeToString()
     elif isinstance(model, Path):

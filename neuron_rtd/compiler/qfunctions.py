@@ -8,20 +8,22 @@ engines:
   becomes a QuantizedLookup, its table the op's result for each of the 256 inputs,
   computed here by the NC's own kernel of the op;
 - Softmax of a quantized input, its output quantized: QuantizedSoftmax;
-- LayerNormalization of a quantized input: QuantizedLayerNorm, its output quantized or
-  float.
+- LayerNormalization of a quantized input over a known number of values (at most
+  32768): QuantizedLayerNorm, its output quantized or float.
 
 This pass runs after `fuse` (whose GELU it sees), with its helpers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from driver_sim.ops.qfunctions import LAYER_NORM_MAX
 from driver_sim.ops.quant import dequantize, quantize
 from driver_sim.ops.registry import KERNELS
 from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN, Fuser, _Quantized
@@ -97,7 +99,11 @@ class _Functions(Fuser):
         if x is None or axis is None or None in params:
             return
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("stash_type", 1) != 1:
+        shape = self.graph.types[node.input[0]].shape or ()
+        normalized = shape[len(shape) + axis :]
+        if not all(isinstance(n, int) for n in normalized):
+            return
+        if attrs.get("stash_type", 1) != 1 or math.prod(normalized) > LAYER_NORM_MAX:  # type: ignore[arg-type]
             return
         ins = [*x, params[0] or "", params[1] if len(params) > 1 and params[1] else ""]
         chain: list[onnx.NodeProto] = []
@@ -138,16 +144,28 @@ class _Functions(Fuser):
         return self.constant(f"{name}.value", value) if value.dtype == np.float32 else None
 
     def _lookup(self, node: onnx.NodeProto) -> None:
-        computed = [n for n in node.input if n and n not in self.graph.consts]
-        constants = [n for n in node.input if n and n in self.graph.consts]
-        if len(computed) != 1 or any(self.graph.consts[n].size != 1 for n in constants):
+        """`node` and the element-wise ops after it up to a QuantizeLinear (the quantizer
+        cuts GELU into Div, Erf and quantized Add and Muls) as one table."""
+        computed = self._computed_input(node)
+        x = self.dequantized(computed or "")
+        if x is None or computed is None:
             return
-        x = self.dequantized(computed[0])
+        chain = [node]
         tail = self._quantize_after(node)
-        if x is None or tail is None:
-            return
-        chain, out = tail
-        table = self._table(node, computed[0], x, out)
+        while tail is None:
+            reader = self.only_reader(chain[-1].output[0])
+            if (
+                reader is None
+                or reader.op_type not in _ELEMENTWISE
+                or reader.domain not in _STANDARD
+            ):
+                return
+            if self._computed_input(reader) != chain[-1].output[0] or len(chain) == 8:
+                return
+            chain.append(reader)
+            tail = self._quantize_after(reader)
+        after, out = tail
+        table = self._table(chain, x, out)
         if table is None:
             return
         name = self.constant(f"{node.name}.table", table)
@@ -158,31 +176,42 @@ class _Functions(Fuser):
             name=f"{node.name}.int8",
             domain=INTERNAL_DOMAIN,
         )
-        self.commit([node, *chain], fused)
+        self.commit([*chain, *after], fused)
+
+    def _computed_input(self, node: onnx.NodeProto) -> str | None:
+        """The one input of `node` that is not a constant, its others constants of one
+        element; None otherwise."""
+        computed = [n for n in node.input if n and n not in self.graph.consts]
+        constants = [n for n in node.input if n and n in self.graph.consts]
+        if len(computed) != 1 or any(self.graph.consts[n].size != 1 for n in constants):
+            return None
+        return computed[0]
 
     def _table(
-        self, node: onnx.NodeProto, computed: str, x: _Quantized, out: _Quantized
+        self, chain: list[onnx.NodeProto], x: _Quantized, out: _Quantized
     ) -> np.ndarray | None:
-        """The op's quantized result for each byte of x (table[x mod 256], the layout
-        QuantizedLookup reads), by the NC's kernel of the op; None if it has none."""
-        kern = KERNELS.get(node.op_type)
+        """The ops' quantized result for each byte of x (table[x mod 256], the layout
+        QuantizedLookup reads), by the NC's kernels of the ops; None where one has none."""
         x_type = self.graph.types[x.tensor].dtype
-        if kern is None or x_type not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        if x_type not in (np.dtype(np.int8), np.dtype(np.uint8)):
             return None
-        try:
-            attrs = kern.parse_attrs(node_attrs(node))
-        except (UnsupportedAttr, ValueError):
-            return None
-        values = np.arange(256).astype(np.uint8).view(x_type)  # byte b holds b's value
         consts = self.graph.consts
+        values = np.arange(256).astype(np.uint8).view(x_type)  # byte b holds b's value
         real = dequantize(values, consts[x.scale], consts[x.zero_point])
-        inputs = [real if n == computed else consts[n] if n else None for n in node.input]
-        try:
-            result = kern.compute(*inputs, **attrs)
-        except (ValueError, TypeError, ArithmeticError):
-            return None
-        if isinstance(result, tuple) or np.shape(result) != (256,):
-            return None
+        for node in chain:
+            kern = KERNELS.get(node.op_type)
+            computed = self._computed_input(node)
+            if kern is None:
+                return None
+            inputs = [real if n == computed else consts[n] if n else None for n in node.input]
+            try:
+                attrs = kern.parse_attrs(node_attrs(node))
+                with np.errstate(all="ignore"):
+                    real = kern.compute(*inputs, **attrs)
+            except (UnsupportedAttr, ValueError, TypeError, ArithmeticError):
+                return None
+            if isinstance(real, tuple) or np.shape(real) != (256,):
+                return None
         y_zero = consts[out.zero_point]
         with np.errstate(all="ignore"):
-            return quantize(result, consts[out.scale], y_zero, y_zero.dtype)
+            return quantize(real, consts[out.scale], y_zero, y_zero.dtype)

