@@ -9,7 +9,7 @@ sums (measured under `qemu-x86_64 -cpu Haswell`: 3969 of 4096 outputs of a 3x3 c
 uint8 near 255 and int8 near +-127). Its int8 x int8 kernels are the slow ones (60 ms for
 ResNet-18 against 7.6 for uint8 x int8 here), and its uint8 x uint8 kernels widen to 16
 bits: exact, and 2-3x slower than uint8 x int8. Two rewrites make every product both exact
-and fast:
+and fast, and a third keeps the rest exact:
 
 1. **int8 activations as uint8.** Every int8 tensor the program computes is carried as
    uint8, value + 128, with its zero point + 128: the same differences from the zero point,
@@ -28,7 +28,14 @@ and fast:
    saturation, so every such kernel sums exactly.
 
 The requantization after the sums (float32(acc) * multiplier, rounded half to even) is
-onnxruntime's and the NC's alike, as for every op of the fast engine's graph.
+onnxruntime's and the NC's alike (one multiply and a rounding, on every CPU; checked here
+and under qemu as a Haswell).
+
+3. **The rest of a quantized model in the NC's own steps** (`function_nodes`): its
+   functions of int8 tensors (`driver_sim/ops/qfunctions.py`), and onnxruntime's
+   quantized Add and Mul, Sigmoid and LeakyRelu, whose kernels round in MLAS's own ways
+   (picked by CPU feature), as DequantizeLinear, one IEEE operation at a time and
+   QuantizeLinear, or a Gather of a table the NC's kernel computes.
 """
 
 from __future__ import annotations
@@ -301,6 +308,9 @@ FUNCTIONS = frozenset({"QuantizedLookup", "QuantizedSoftmax", "QuantizedLayerNor
 # otherwise than the NC in rare cases (7 of 655360 QLinearAdd outputs here): written as the
 # NC's steps instead.
 BINARY = frozenset({"QLinearAdd", "QLinearMul"})
+# onnxruntime's quantized Sigmoid and LeakyRelu, whose tables it builds with MLAS's float
+# functions (picked by CPU feature): a table of the NC's kernel instead.
+TABLED = frozenset({"QLinearSigmoid", "QLinearLeakyRelu"})
 
 
 def function_nodes(
@@ -312,15 +322,16 @@ def function_nodes(
     constants: dict[str, np.ndarray],
     opset: int,
 ) -> list[Any]:
-    """The ONNX nodes of one of `FUNCTIONS` or `BINARY`, the same steps as its kernel: integers made
-    float exactly by a DequantizeLinear of scale 1, exact sums, tables, one IEEE operation
-    at a time. Scales are read from `weights`, new constants join `constants`; ValueError
-    where a scale is not constant or an axis is counted from the front (the compiler
-    counts them from the end)."""
+    """The ONNX nodes of one of `FUNCTIONS`, `BINARY` or `TABLED`, the same steps as its
+    kernel: integers made float exactly by a DequantizeLinear of scale 1, exact sums,
+    tables, one IEEE operation at a time. Scales are read from `weights`, new constants
+    join `constants`; ValueError where a scale is not constant or an axis is counted from
+    the front (the compiler counts them from the end)."""
     from onnx import TensorProto, helper
 
     from driver_sim.ops import qfunctions
     from driver_sim.ops.quant import requant_multiplier
+    from driver_sim.ops.registry import KERNELS
 
     nodes: list[Any] = []
     out = outs[0]
@@ -362,6 +373,13 @@ def function_nodes(
             total = add("Mul", [add("Mul", [a, b]), multiplier])
         nodes.append(helper.make_node("QuantizeLinear", [total, one, ins[7]], [out]))
         return nodes
+    if op in TABLED:  # the NC kernel's result for each byte, as a QuantizedLookup's table
+        if len(ins) < 5 or not ins[4] or ins[4] not in weights:
+            raise ValueError(f"{op} without a constant Y zero point")
+        values = np.arange(256).astype(np.uint8).view(weights[ins[4]].dtype)
+        params = [weights[name] if name else None for name in ins[1:5]]
+        table = KERNELS[op].compute(values, *params, **KERNELS[op].parse_attrs(attrs))
+        op, ins = "QuantizedLookup", [ins[0], constant("table", table)]
     if op == "QuantizedLookup":
         index = add("Cast", [add("DequantizeLinear", [ins[0], one])], to=TensorProto.INT32)
         nodes.append(helper.make_node("Gather", [ins[1], index], [out]))  # negative: from the end

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from driver_sim import autocast
-from driver_sim.int8_graph import BINARY, FUNCTIONS, exact_int8, function_nodes, quantized
+from driver_sim.int8_graph import (
+    BINARY,
+    FUNCTIONS,
+    TABLED,
+    exact_int8,
+    function_nodes,
+    quantized,
+)
 from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from driver_sim.ops.registry import KERNELS, tensor_attr
 from driver_sim.program import Instr, LoadedProgram
@@ -126,7 +133,7 @@ def _nodes(
             tanh = attrs.get("approximate", "none") == "tanh"
             op = "FastGelu" if tanh else "Gelu"
             nodes.append(helper.make_node(op, ins, outs, domain="com.microsoft"))
-        elif instr.op in FUNCTIONS or instr.op in BINARY:  # the NC's int8 steps
+        elif instr.op in FUNCTIONS | BINARY | TABLED:  # the NC's int8 steps
             nodes.extend(function_nodes(instr.op, ins, outs, attrs, weights, extra, opset))
         elif _onnxruntime_differs(instr.op, ins, attrs):
             raise ValueError(f"onnxruntime's {instr.op} computes this otherwise than the NC")

@@ -164,10 +164,12 @@ def _functions() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
             Instr("QLinearAdd", ("x", "s", "z", "row", "ns", "nz", "s", "z"), ("sum",)),
             Instr("QLinearMul", ("x", "s", "z", "row", "ns", "nz", "ys", "yz"), ("product",)),
             Instr("QLinearAdd", ("u", "us", "uz", "u", "us", "uz", "us", "uz"), ("usum",)),
+            Instr("QLinearSigmoid", ("x", "s", "z", "ys", "yz"), ("sig",)),
+            Instr("QLinearLeakyRelu", ("u", "us", "uz", "us", "uz"), ("leaky",), {"alpha": 0.3}),
         ],
         weights,
         ["x", "u"],
-        ["looked", "ulooked", "soft", "n", "f", "sum", "product", "usum"],
+        ["looked", "ulooked", "soft", "n", "f", "sum", "product", "usum", "sig", "leaky"],
     )
     feeds = {
         "x": _RNG.integers(-128, 128, (3, 40, 24)).astype(np.int8),
