@@ -82,9 +82,8 @@ _UNBUILT = object()  # no session (yet) for these types and threads
 MAX_BINDINGS = 64  # per program: slots times thread counts, in any real use
 _last_run = 0  # id() of the program whose run began last in this process (see the doc)
 # The trial of a set of shapes times no run before TRIAL_SETTLE_NS after its first, nor
-# before TRIAL_WARMUP runs: a session's first runs are slower (up to twice), and what loading
-# left behind (the reference kernels' BLAS threads, measuring the counters, spin ~0.1 s)
-# takes a core from them; ResNet-18's runs on both threads took 33-47 ms then, 17-20 after.
+# before TRIAL_WARMUP runs: a session's first runs are slower, and what loading left behind
+# (BLAS threads spinning ~0.1 s) takes a core: ResNet-18 took 33-47 ms then, 17-20 after.
 TRIAL_SETTLE_NS = 500_000_000
 TRIAL_WARMUP = 8
 TRIAL_RUNS = 8  # timed runs each way before the runs of a set of shapes get their threads
@@ -95,22 +94,17 @@ TRIAL_LONGEST_NS = 2_000_000
 TRIAL_MOST_WEIGHTS = 64 << 20
 # All threads are kept when their fastest run beats one thread's by more than 3% and by
 # more than 20 us (a wake of a sleeping thread costs 20-70 us, see neuron_rtd.onnxrt): the
-# other threads must earn the cores they take, and spin on between runs. However large
-# the share, a few us do not pay for a spinning thread: an MLP 784-128-10 runs in 7.5 us
-# on two threads and 11 on one, and the daemon serving it to one client took 901 us of
-# CPU a call on two (1.34 cores), 506 on one; to 8 clients, 1956-2008 calls/s, 2150 on one.
+# other threads must earn the cores they take. An MLP 784-128-10: 7.5 us on two threads,
+# 11 on one; the daemon serving it took 901 us of CPU a call on two, 506 on one.
 ONE_THREAD_SLACK = 1.03
 ONE_THREAD_SLACK_NS = 20_000
-# One thread, once chosen, is tried again against all threads after RETRY_FIRST_NS of the
-# program's runs, then after twice as long each time it wins, up to RETRY_LONGEST_NS: a
-# trial run while the host was busy (another process, or other NCs, on the other cores)
-# finds all threads no faster, and that choice must not outlive the load by much.
+# One thread, once chosen, is tried again after RETRY_FIRST_NS, then twice as long each
+# time it wins, up to RETRY_LONGEST_NS: a choice made on a busy host must not outlive it.
 RETRY_FIRST_NS = 2_000_000_000
 RETRY_LONGEST_NS = 8_000_000_000
 # All threads, chosen (or kept untried), are tried again when BUSY_RUNS runs in a row take
-# over BUSY_SLOWER times their fastest, preempted as often as on a busy host (below). Beside
-# a busy loop on one of 2 cores, threads wait for each other's time slices: ResNet-18 took
-# 10-26 ms a run on both threads (8-9 quiet), 16-17 on one.
+# over BUSY_SLOWER times their fastest, preempted as often as on a busy host (below): beside
+# a busy loop ResNet-18 took 10-26 ms a run on both threads (8-9 quiet), 16-17 on one.
 BUSY_SLOWER = 1.5
 BUSY_RUNS = 8
 # Runs on all threads preempted (getrusage's involuntary context switches) this often on
@@ -129,8 +123,8 @@ class _Threads:
 
     The trial times bound runs that had the engine to themselves (no other NC run in
     progress): once settled (TRIAL_SETTLE_NS, the first trial only, and TRIAL_WARMUP
-    runs), TRIAL_RUNS on all threads; unless those take over TRIAL_LONGEST_NS, TRIAL_RUNS
-    on one (on a session of one thread, made in the background meanwhile); and it
+    runs), TRIAL_RUNS on all threads and, unless those take over TRIAL_LONGEST_NS,
+    TRIAL_RUNS on one (a session of one thread, made in the background), in turn; and it
     compares the fastest run of each way (the host's noise only ever adds time), or when
     the trial's threads waited for cores (PREEMPTED_PER_RUN), the median run of each way. A
     program of weights over TRIAL_MOST_WEIGHTS keeps all threads untried. One thread,
@@ -151,10 +145,16 @@ class _Threads:
         self._starved = self._trials = 0  # preemptions (a trial's, slow runs'); choices made
 
     def pick(self, most: int) -> int:
-        """The threads of a run that may take `most` (> 1)."""
+        """The threads of a run that may take `most` (> 1): in a trial, all and one in turn
+        once runs on all are timed and short (both ways then see the host alike)."""
         one = self.one
         if one is None:
-            return most if len(self._took[0]) < TRIAL_RUNS else 1
+            every, alone = self._took
+            if len(every) >= TRIAL_RUNS:
+                return 1
+            if not every or (not self._long and min(every) > TRIAL_LONGEST_NS):
+                return most
+            return 1 if len(alone) < len(every) else most
         if one and time.monotonic_ns() >= self._again:
             self._try_again()
             return most

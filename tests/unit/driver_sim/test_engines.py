@@ -6,7 +6,8 @@ kernels where it must."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -191,11 +192,38 @@ def test_an_unloaded_models_sessions_and_threads_go_with_it() -> None:
     assert after <= before, f"{after - before} threads more after 5 loads and unloads"
 
 
+def _alternating(ways: dict[int, int], threads: int, n: int) -> int:
+    """The nth run of a way: its time, and 1.5 times that every other run."""
+    return ways[threads] * (2 + n % 2) // 2
+
+
+def _preempted_on_all(often: tuple[int, int], threads: int, n: int) -> int:
+    """Preemptions of the nth run: alternately often[0] and often[1] on all threads."""
+    return often[n % 2] if threads == 2 else 0
+
+
+def _trial(
+    choice: Any,
+    took: Callable[[int, int], int],
+    preempted: Callable[[int, int], int] = lambda threads, n: 0,
+) -> list[int]:
+    """Runs on the threads `choice.pick(2)` gives until it chooses, the nth run of a way
+    taking took(threads, n) ns, preempted preempted(threads, n) times: each run's threads."""
+    runs: list[int] = []
+    counts = {1: 0, 2: 0}
+    while choice.one is None and len(runs) < 1000:
+        threads = choice.pick(2)
+        choice.took(threads, took(threads, counts[threads]), preempted(threads, counts[threads]))
+        counts[threads] += 1
+        runs.append(threads)
+    return runs
+
+
 def test_one_thread_is_chosen_only_when_it_runs_as_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread choice of a set of shapes: the first trial runs take all the engine's
-    threads (the warm-up's not counted), the next ones one thread; one thread is kept
-    unless all threads' fastest run beats its fastest by more than the slack, relative
-    and absolute."""
+    threads (the warm-up's not counted), then one thread and all take turns; one thread is
+    kept unless all threads' fastest run beats its fastest by more than the slack,
+    relative and absolute."""
     from driver_sim.fast import (
         ONE_THREAD_SLACK,
         ONE_THREAD_SLACK_NS,
@@ -221,12 +249,9 @@ def test_one_thread_is_chosen_only_when_it_runs_as_fast(monkeypatch: pytest.Monk
         for _ in range(TRIAL_WARMUP):  # slow first runs: not counted
             assert choice.pick(2) == 2 and choice.one is None
             choice.took(2, 10 * all_ns)
-        for n in range(TRIAL_RUNS):
-            assert choice.pick(2) == 2 and choice.one is None
-            choice.took(2, all_ns + all_ns // 2 * (n % 2))
-        for n in range(TRIAL_RUNS):
-            assert choice.pick(2) == 1 and choice.one is None
-            choice.took(1, one_ns + one_ns // 2 * (n % 2))
+        ways = {2: all_ns, 1: one_ns}  # each way's runs alternately as long and 1.5x
+        runs = _trial(choice, functools.partial(_alternating, ways))
+        assert runs == [2, 1] * TRIAL_RUNS  # in turn: both ways see the host alike
         assert choice.one is chosen
         assert choice.pick(4) == (1 if chosen else 4)
 
@@ -267,12 +292,13 @@ def test_one_thread_is_tried_again_later_and_gives_way_when_all_threads_win(
     us = 1000
 
     def trial(choice: _Threads, all_ns: int, one_ns: int) -> None:
-        for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
+        runs = []
+        if choice.one is not None:  # the back-off is past: this run starts the trial
             assert choice.pick(2) == 2 and choice.one is None
             choice.took(2, all_ns)
-        for _ in range(TRIAL_RUNS):
-            assert choice.pick(2) == 1 and choice.one is None
-            choice.took(1, one_ns)
+            runs.append(2)
+        runs += _trial(choice, lambda threads, n: all_ns if threads == 2 else one_ns)
+        assert runs == [2] * (TRIAL_WARMUP + 1) + [1, 2] * (TRIAL_RUNS - 1) + [1]
 
     choice = _Threads()
     trial(choice, all_ns=400 * us, one_ns=400 * us)  # all threads slowed by a busy host
@@ -306,15 +332,17 @@ def test_a_trial_on_a_busy_host_tries_long_runs_and_compares_typical_runs(
         choice = _Threads()
         for _ in range(TRIAL_WARMUP):
             choice.took(2, 30 * ms, 5)
-        for n in range(TRIAL_RUNS):  # one lucky run of 10 ms, the others 16-26
-            assert choice.pick(2) == 2 and choice.one is None
-            choice.took(2, 10 * ms if n == 0 else (16 + n) * ms, preempted[n % 2])
+        runs = _trial(  # one lucky run of 10 ms on all threads, the others 16-26
+            choice,
+            lambda threads, n: (
+                (10 * ms if n == 0 else (16 + n) * ms) if threads == 2 else 16 * ms + n * 1000
+            ),
+            functools.partial(_preempted_on_all, preempted),
+        )
         if not chosen:  # a quiet host: long runs keep all threads untried
-            assert choice.one is False and choice.pick(2) == 2
+            assert runs == [2] * TRIAL_RUNS and choice.one is False and choice.pick(2) == 2
             continue
-        for n in range(TRIAL_RUNS):
-            assert choice.pick(2) == 1 and choice.one is None
-            choice.took(1, 16 * ms + n * 1000)
+        assert runs.count(1) == TRIAL_RUNS and runs[-2:] == [2, 1]  # in turn once found busy
         assert choice.one is chosen  # by the fastest run, all threads would have won
 
 
@@ -359,12 +387,9 @@ def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
     assert choice.one is False
     slowed(1)  # BUSY_RUNS in a row, preempted: the host got busy, a trial of long runs too
     assert choice.one is None
-    for _ in range(TRIAL_WARMUP + TRIAL_RUNS):
-        assert choice.pick(2) == 2
-        choice.took(2, slow)
-    assert choice.one is None and choice.pick(2) == 1  # tried on one thread, though long
-    for _ in range(TRIAL_RUNS):
-        choice.took(1, 2 * slow)
+    runs = _trial(choice, lambda threads, n: slow if threads == 2 else 2 * slow)
+    assert runs.count(1) == TRIAL_RUNS  # tried on one thread (in turn), though long
+    assert runs[: TRIAL_WARMUP + 1] == [2] * (TRIAL_WARMUP + 1)
     assert choice.one is False  # all threads still win, slowed as they are
     slowed(4 * BUSY_RUNS)
     assert choice.one is False  # within the back-off: no trial
@@ -374,9 +399,9 @@ def test_all_threads_chosen_are_tried_again_when_their_runs_slow_down(
 
 
 def test_a_program_runs_on_the_threads_its_trial_chose_with_the_same_bits() -> None:
-    """Through the trial (all threads, then one, on a session made in the background) to
-    the choice: every run writes the same bits, and the runs after the choice are bound
-    to a session of the threads chosen."""
+    """Through the trial (all threads and one in turn, one on a session made in the
+    background) to the choice: every run writes the same bits, and the runs after the
+    choice are bound to a session of the threads chosen."""
     import time
 
     from driver_sim.fast import TRIAL_RUNS
