@@ -52,7 +52,7 @@ import numpy as np
 from driver_sim import blas
 from driver_sim.errors import KernelError
 from driver_sim.execute import store_output
-from driver_sim.onnx_graph import InputTypes, to_onnx
+from driver_sim.onnx_graph import InputTypes, declared_types, run_types, to_onnx
 from driver_sim.ops.random import RANDOM_OPS
 from driver_sim.ops.registry import NARROW
 from driver_sim.program import VALUE_SHAPED_OPS, Instr, LoadedProgram, Shape
@@ -277,6 +277,7 @@ class FastProgram:
         self.opset = opset
         # What a run adds to the NC's counters, per input shapes (kept by the NC).
         self.counts: dict[Key, RunCounts] = {}
+        self._declared = declared_types(loaded.program.input_types)
         self._input_names = [name for name, _ in loaded.input_slots]
         self._output_names = [name for name, _, _ in loaded.output_slots]
         self.default: Kind = (threads, spinning)  # the session a first run makes
@@ -298,9 +299,7 @@ class FastProgram:
         if not _shapes_follow_input_shapes(loaded.program.instructions, loaded.program.weights):
             return None
         fast = cls(loaded, threads, opset or DEFAULT_OPSET, spinning=spinning)
-        declared = loaded.program.input_types
-        if declared is not None:
-            types = tuple((np.dtype(dtype).str, rank) for dtype, rank in declared)
+        if (types := fast._declared) is not None:
             fast._sessions[types, fast.default] = fast._build(types, fast.default)
         return fast
 
@@ -343,7 +342,7 @@ class FastProgram:
             feeds = {name: np.asarray(a) for name, a in zip(self._input_names, ins, strict=True)}
             if not _exchangeable([*feeds.values(), *outs]):
                 return None
-            types = tuple((a.dtype.str, a.ndim) for a in feeds.values())
+            types = run_types(self._declared, list(feeds.values()))
             session = self._sessions.get((types, kind), _UNBUILT)
             if session is _UNBUILT:
                 session = self._session(types, kind)

@@ -29,15 +29,40 @@ from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
 from driver_sim.ops.registry import KERNELS, tensor_attr
 from driver_sim.program import Instr, LoadedProgram
 
-InputTypes = tuple[tuple[str, int], ...]  # per program input: dtype string and rank
+Dims = tuple[int | None, ...]  # an input's shape, None for an axis of any size
+InputTypes = tuple[tuple[str, int | Dims], ...]  # per program input: dtype string, rank or dims
+
+
+def declared_types(declared: Sequence[tuple[Any, Any]] | None) -> InputTypes | None:
+    """A program's declared input types (`NcProgram.input_types`) as InputTypes."""
+    if declared is None:
+        return None
+    return tuple(
+        (np.dtype(dtype).str, dims if isinstance(dims, int) else tuple(dims))
+        for dtype, dims in declared
+    )
+
+
+def run_types(declared: InputTypes | None, arrays: Sequence[np.ndarray]) -> InputTypes:
+    """The types of a run of these input arrays: each input's declared dims where the array
+    has them (so a session for those sizes serves it), else its rank (any size)."""
+    types: list[tuple[str, int | Dims]] = []
+    for k, array in enumerate(arrays):
+        dims = declared[k][1] if declared is not None else array.ndim
+        fits = isinstance(dims, tuple) and len(dims) == array.ndim
+        fits = fits and all(d is None or d == n for d, n in zip(dims, array.shape, strict=True))  # type: ignore[arg-type]
+        types.append((array.dtype.str, dims if fits else array.ndim))
+    return tuple(types)
+
+
 # The Winograd weight transform's left inverse: W = L U L^T undoes U = G W G^T.
 _L = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, -1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 
 
 def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
     """The program as an ONNX model: instructions as nodes (the NC's own fused ones as
-    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks
-    `types` gives (in the program's input order). Under auto-cast, the fp32 inputs of the
+    their ONNX equivalents), weights as initializers, inputs of the dtypes and ranks or
+    dims `types` gives (in the program's input order). Under auto-cast, the fp32 inputs of the
     ops cast go through a round trip to the 16-bit type (Cast, Cast back), as the
     reference kernels round them."""
     from onnx import helper, numpy_helper
@@ -46,9 +71,11 @@ def to_onnx(loaded: LoadedProgram, types: InputTypes, opset: int) -> Any:
     weights = {name: np.asarray(value) for name, value in program.weights.items()}
     inputs = [
         helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [None] * rank
+            name,
+            helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+            [None] * dims if isinstance(dims, int) else list(dims),
         )
-        for (name, _), (dtype, rank) in zip(loaded.input_slots, types, strict=True)
+        for (name, _), (dtype, dims) in zip(loaded.input_slots, types, strict=True)
     ]
     outputs = [helper.make_empty_tensor_value_info(name) for name, _, _ in loaded.output_slots]
     opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]

@@ -84,9 +84,10 @@ class NcProgram:
     opset: int | None = None  # the ONNX opset its ops' attributes follow (None: unknown)
     auto_cast: str = "none"  # fp32 ops computed in `auto_cast_type`: none, matmult, all
     auto_cast_type: str = "bf16"  # bf16 or fp16, accumulating in fp32
-    # The dtype and rank of each input, when the caller knows them: the fast engine then
-    # prepares the program as it loads, not at its first run.
-    input_types: Sequence[tuple[Any, int]] | None = None
+    # The dtype and shape of each input, when the caller knows them (a rank, or None for an
+    # axis, where any size is fed): the fast engine then prepares the program as it loads,
+    # not at its first run, for those sizes (onnxruntime fuses more when it knows them).
+    input_types: Sequence[tuple[Any, int | tuple[int | None, ...]]] | None = None
 
 
 class Step(NamedTuple):

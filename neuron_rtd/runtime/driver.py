@@ -227,7 +227,17 @@ def _nc_program(program: Stage, inputs: Sequence[TensorSpec] | None = None) -> d
         opset=program.opset,
         auto_cast=program.auto_cast,
         auto_cast_type=program.auto_cast_type,
-        input_types=None if inputs is None else [(t.dtype, len(t.shape)) for t in inputs],
+        input_types=None if inputs is None else [(t.dtype, _fixed_dims(t)) for t in inputs],
+    )
+
+
+def _fixed_dims(spec: TensorSpec) -> tuple[int | None, ...]:
+    """A program input's shape as the fast engine may fix it: None on an axis whose size
+    a run decides (dynamic, or following a bucketed NEFF's symbol)."""
+    symbols = spec.symbols or (None,) * len(spec.shape)
+    return tuple(
+        None if axis in spec.dynamic or symbols[axis] is not None else size
+        for axis, size in enumerate(spec.shape)
     )
 
 
