@@ -107,6 +107,7 @@ CASES = {
     "efficientnet_b0": "EfficientNet-B0, 1x3x224x224",
     "deeplabv3_mnv3": "DeepLabV3 on MobileNetV3-Large (OS 16, ASPP), 1x3x224x224",
     "transformer": "TransformerEncoder 2 layers, d_model 256, 4 heads, 1x64x256",
+    "bert": "BERT-mini's encoder: 4 layers, hidden 256, 4 heads, GELU, 1x128x256",
     "lstm": "LSTM(64, 128, num_layers=2), 1x20x64",
     "gru": "GRU(64, 128, num_layers=2), 1x20x64",
     "bilstm": "bidirectional LSTM(64, 128, num_layers=2), 1x20x64",
