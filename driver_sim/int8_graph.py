@@ -379,10 +379,19 @@ def function_nodes(
         values = np.arange(256).astype(np.uint8).view(weights[ins[4]].dtype)
         params = [weights[name] if name else None for name in ins[1:5]]
         table = KERNELS[op].compute(values, *params, **KERNELS[op].parse_attrs(attrs))
-        op, ins = "QuantizedLookup", [ins[0], constant("table", table)]
-    if op == "QuantizedLookup":
-        index = add("Cast", [add("DequantizeLinear", [ins[0], one])], to=TensorProto.INT32)
-        nodes.append(helper.make_node("Gather", [ins[1], index], [out]))  # negative: from the end
+        op, ins = "QuantizedLookup", [ins[0], constant("own", table)]
+        weights = {**weights, ins[1]: table}
+    if op == "QuantizedLookup":  # table[x mod 256] as table twice over [x + 256]: onnxruntime
+        # reads negative indices 3x slower (1.19 ms for 131072 against 0.40)
+        if ins[1] not in weights:
+            raise ValueError("QuantizedLookup's table is computed, not constant")
+        twice = constant("table", np.concatenate([weights[ins[1]]] * 2))
+        moved = add(
+            "Add", [add("DequantizeLinear", [ins[0], one]), constant("256", np.float32(256))]
+        )
+        nodes.append(
+            helper.make_node("Gather", [twice, add("Cast", [moved], to=TensorProto.INT32)], [out])
+        )
         return nodes
     axis = int(attrs.get("axis", -1))
     if axis >= 0:

@@ -44,8 +44,10 @@ _STANDARD = ("", "ai.onnx")
 
 
 def fuse_quantized_functions(graph: Graph, nc_can_run: Callable[[onnx.NodeProto], bool]) -> None:
-    """Fuse every quantized float island of `graph` in place."""
+    """Fuse every quantized float island of `graph` in place, then each run of quantized
+    element-wise ops of one tensor into one table."""
     _Functions(graph, nc_can_run).run()
+    _Regions(graph, nc_can_run).run()
 
 
 class _Functions(Fuser):
@@ -215,3 +217,88 @@ class _Functions(Fuser):
         y_zero = consts[out.zero_point]
         with np.errstate(all="ignore"):
             return quantize(real, consts[out.scale], y_zero, y_zero.dtype)
+
+
+# Quantized element-wise ops: each output element a function of its inputs' elements at
+# the same place (QuantizedLookup's table aside, their other inputs are scales and zero
+# points, or constants of one element).
+_QUANTIZED_ELEMENTWISE = frozenset(
+    {"QuantizedLookup", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu"}
+)
+
+
+class _Regions(Fuser):
+    """The ops computed from one quantized tensor alone, element by element, up to the one
+    tensor the rest of the graph reads, as one QuantizedLookup: the quantizer writes GELU
+    as a lookup of erf, a quantized Add and two quantized Muls (each a pass over the
+    tensor), Swish as a quantized Sigmoid and Mul; the whole is a function of the byte."""
+
+    def run(self) -> None:
+        for name in list(self.readers):
+            kind = self.graph.types.get(name)
+            if name in self.graph.consts or kind is None:
+                continue
+            if kind.dtype in (np.dtype(np.int8), np.dtype(np.uint8)):
+                self._collapse(name)
+        self.finish()
+
+    def _computed(self, node: onnx.NodeProto) -> list[str] | None:
+        """The computed inputs of a quantized element-wise op; None for any other op, or
+        one with a constant of more than one element (a table's aside)."""
+        if node.op_type not in _QUANTIZED_ELEMENTWISE or node.domain in _STANDARD:
+            return None
+        if node.op_type == "QuantizedLookup":
+            return [node.input[0]]
+        consts = self.graph.consts
+        computed = [n for n in node.input if n and n not in consts]
+        if any(consts[n].size != 1 for n in node.input if n and n in consts):
+            return None
+        return computed
+
+    def _collapse(self, x: str) -> None:
+        inside, members, frontier = {x}, set[int](), [x]
+        while frontier:  # the readers of what is inside, whose computed inputs all are
+            for node in self.readers.get(frontier.pop(), []):
+                computed = self._computed(node)
+                if id(node) in members or id(node) in self.replaced or not computed:
+                    continue
+                if all(name in inside for name in computed):
+                    members.add(id(node))
+                    inside.update(node.output)
+                    frontier.extend(node.output)
+        region = [node for node in self.graph.nodes if id(node) in members]  # in order
+        outputs = [out for node in region for out in node.output]
+        exits = [
+            out
+            for out in outputs
+            if out in self.graph.outputs
+            or any(id(reader) not in members for reader in self.readers.get(out, []))
+        ]
+        unread = [o for o in outputs if not self.readers.get(o) and o not in self.graph.outputs]
+        if len(region) < 2 or len(exits) != 1 or unread or region[-1].output[0] != exits[0]:
+            return
+        table = self._table(x, region)
+        if table is None:
+            return
+        fused = helper.make_node(
+            "QuantizedLookup",
+            [x, self.constant(f"{region[-1].name}.table", table)],
+            [exits[0]],
+            name=f"{region[-1].name}.region",
+            domain=INTERNAL_DOMAIN,
+        )
+        self.commit(region, fused)
+
+    def _table(self, x: str, region: list[onnx.NodeProto]) -> np.ndarray | None:
+        """The region's result for each byte of x, by the NC's kernels of its ops."""
+        values = {x: np.arange(256).astype(np.uint8).view(self.graph.types[x].dtype)}
+        consts = self.graph.consts
+        try:
+            for node in region:
+                kern = KERNELS[node.op_type]
+                ins = [values[n] if n in values else consts[n] if n else None for n in node.input]
+                values[node.output[0]] = kern.compute(*ins, **kern.parse_attrs(node_attrs(node)))
+        except (KeyError, UnsupportedAttr, ValueError, TypeError, ArithmeticError):
+            return None
+        table = np.asarray(values[region[-1].output[0]])
+        return table if table.shape == (256,) and table.dtype.itemsize == 1 else None
