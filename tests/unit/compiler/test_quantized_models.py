@@ -12,6 +12,7 @@ one step off the exact result."""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -196,21 +197,24 @@ def test_encoder_on_the_nc_whole_and_the_same_bits_on_both_engines(
 ) -> None:
     """A quantized encoder compiles with no CPU node: what the quantizer left in float
     between its int8 ops (softmax, layer norm, GELU's erf) runs as the NC's exact
-    functions of int8 tensors, and the fast engine takes the whole program (no fallback to
-    the reference kernels) and gives the reference kernels' bits."""
+    functions of int8 tensors, each GELU as one table, and the fast engine takes the whole
+    program (no fallback to the reference kernels) and gives the reference kernels' bits."""
     shape = (1, 16, 64)
     path = quantized("encoder", shape, fmt, fmt == "QDQ")
     compiled = compile_model(path.read_bytes(), name=path.stem)
     nodes = [node for _, emitted in compiled.summary.sections for node in emitted.nodes]
     assert [node.kind for node in nodes] == ["neuron"]
-    ops = {
+    ops = Counter(
         i.op
         for node in read_neff(compiled.neff).nodes
         for st in node.stages
         for i in st.instructions
-    }
-    assert {"QuantizedSoftmax", "QuantizedLayerNorm", "QuantizedLookup"} <= ops, ops
-    assert not ops & {"Softmax", "LayerNormalization", "Erf"}, ops
+    )
+    assert {"QuantizedSoftmax", "QuantizedLayerNorm", "QuantizedLookup"} <= set(ops), ops
+    assert not set(ops) & {"Softmax", "LayerNormalization", "Erf"}, ops
+    # each layer's GELU one table (erf's lookup and the quantized Add and Muls around it);
+    # the quantized Adds left are the two residual ones a layer
+    assert ops["QuantizedLookup"] == 2 and ops["QLinearAdd"] == 4, ops
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     (stage,) = [st for node in read_neff(compiled.neff).nodes for st in node.stages]
     loaded = driver_sim.load_program("test", driver_sim.NcProgram(
