@@ -125,6 +125,7 @@ class _Rewrite:
         self.twins: dict[str, str] = {}  # an int8 activation -> its uint8 twin
         self.int8: set[str] = activations & inputs  # those that exist as int8 too
         self.back: dict[str, str] = {}  # an int8 activation -> its int8 copy made from its twin
+        self.repeated: set[str] = set()  # products' A repeated along the summed axis, made
         for name in sorted(self.int8):  # fed as int8: its twin made at the start
             self._twin(name)
 
@@ -281,7 +282,8 @@ class _Rewrite:
         ins[b], ins[zero] = new_b, new_zero
         if parts > 1:
             repeated = f"{ins[0]}/x{parts}/{a_axis}"
-            if repeated not in self.constants and not any(repeated in n.output for n in self.out):
+            if repeated not in self.repeated:
+                self.repeated.add(repeated)
                 self.out.append(self.make("Concat", [ins[0]] * parts, [repeated], axis=a_axis))
             ins[0] = repeated
 
@@ -376,7 +378,7 @@ def function_nodes(
     if op in TABLED:  # the NC kernel's result for each byte, as a QuantizedLookup's table
         if len(ins) < 5 or not ins[4] or ins[4] not in weights:
             raise ValueError(f"{op} without a constant Y zero point")
-        values = np.arange(256).astype(np.uint8).view(weights[ins[4]].dtype)
+        values = qfunctions.every_byte(weights[ins[4]].dtype)
         params = [weights[name] if name else None for name in ins[1:5]]
         table = KERNELS[op].compute(values, *params, **KERNELS[op].parse_attrs(attrs))
         op, ins = "QuantizedLookup", [ins[0], constant("own", table)]

@@ -49,8 +49,11 @@ def run_types(declared: InputTypes | None, arrays: Sequence[np.ndarray]) -> Inpu
     types: list[tuple[str, int | Dims]] = []
     for k, array in enumerate(arrays):
         dims = declared[k][1] if declared is not None else array.ndim
-        fits = isinstance(dims, tuple) and len(dims) == array.ndim
-        fits = fits and all(d is None or d == n for d, n in zip(dims, array.shape, strict=True))  # type: ignore[arg-type]
+        fits = (
+            isinstance(dims, tuple)
+            and len(dims) == array.ndim
+            and all(d in (None, n) for d, n in zip(dims, array.shape, strict=True))
+        )
         types.append((array.dtype.str, dims if fits else array.ndim))
     return tuple(types)
 

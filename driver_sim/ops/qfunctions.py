@@ -69,11 +69,14 @@ def layer_norm_epsilon(epsilon: float, x_scale: Any) -> float:
     return float(np.float32(np.float64(epsilon) / (np.float64(scale) * np.float64(scale))))
 
 
+def every_byte(dtype: Any) -> np.ndarray:
+    """The 256 values of int8 or uint8 `dtype` in a QuantizedLookup table's order: entry b
+    is the value whose byte is b (an int8 -1 at 255)."""
+    return np.arange(256).astype(np.uint8).view(np.dtype(dtype))
+
+
 def _lookup_check(dtypes: Sequence[np.dtype], values: Mapping[str, Any]) -> None:
     check_dtypes(dtypes, [BYTES, BYTES])
-    table = values.get("table")
-    if table is not None and np.shape(table) != (256,):
-        raise ValueError(f"the table must hold 256 entries, got shape {np.shape(table)}")
 
 
 @kernel("QuantizedLookup", Engine.ACT, inputs=(2, 2), check=_lookup_check)

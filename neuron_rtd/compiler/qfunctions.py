@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from driver_sim.ops.qfunctions import LAYER_NORM_MAX
+from driver_sim.ops.qfunctions import LAYER_NORM_MAX, every_byte
 from driver_sim.ops.quant import dequantize, quantize
 from driver_sim.ops.registry import KERNELS
 from neuron_rtd.compiler.fuse import INTERNAL_DOMAIN, Fuser, _Quantized
@@ -192,31 +192,42 @@ class _Functions(Fuser):
     def _table(
         self, chain: list[onnx.NodeProto], x: _Quantized, out: _Quantized
     ) -> np.ndarray | None:
-        """The ops' quantized result for each byte of x (table[x mod 256], the layout
-        QuantizedLookup reads), by the NC's kernels of the ops; None where one has none."""
+        """The ops' quantized result for each byte of x (the layout QuantizedLookup reads),
+        by the NC's kernels of the ops; None where one has none."""
         x_type = self.graph.types[x.tensor].dtype
         if x_type not in (np.dtype(np.int8), np.dtype(np.uint8)):
             return None
         consts = self.graph.consts
-        values = np.arange(256).astype(np.uint8).view(x_type)  # byte b holds b's value
-        real = dequantize(values, consts[x.scale], consts[x.zero_point])
-        for node in chain:
-            kern = KERNELS.get(node.op_type)
-            computed = self._computed_input(node)
-            if kern is None:
-                return None
-            inputs = [real if n == computed else consts[n] if n else None for n in node.input]
-            try:
-                attrs = kern.parse_attrs(node_attrs(node))
-                with np.errstate(all="ignore"):
-                    real = kern.compute(*inputs, **attrs)
-            except (UnsupportedAttr, ValueError, TypeError, ArithmeticError):
-                return None
-            if isinstance(real, tuple) or np.shape(real) != (256,):
-                return None
+        real = dequantize(every_byte(x_type), consts[x.scale], consts[x.zero_point])
+        result = _evaluate(chain, self._computed_input(chain[0]) or "", real, consts)
+        if result is None:
+            return None
         y_zero = consts[out.zero_point]
         with np.errstate(all="ignore"):
-            return quantize(real, consts[out.scale], y_zero, y_zero.dtype)
+            return quantize(result, consts[out.scale], y_zero, y_zero.dtype)
+
+
+def _evaluate(
+    nodes: list[onnx.NodeProto], start: str, value: np.ndarray, consts: dict[str, np.ndarray]
+) -> np.ndarray | None:
+    """The last of `nodes`' output, computed by the NC's kernels of the ops in order from
+    `value` for tensor `start` (the other inputs constants, or outputs before); None where
+    an op has no kernel or refuses, or gives other than one value per input element."""
+    values = {start: value}
+    for node in nodes:
+        kern = KERNELS.get(node.op_type)
+        if kern is None:
+            return None
+        ins = [values[n] if n in values else consts[n] if n else None for n in node.input]
+        try:
+            with np.errstate(all="ignore"):
+                result = kern.compute(*ins, **kern.parse_attrs(node_attrs(node)))
+        except (KeyError, UnsupportedAttr, ValueError, TypeError, ArithmeticError):
+            return None
+        if isinstance(result, tuple) or np.shape(result) != np.shape(value):
+            return None
+        values[node.output[0]] = result
+    return np.asarray(values[nodes[-1].output[0]])
 
 
 # Quantized element-wise ops: each output element a function of its inputs' elements at
@@ -291,14 +302,5 @@ class _Regions(Fuser):
 
     def _table(self, x: str, region: list[onnx.NodeProto]) -> np.ndarray | None:
         """The region's result for each byte of x, by the NC's kernels of its ops."""
-        values = {x: np.arange(256).astype(np.uint8).view(self.graph.types[x].dtype)}
-        consts = self.graph.consts
-        try:
-            for node in region:
-                kern = KERNELS[node.op_type]
-                ins = [values[n] if n in values else consts[n] if n else None for n in node.input]
-                values[node.output[0]] = kern.compute(*ins, **kern.parse_attrs(node_attrs(node)))
-        except (KeyError, UnsupportedAttr, ValueError, TypeError, ArithmeticError):
-            return None
-        table = np.asarray(values[region[-1].output[0]])
-        return table if table.shape == (256,) and table.dtype.itemsize == 1 else None
+        table = _evaluate(region, x, every_byte(self.graph.types[x].dtype), self.graph.consts)
+        return table if table is not None and table.dtype.itemsize == 1 else None
