@@ -80,6 +80,25 @@ _MOVES: Mapping[str, tuple[int, ...] | None] = {
 PRODUCTS = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3, "MatMulInteger": 1, "ConvInteger": 1}
 
 
+def output_source(node: Any, constant_types: Mapping[str, int]) -> tuple[int, int | None]:
+    """What onnxruntime's quantized op `node`'s output is like, for type inference, which
+    does not know those ops: (k, None) when it is input k's shape and type, (k, type) when
+    it has input k's shape and that type (TensorProto's): its first data input's shape,
+    and the type of its output zero point (`constant_types`: the constants' types) where
+    that is a constant, float for a QGemm of no output scale, uint8 for one of no zero
+    point."""
+    from onnx import TensorProto
+
+    op, ins = node.op_type, list(node.input)
+    data = 2 if op == "QLinearConcat" else 0  # QLinearConcat's first inputs are Y's scale, zp
+    out_zero = 1 if op == "QLinearConcat" else _ZERO_POINTS.get(op, ((), None))[1]
+    if out_zero is not None and out_zero < len(ins) and ins[out_zero] in constant_types:
+        return data, constant_types[ins[out_zero]]
+    if op == "QGemm":
+        return data, TensorProto.UINT8 if len(ins) > 7 and ins[7] else TensorProto.FLOAT
+    return data, None
+
+
 def quantized(nodes: Sequence[Any]) -> bool:
     """Whether `nodes` hold an op of quantized tensors (what `exact_int8` rewrites)."""
     return any(n.op_type in _ZERO_POINTS or n.op_type == "QLinearConcat" for n in nodes)

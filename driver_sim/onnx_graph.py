@@ -23,6 +23,7 @@ from driver_sim.int8_graph import (
     TABLED,
     exact_int8,
     function_nodes,
+    output_source,
     quantized,
 )
 from driver_sim.ops.quant import CONTRIB_DOMAIN, CONTRIB_OPS
@@ -183,15 +184,23 @@ def _nodes(
 
 def _tensor_types(model: Any) -> dict[str, int]:
     """The element type (TensorProto's) of each tensor of `model` ONNX type inference
-    tells, onnxruntime's own ops taken as giving their first input's."""
+    tells, onnxruntime's own ops taken as giving what `output_source` says (their first
+    data input's shape, their output zero point's type: QLinearConcat's first input is a
+    float scale, and a zero point has no rank for the ops after to take)."""
     import onnx
 
     typing = onnx.ModelProto()
     typing.CopyFrom(model)
+    constant_types = {t.name: t.data_type for t in typing.graph.initializer}
     for node in typing.graph.node:
         if node.domain == CONTRIB_DOMAIN:
-            node.op_type, node.domain = "Identity", ""
-            del node.input[1:], node.attribute[:]
+            source, to = output_source(node, constant_types)
+            kept = node.input[source]
+            del node.input[:], node.attribute[:]
+            node.input.append(kept)
+            node.op_type, node.domain = ("Identity", "") if to is None else ("Cast", "")
+            if to is not None:
+                node.attribute.append(onnx.helper.make_attribute("to", to))
     graph = onnx.shape_inference.infer_shapes(typing).graph
     types = {t.name: t.data_type for t in graph.initializer}
     for value in [*graph.input, *graph.value_info, *graph.output]:

@@ -178,6 +178,38 @@ def _functions() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
     return program, feeds
 
 
+def _concat_and_pool() -> tuple[driver_sim.NcProgram, dict[str, np.ndarray]]:
+    """onnxruntime's ops whose outputs type inference cannot see (QLinearConcat's first
+    input is a float scale; a pool's zero point has no rank) feeding products: ShuffleNet's
+    concatenation into a conv, a pooled, flattened tensor into a QGemm."""
+    q = {**_CONV_Q, "gs": np.array(0.5, np.float32), "gz": np.array(3, np.int8)}
+    weights = {
+        **q,
+        "w": _weights(8, 16, 1, 1),
+        "b": _weights(5, 8),
+        "bs": np.full(5, 0.01, np.float32),
+        "bz": np.zeros(5, np.int8),
+    }
+    conv = ("c", "xs", "xz", "w", "ws", "wz", "ys", "yz")
+    program = driver_sim.NcProgram(
+        [
+            Instr(
+                "QLinearConcat", ("xs", "xz", "x", "xs", "xz", "x", "xs", "xz"), ("c",), {"axis": 1}
+            ),
+            Instr("QLinearConv", conv, ("y",)),
+            Instr("QLinearGlobalAveragePool", ("y", "ys", "yz", "ys", "yz"), ("p",)),
+            Instr("Flatten", ("p",), ("f",)),
+            Instr(
+                "QGemm", ("f", "ys", "yz", "b", "bs", "bz", "", "gs", "gz"), ("g",), {"transB": 1}
+            ),
+        ],
+        weights,
+        ["x"],
+        ["g"],
+    )
+    return program, {"x": _near_top(2, 8, 4, 4)}
+
+
 CASES: dict[str, Callable[[], tuple[driver_sim.NcProgram, dict[str, np.ndarray]]]] = {
     "conv": lambda: _conv(1),
     "grouped conv": lambda: _conv(4),
@@ -185,6 +217,7 @@ CASES: dict[str, Callable[[], tuple[driver_sim.NcProgram, dict[str, np.ndarray]]
     "quantized chain": _quantized_chain,
     "matmuls": _matmuls,
     "functions": _functions,
+    "concat and pool": _concat_and_pool,
 }
 
 
